@@ -1,0 +1,1 @@
+"""Conversion: command line, planning, Ray orchestration, resume and verification."""

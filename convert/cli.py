@@ -1,0 +1,58 @@
+"""The ``gpufeed`` command and its subcommands; ``convert`` is ``gpufeed convert``.
+
+Each subcommand lives in its own module, imported only when used, with ``add_arguments(parser)`` and
+``run(args) -> int``. Errors from gpufeed end the command with one clear sentence, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gpufeed import __version__
+from gpufeed.errors import GpufeedError
+
+#: subcommand -> (module, one-line help)
+COMMANDS = {
+    "convert": ("gpufeed.convert.command", "convert a dataset to lmdb / recordio / tfrecord"),
+    "verify": ("gpufeed.convert.verify", "read every output back and check it against its manifest"),
+    "synth": ("gpufeed.pipelines.synth", "write synthetic data in a dataset's real on-disk layout"),
+    "demo": ("gpufeed.convert.demo", "synthesise a small ImageNet and convert it to every format"),
+    "bench": ("gpufeed.bench.cli", "benchmark conversion, reading and training on storage tiers"),
+    "report": ("gpufeed.bench.report", "turn benchmark results into a storage-tier comparison report"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpufeed", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _run(args)
+
+
+def convert_main(argv: list[str] | None = None) -> int:
+    """``convert ...`` is ``gpufeed convert ...``."""
+    return main(["convert", *(sys.argv[1:] if argv is None else argv)])
+
+
+def _run(args) -> int:
+    try:
+        return int(args._module.run(args) or 0)
+    except GpufeedError as e:
+        print(f"gpufeed: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpufeed: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130

@@ -1,0 +1,200 @@
+"""The Writer and Reader contracts that every on-disk format implements, stated once.
+
+A :class:`Sample` is what flows from sources through transforms into writers, and what readers give back.
+Each format module (``recordio``, ``lmdb``, ``tfrecord``) turns a sample into one record (:meth:`Format.encode`)
+and back (:meth:`Format.decode`), and frames records into files (:class:`Writer`, :class:`Reader`). Keeping
+``encode`` separate from the framing lets conversion workers do the CPU work (protobuf, headers) in parallel
+while a single process only frames and appends, which is how LMDB and a single ``.rec`` are written.
+
+Example::
+
+    from gpufeed.formats import get_format
+    from gpufeed.formats.base import Sample
+
+    fmt = get_format("tfrecord")
+    with fmt.writer("out/train-00000-of-00001") as w:
+        w.write(Sample(key="cat/1.jpg", label=3, payload=jpeg_bytes, kind="encoded", index=0))
+    reader = fmt.reader("out/train-00000-of-00001")
+    assert reader[0].label == 3
+
+Writers are atomic: they write under a temporary name next to the target and rename on :meth:`Writer.close`;
+on an exception inside ``with`` they remove what they wrote. Readers verify what they read (magic numbers,
+lengths, CRCs) and raise :class:`gpufeed.errors.CorruptRecordError` naming file, record and byte offset.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Union
+
+import numpy as np
+
+#: What a sample carries: ``"encoded"`` image bytes (JPEG/PNG as stored), ``"raw"`` pixels as an HWC
+#: ``numpy`` array (uint8, or float16/float32 when normalised), or ``"tokens"``: a 1-D int32 array of token ids.
+KINDS = ("encoded", "raw", "tokens")
+
+Label = Union[int, float, Sequence[float]]
+
+
+@dataclasses.dataclass
+class Sample:
+    """One training example.
+
+    ``key`` is stable and unique within a split (the source's relative path, e.g.
+    ``n01440764/n01440764_10026.JPEG``); ``index`` is the sample's 0-based position in its split's output
+    order (Caffe key prefix, IRHeader ``id``, ``.idx`` key). ``label`` is one class index, or a sequence
+    for multi-label data. ``meta`` holds what the source knows: ``source`` (path/URL), ``synset``, ``text``
+    (human-readable class), ``height``, ``width``, ``channels``, ``format`` (``"JPEG"``, ``"PNG"``), and for
+    CIFAR-100 ``coarse_label``.
+    """
+
+    key: str
+    label: Label
+    payload: Union[bytes, np.ndarray]
+    kind: str = "encoded"
+    index: int = 0
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def labels(self) -> tuple[float, ...]:
+        """The label(s) as a tuple, whether the sample has one label or several."""
+        if isinstance(self.label, (int, float, np.integer, np.floating)):
+            return (self.label,)
+        return tuple(self.label)
+
+    @property
+    def is_multilabel(self) -> bool:
+        return not isinstance(self.label, (int, float, np.integer, np.floating))
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenFile:
+    """What a writer produced: enough for a manifest and for ``gpufeed verify``."""
+
+    path: str
+    records: int
+    bytes: int
+    sha256: str
+    role: str = "data"  # "data", "index", "list", "sidecar"
+
+
+class Writer(abc.ABC):
+    """Appends records to one output (a file, a shard with its index, or an LMDB environment).
+
+    Use as a context manager, or call :meth:`close` (commit) / :meth:`abort` yourself.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def write(self, sample: Sample) -> None:
+        """Encode ``sample`` with this writer's format and append it."""
+        key, value = self.format.encode(sample)
+        self.write_encoded(key, value)
+
+    @abc.abstractmethod
+    def write_encoded(self, key: bytes, value: bytes) -> None:
+        """Append one record already produced by :meth:`Format.encode` (cheap: framing and I/O only)."""
+
+    @abc.abstractmethod
+    def close(self) -> list[WrittenFile]:
+        """Flush, fsync, rename to the final name(s); return every file written (data, index, ...)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Remove everything written so far; the final name(s) never appear."""
+
+    format: ClassVar["Format"]
+
+
+class Reader(abc.ABC):
+    """Reads one output back. Indexed formats support ``len`` and ``reader[i]``; all support iteration.
+
+    ``rank``/``world_size`` restrict the reader to a deterministic 1/world_size share of the records
+    (record ``i`` belongs to rank ``i % world_size``), for DistributedDataParallel and parallel verify.
+    """
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[Sample]:
+        """Sequential scan in file order, decoding each record into a :class:`Sample`."""
+
+    def __len__(self) -> int:
+        raise TypeError(f"{type(self).__name__} has no index; iterate it instead")
+
+    def __getitem__(self, i: int) -> Sample:
+        raise TypeError(f"{type(self).__name__} has no index; iterate it instead")
+
+    def read_raw(self, i: int) -> bytes:
+        """The undecoded record value at position ``i`` (benchmarks read this to exclude decoding)."""
+        raise TypeError(f"{type(self).__name__} has no index; iterate it instead")
+
+    def iter_raw(self) -> Iterator[bytes]:
+        """Sequential scan of undecoded record values, with all integrity checks."""
+        raise NotImplementedError
+
+    def shard(self, rank: int, world_size: int) -> Iterator[Sample]:
+        """Records ``rank, rank + world_size, ...`` in order."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        if self._has_index():
+            for i in range(rank, len(self), world_size):
+                yield self[i]
+        else:
+            for i, sample in enumerate(self):
+                if i % world_size == rank:
+                    yield sample
+
+    def _has_index(self) -> bool:
+        try:
+            len(self)
+        except TypeError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Release file handles / environments (readers also close when garbage-collected)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class Format(abc.ABC):
+    """A format: how one sample becomes one record, and how records are framed into files."""
+
+    name: ClassVar[str]
+    #: True when :meth:`reader` supports ``len``/``[i]`` from an index.
+    indexed: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def encode(self, sample: Sample) -> tuple[bytes, bytes]:
+        """Serialise ``sample`` to ``(key, value)``: the record's key and its payload before framing."""
+
+    @abc.abstractmethod
+    def decode(self, key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
+               byte_offset: int | None = None) -> Sample:
+        """Parse a record; raise ``CorruptRecordError(path, record_index, byte_offset, ...)`` if malformed."""
+
+    @abc.abstractmethod
+    def writer(self, path: str, **options) -> Writer:
+        """A writer for the output at ``path`` (an fsspec URL or local path; LMDB needs a local path)."""
+
+    @abc.abstractmethod
+    def reader(self, path: str, **options) -> Reader:
+        """A reader for the output at ``path``."""
+
+    @abc.abstractmethod
+    def output_files(self, path: str) -> list[str]:
+        """Every file that makes up the output at ``path`` (data file, index, sidecars)."""

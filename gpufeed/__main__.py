@@ -1,0 +1,3 @@
+from gpufeed.convert.cli import main
+
+raise SystemExit(main())

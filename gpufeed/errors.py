@@ -1,0 +1,119 @@
+"""One exception tree for all of gpufeed.
+
+Every error says what failed, where (file, record, byte offset) and how to fix it. Subclasses also inherit
+the builtin exception a caller would naturally catch (``FileNotFoundError``, ``ValueError``...). All of them
+pickle with their arguments intact, so they cross Ray task boundaries unchanged.
+"""
+
+from __future__ import annotations
+
+
+class GpufeedError(Exception):
+    """Root of gpufeed's errors. ``str(err)`` is one sentence a person can act on."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._init_args = args
+
+    def __reduce__(self):
+        return (type(self), self._init_args)
+
+
+class ConfigError(GpufeedError, ValueError):
+    """Options that cannot work together, or a value out of range."""
+
+
+class InputError(GpufeedError, ValueError):
+    """A source input that cannot be used: ``InputError(path, reason, fix=None)``."""
+
+    def __init__(self, path, reason, fix=None):
+        super().__init__(path, reason, fix)
+        self.path, self.reason, self.fix = str(path), reason, fix
+
+    def __str__(self):
+        text = f"{self.path}: {self.reason}"
+        return f"{text}; {self.fix}" if self.fix else text
+
+
+class BadImageError(InputError):
+    """An image that cannot be decoded (truncated, corrupt, zero bytes, not an image)."""
+
+
+class DecompressionBombError(BadImageError):
+    """An image whose pixel count exceeds the configured limit."""
+
+
+class UnsafePickleError(InputError):
+    """A pickle that would import or call something other than builtin containers and numpy arrays."""
+
+
+class UnsafeArchiveError(InputError):
+    """A tar member with an absolute path, ``..``, a link or a device file, or a tar bomb."""
+
+
+class LabelError(InputError):
+    """Missing classes, unknown synsets, duplicate keys or undecodable file names."""
+
+
+class SourceNotFound(GpufeedError, FileNotFoundError):
+    """A dataset root or a file it needs does not exist: ``SourceNotFound(path, what, fix=None)``."""
+
+    def __init__(self, path, what, fix=None):
+        super().__init__(path, what, fix)
+        self.path, self.what, self.fix = str(path), what, fix
+
+    def __str__(self):
+        text = f"{self.path}: {self.what} not found"
+        return f"{text}; {self.fix}" if self.fix else text
+
+
+class ShardNotFound(GpufeedError, FileNotFoundError):
+    """An output file named by an index or manifest is missing."""
+
+    def __init__(self, path, fix=None):
+        super().__init__(path, fix)
+        self.path, self.fix = str(path), fix
+
+    def __str__(self):
+        return f"{self.path}: missing" + (f"; {self.fix}" if self.fix else "")
+
+
+class CorruptRecordError(GpufeedError, ValueError):
+    """A record that fails its checks: ``CorruptRecordError(path, record_index, byte_offset, reason)``.
+
+    ``record_index`` is the 0-based position of the record in the file (``None`` when unknown) and
+    ``byte_offset`` the position of its first byte.
+    """
+
+    def __init__(self, path, record_index, byte_offset, reason="corrupt record"):
+        super().__init__(path, record_index, byte_offset, reason)
+        self.path, self.record_index, self.byte_offset, self.reason = str(path), record_index, byte_offset, reason
+
+    def __str__(self):
+        where = f"record {self.record_index}" if self.record_index is not None else "a record"
+        return (f"{self.path}: {where} at byte {self.byte_offset}: {self.reason}; the file is damaged: "
+                "rewrite it with `gpufeed convert` (or `--resume` to redo only damaged shards)")
+
+
+class RecordTooLargeError(GpufeedError, ValueError):
+    """A record larger than its format allows (RecordIO: 2**29 - 1 bytes)."""
+
+    def __init__(self, key, size, limit, fix=None):
+        super().__init__(key, size, limit, fix)
+        self.key, self.size, self.limit, self.fix = key, size, limit, fix
+
+    def __str__(self):
+        text = f"record {self.key!r} is {self.size} bytes, over the format's limit of {self.limit}"
+        return f"{text}; {self.fix}" if self.fix else text
+
+
+class OutputError(GpufeedError, OSError):
+    """The destination cannot be written (full disk, unreachable remote, permissions)."""
+
+
+class IncompleteOutputError(GpufeedError, RuntimeError):
+    """``gpufeed verify`` found an output that is not complete or not what its manifest says."""
+
+
+class EmulationInvalid(GpufeedError, RuntimeError):
+    """A tier emulation whose host disk is not clearly faster than the profile it emulates."""

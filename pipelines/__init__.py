@@ -1,0 +1,12 @@
+"""Dataset sources (ImageNet, CIFAR-10/100, Penn Treebank, image folders), transforms and synthetic data."""
+
+from __future__ import annotations
+
+DATASETS = ("imagenet", "cifar10", "cifar100", "ptb", "folder")
+
+
+def open_source(dataset: str, src: str, **options):
+    """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` rooted at ``src`` (path or fsspec URL)."""
+    from gpufeed.pipelines.sources import open_source as _open
+
+    return _open(dataset, src, **options)

@@ -1,0 +1,118 @@
+"""What a dataset source yields: a deterministic list of :class:`Item` per split.
+
+An item names its input without holding it (a file URL, or a member's byte range inside an archive), so the
+list can be planned, shuffled and shipped to Ray workers cheaply; a worker fetches the bytes with
+:func:`read_item`. Small datasets (CIFAR pixels, Penn Treebank windows) carry their data inline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol, Union
+
+import numpy as np
+
+from gpufeed.formats.base import Label
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRef:
+    """A whole file, by fsspec URL or local path."""
+
+    url: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TarMemberRef:
+    """A member of a tar archive read in place: ``size`` bytes at absolute ``offset`` of ``url``.
+
+    For a tar inside a tar (``ILSVRC2012_img_train.tar``) the offset is already absolute in the outer file.
+    ``member`` is the member's path inside the archive, for messages.
+    """
+
+    url: str
+    offset: int
+    size: int
+    member: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class InlineRef:
+    """Data already in memory: HWC uint8 pixels (CIFAR) or a 1-D int32 token array (PTB)."""
+
+    data: Union[bytes, np.ndarray]
+
+
+Ref = Union[FileRef, TarMemberRef, InlineRef]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Item:
+    """One input of a split, not yet read. ``key`` is stable and unique within the split."""
+
+    key: str
+    label: Label
+    ref: Ref
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def origin(self) -> str:
+        """Where the item comes from, for messages: a path, or ``archive.tar::member``."""
+        ref = self.ref
+        if isinstance(ref, FileRef):
+            return ref.url
+        if isinstance(ref, TarMemberRef):
+            return f"{ref.url}::{ref.member}"
+        return str(self.meta.get("source", self.key))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassInfo:
+    """The class list of a dataset: ``names[i]`` is label ``i``. ``synsets``/``texts`` when known."""
+
+    names: Sequence[str]
+    synsets: Sequence[str] | None = None
+    texts: Sequence[str] | None = None
+    #: CIFAR-100 coarse class names (``coarse_label`` in item meta indexes these).
+    coarse_names: Sequence[str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """An input left out while listing or converting, with why. Always reported, never silent."""
+
+    origin: str
+    reason: str
+
+
+class Source(Protocol):
+    """A dataset as it is shipped. Implementations live in :mod:`gpufeed.pipelines.sources`."""
+
+    #: ``"imagenet"``, ``"cifar10"``, ``"cifar100"``, ``"ptb"``, ``"folder"``.
+    name: str
+    #: ``"image"`` (items are encoded image files or HWC pixel arrays) or ``"text"`` (token arrays).
+    modality: str
+
+    def splits(self) -> list[str]:
+        """The splits present, named as the dataset names them (``train``, ``val``, ``test``, ``valid``)."""
+
+    def items(self, split: str) -> list[Item]:
+        """Every item of ``split`` in a deterministic order (sorted by key)."""
+
+    def classes(self) -> ClassInfo:
+        """The class list (for PTB: the vocabulary)."""
+
+    def skipped(self) -> list[Skipped]:
+        """Inputs that listing already had to leave out (unreadable members, unlabelled files)."""
+
+
+def read_item(item: Item) -> Union[bytes, np.ndarray]:
+    """The item's bytes (or inline array), read through fsspec. Implemented in :mod:`.sources`."""
+    from gpufeed.pipelines.sources import read_ref
+
+    return read_ref(item.ref)
+
+
+def iter_items(source: Source, split: str) -> Iterator[Item]:
+    yield from source.items(split)

@@ -1,0 +1,35 @@
+"""Shared fixtures. One local Ray runtime serves the whole test session (starting one costs seconds)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray runtime with 2 CPUs, started once per session and shut down at the end.
+
+    Code under test that calls ``ray.init`` itself must notice ``ray.is_initialized()`` and reuse it.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=512 * 1024 * 1024,
+                 runtime_env={"env_vars": {"PYTHONHASHSEED": "0"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+
+    return np.random.default_rng(1234)
+
+
+def pytest_configure(config):
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
