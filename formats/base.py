@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 
@@ -69,6 +69,22 @@ class Sample:
         return not isinstance(self.label, (int, float, np.integer, np.floating))
 
 
+class EncodedRecord(NamedTuple):
+    """One sample serialised by :meth:`Format.encode`, ready to be framed by a :class:`Writer`.
+
+    ``key`` is the record's key in its format (LMDB ``%08d_<path>``, RecordIO ``.idx`` key ``str(index)``,
+    empty for TFRecord); ``value`` the record payload before framing. ``index``, ``name`` (the sample key,
+    i.e. relative source path) and ``labels`` travel along for side files such as RecordIO's ``.lst``.
+    Plain bytes and tuples: cheap to pickle across Ray.
+    """
+
+    key: bytes
+    value: bytes
+    index: int
+    name: str
+    labels: tuple
+
+
 @dataclasses.dataclass(frozen=True)
 class WrittenFile:
     """What a writer produced: enough for a manifest and for ``gpufeed verify``."""
@@ -98,11 +114,10 @@ class Writer(abc.ABC):
 
     def write(self, sample: Sample) -> None:
         """Encode ``sample`` with this writer's format and append it."""
-        key, value = self.format.encode(sample)
-        self.write_encoded(key, value)
+        self.write_encoded(self.format.encode(sample))
 
     @abc.abstractmethod
-    def write_encoded(self, key: bytes, value: bytes) -> None:
+    def write_encoded(self, record: EncodedRecord) -> None:
         """Append one record already produced by :meth:`Format.encode` (cheap: framing and I/O only)."""
 
     @abc.abstractmethod
@@ -179,8 +194,8 @@ class Format(abc.ABC):
     indexed: ClassVar[bool] = True
 
     @abc.abstractmethod
-    def encode(self, sample: Sample) -> tuple[bytes, bytes]:
-        """Serialise ``sample`` to ``(key, value)``: the record's key and its payload before framing."""
+    def encode(self, sample: Sample) -> EncodedRecord:
+        """Serialise ``sample`` into one record (key and payload before framing)."""
 
     @abc.abstractmethod
     def decode(self, key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
