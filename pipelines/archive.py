@@ -1,0 +1,230 @@
+"""Tar archives indexed in place, never extracted.
+
+Sources read ImageNet's ``ILSVRC2012_img_train.tar`` (a tar of per-class tars) and ``ILSVRC2012_img_val.tar``
+by indexing member headers with seeks, so every image becomes a ``(offset, size)`` byte range of the original
+file; CIFAR and Penn Treebank ``.tar.gz`` archives are streamed once. Nothing is ever written to disk from an
+archive, but names still pass the checks an extractor would need: absolute paths, ``..``, links and device
+files are refused (:class:`~gpufeed.errors.UnsafeArchiveError`), and so is an archive whose member count or
+total size is beyond :class:`ArchiveLimits` (a tar bomb would otherwise exhaust memory while indexing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import posixpath
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+
+from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
+from gpufeed.io import open_file
+
+#: Tar's unit: headers and member data are padded to 512-byte blocks.
+BLOCK = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchiveLimits:
+    """Refuse archives beyond these, counted over an archive and every tar nested inside it.
+
+    Defaults leave room for the real ILSVRC2012 train tar (1,000 inner tars, 1,281,167 images, 138 GiB).
+    """
+
+    max_members: int = 5_000_000
+    max_total_size: int = 2 ** 40
+    max_member_size: int = 2 ** 32
+
+
+@dataclasses.dataclass(frozen=True)
+class TarEntry:
+    """A regular file inside a tar: ``size`` bytes at absolute ``offset`` of the outermost file."""
+
+    name: str
+    offset: int
+    size: int
+
+
+class _Budget:
+    """Members and bytes seen so far, shared by an outer tar and the tars inside it."""
+
+    def __init__(self, limits: ArchiveLimits, url: str):
+        self.limits, self.url, self.members, self.total = limits, url, 0, 0
+
+    def add(self, name: str, size: int) -> None:
+        lim = self.limits
+        self.members += 1
+        self.total += size
+        if self.members > lim.max_members:
+            raise UnsafeArchiveError(self.url, f"more than {lim.max_members} members (a tar bomb?)",
+                                     "raise ArchiveLimits.max_members if the archive is genuine")
+        if size > lim.max_member_size:
+            raise UnsafeArchiveError(self.url, f"member {name!r} declares {size} bytes, over the limit of "
+                                     f"{lim.max_member_size}", "raise ArchiveLimits.max_member_size if it is genuine")
+        if self.total > lim.max_total_size:
+            raise UnsafeArchiveError(self.url, f"members declare more than {lim.max_total_size} bytes in all "
+                                     "(a tar bomb?)", "raise ArchiveLimits.max_total_size if the archive is genuine")
+
+
+def has_undecodable(name: str) -> bool:
+    """True when a name held bytes that were not UTF-8 (Python keeps them as lone surrogates)."""
+    return any("\udc80" <= c <= "\udcff" for c in name)
+
+
+def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
+    """The member's safe relative name, ``None`` for a directory; raise for anything an extractor must not touch."""
+    name = info.name
+    where = f"{archive}::{name!r}"
+    if info.issym() or info.islnk():
+        raise UnsafeArchiveError(where, f"is a {'symbolic' if info.issym() else 'hard'} link to "
+                                 f"{info.linkname!r}; links are never followed", "remove it from the archive")
+    if info.ischr() or info.isblk() or info.isfifo():
+        raise UnsafeArchiveError(where, "is a device or fifo, not a file", "remove it from the archive")
+    if info.isdir():
+        return None
+    if info.issparse():
+        raise UnsafeArchiveError(where, "is a sparse file, which cannot be read as one byte range",
+                                 "repack the archive without --sparse")
+    if not info.isfile():
+        raise UnsafeArchiveError(where, f"has tar type {info.type!r}, not a regular file", "remove it from the archive")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":") or "\\" in name or "\x00" in name:
+        raise UnsafeArchiveError(where, "has an absolute or non-POSIX path", "remove it from the archive")
+    if ".." in name.split("/"):
+        raise UnsafeArchiveError(where, "climbs out of the archive with '..'", "remove it from the archive")
+    if has_undecodable(name):
+        raise LabelError(where, "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
+    clean = posixpath.normpath(name)
+    if clean in ("", "."):
+        raise UnsafeArchiveError(where, "has an empty name", "remove it from the archive")
+    return clean
+
+
+class _Window(io.RawIOBase):
+    """A read-only view of ``length`` bytes at ``start`` of a seekable file (a tar inside a tar)."""
+
+    def __init__(self, f, start: int, length: int):
+        self._f, self._start, self._length, self._pos = f, start, length, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, pos, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, buf):
+        n = max(0, min(len(buf), self._length - self._pos))
+        if n == 0:
+            return 0
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        buf[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def _file_size(f) -> int:
+    here = f.tell()
+    size = f.seek(0, io.SEEK_END)
+    f.seek(here)
+    return size
+
+
+def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
+              on_problem: Callable[[Exception], None] | None = None,
+              nested: Callable[[TarEntry], bool] | None = None) -> list[tuple[TarEntry, list[TarEntry] | None]]:
+    """Index ``url`` (an uncompressed tar) by reading only its headers.
+
+    Returns ``(entry, inner)`` per regular file in archive order; ``inner`` is the index of the tar inside
+    that member when ``nested(entry)`` says it is one (offsets absolute in ``url``), else ``None``. A member
+    that fails :func:`check_member` goes to ``on_problem`` (which may raise, or record and return); without
+    it the error is raised. Limits breaches always raise.
+    """
+    with open_file(url) as f:
+        size = _file_size(f)
+        budget = _Budget(limits, url)
+        out = []
+        for entry in _index(f, size, url, budget, on_problem):
+            inner = None
+            if nested is not None and nested(entry):
+                view = _Window(f, entry.offset, entry.size)
+                inner = [dataclasses.replace(e, offset=e.offset + entry.offset)
+                         for e in _index(view, entry.size, f"{url}::{entry.name}", budget, on_problem)]
+            out.append((entry, inner))
+        return out
+
+
+def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")
+    except tarfile.TarError as e:
+        raise InputError(where, f"is not a readable tar archive ({e})", "check the file is complete") from e
+    while True:
+        try:
+            info = tar.next()
+        except tarfile.TarError as e:
+            raise InputError(where, f"has a damaged header near byte {tar.offset} ({e})",
+                             "download the archive again") from e
+        if info is None:
+            return
+        # Only headers are wanted: drop tarfile's member list so a million members cost no memory.
+        tar.members = []
+        try:
+            name = check_member(info, where)
+        except InputError as e:
+            if on_problem is None:
+                raise
+            on_problem(e)
+            continue
+        if name is None:
+            continue
+        budget.add(name, info.size)
+        if info.offset_data + info.size > size:
+            raise InputError(where, f"member {name!r} runs past the end of the archive "
+                             f"({info.offset_data + info.size} > {size} bytes)",
+                             "the archive is truncated: download it again")
+        yield TarEntry(name, info.offset_data, info.size)
+
+
+def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits = ArchiveLimits(),
+               on_problem: Callable[[Exception], None] | None = None) -> Iterator[tuple[str, bytes]]:
+    """Read a (compressed) tar once, front to back, yielding ``(name, bytes)`` of members ``wanted(name)``.
+
+    For ``.tar.gz`` sources (CIFAR, Penn Treebank) where seeking would mean decompressing again.
+    """
+    budget = _Budget(limits, url)
+    with open_file(url) as f:
+        try:
+            tar = tarfile.open(fileobj=f, mode="r|*")
+        except tarfile.TarError as e:
+            raise InputError(url, f"is not a readable tar archive ({e})", "check the file is complete") from e
+        with tar:
+            try:
+                for info in tar:
+                    try:
+                        name = check_member(info, url)
+                    except InputError as e:
+                        if on_problem is None:
+                            raise
+                        on_problem(e)
+                        continue
+                    if name is None:
+                        continue
+                    budget.add(name, info.size)
+                    if wanted(name):
+                        data = tar.extractfile(info).read()
+                        if len(data) != info.size:
+                            raise InputError(f"{url}::{name}", f"holds {len(data)} of {info.size} bytes",
+                                             "the archive is truncated: download it again")
+                        yield name, data
+                    tar.members = []
+            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+                raise InputError(url, f"cannot be read to the end ({e})",
+                                 "the archive is truncated or corrupt: download it again") from e

@@ -1,0 +1,236 @@
+"""Dataset sources: each dataset as it is really shipped, listed into deterministic :class:`Item` lists.
+
+``open_source(dataset, src, **options)`` looks at what ``src`` holds and picks the reader:
+
+========== ==================================================================================================
+imagenet   ``train/<wnid>/*.JPEG``, ``val/<wnid>/*`` or flat ``val/ILSVRC2012_val_*.JPEG``; the original
+           ``ILSVRC2012_img_train.tar`` / ``ILSVRC2012_img_val.tar`` read in place; labels and names from the
+           devkit (dir or ``.tar.gz``), ``LOC_synset_mapping.txt``, ``LOC_val_solution.csv`` or ``val_labels.txt``
+folder     any ``root/<class>/*`` tree (optionally ``root/<split>/<class>/*``), or an im2rec ``.lst`` / Caffe
+           list file (``list_file=``)
+cifar10/100 ``cifar-10-batches-py/``, ``cifar-100-python/``, the binary ``*.bin`` version or the ``.tar.gz``
+ptb        ``ptb.{train,valid,test}.txt``, plain or inside ``simple-examples.tgz``
+========== ==================================================================================================
+
+Every source reads through fsspec (local paths, ``file://``, ``memory://``...). Problems found while listing
+(an unlabelled file, an unknown synset, a duplicate key, a non-UTF-8 name, an unsafe archive member) follow
+``on_error``: ``"fail"`` (default) raises the error, ``"skip"`` leaves the input out and reports it in
+:meth:`skipped`. Nothing is left out silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpufeed.errors import ConfigError, InputError
+from gpufeed.io import is_local, local_path, open_file
+from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
+
+ON_ERROR = ("fail", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary(ClassInfo):
+    """A text dataset's vocabulary: ``names[i]`` is token id ``i``; ``counts[i]`` its count in train."""
+
+    counts: Sequence[int] | None = None
+
+
+def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
+    """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` (imagenet, folder, cifar10, cifar100, ptb).
+
+    Options: imagenet ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`); folder ``list_file``
+    (im2rec ``.lst`` or Caffe ``path label`` list, relative paths from ``src``); ptb ``seq_len=35``,
+    ``ptb_mode="window"|"sentence"``.
+    """
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+    if dataset == "imagenet":
+        from gpufeed.pipelines.sources_imagenet import ImageNetSource as cls
+    elif dataset == "folder":
+        from gpufeed.pipelines.sources_imagenet import FolderSource as cls
+    elif dataset in ("cifar10", "cifar100"):
+        from gpufeed.pipelines.sources_cifar import CifarSource
+
+        return CifarSource(Root(src), on_error, dataset, **options)
+    elif dataset == "ptb":
+        from gpufeed.pipelines.sources_ptb import PtbSource as cls
+    else:
+        from gpufeed.pipelines import DATASETS
+
+        raise ConfigError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    return cls(Root(src), on_error, **options)
+
+
+def read_ref(ref: Ref):
+    """The bytes a :class:`FileRef` or :class:`TarMemberRef` names (one ranged read), or the inline array."""
+    if isinstance(ref, InlineRef):
+        return ref.data
+    if isinstance(ref, FileRef):
+        return read_url(ref.url)
+    if isinstance(ref, TarMemberRef):
+        with open_file(ref.url) as f:
+            f.seek(ref.offset)
+            data = f.read(ref.size)
+        if len(data) != ref.size:
+            raise InputError(f"{ref.url}::{ref.member}", f"holds {len(data)} of its {ref.size} bytes at offset "
+                             f"{ref.offset}", "the archive changed or was truncated since it was listed")
+        return data
+    raise TypeError(f"not a source reference: {ref!r}")
+
+
+def write_class_list(classes: ClassInfo, dst_dir_url: str) -> list[str]:
+    """Write ``classes.txt`` (``index<TAB>name[<TAB>text]``) into ``dst_dir_url``; ``vocab.txt`` for text.
+
+    ``vocab.txt`` holds one token per line, line ``i`` being id ``i`` (the TensorFlow PTB convention).
+    CIFAR-100 also gets ``coarse_classes.txt``. Returns the URLs written.
+    """
+    base = dst_dir_url.rstrip("/")
+    if is_local(base):
+        os.makedirs(local_path(base), exist_ok=True)
+    if isinstance(classes, Vocabulary):
+        files = {"vocab.txt": "".join(f"{w}\n" for w in classes.names)}
+    else:
+        lines = []
+        for i, name in enumerate(classes.names):
+            text = classes.texts[i] if classes.texts else None
+            lines.append(f"{i}\t{name}\t{text}\n" if text is not None else f"{i}\t{name}\n")
+        files = {"classes.txt": "".join(lines)}
+        if classes.coarse_names:
+            files["coarse_classes.txt"] = "".join(f"{i}\t{n}\n" for i, n in enumerate(classes.coarse_names))
+    written = []
+    for name, text in files.items():
+        url = f"{base}/{name}"
+        with open_file(url, "wb") as f:
+            f.write(text.encode("utf-8"))
+        written.append(url)
+    return written
+
+
+def read_url(url: str) -> bytes:
+    with open_file(url) as f:
+        return f.read()
+
+
+class Root:
+    """A dataset root on any fsspec filesystem; local paths stay plain paths (fast ``os.scandir`` walks)."""
+
+    def __init__(self, src: str):
+        src = os.fspath(src)
+        self.src = src
+        self.local = is_local(src)
+        if self.local:
+            self.path = os.path.abspath(local_path(src))
+            self.fs = None
+        else:
+            from fsspec.core import url_to_fs
+
+            self.fs, self.path = url_to_fs(src)
+            self.path = self.path.rstrip("/") or self.path
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(self.path, *parts) if not self.local else os.path.join(self.path, *parts)
+
+    def url(self, path: str) -> str:
+        """What goes into a :class:`FileRef`/:class:`TarMemberRef`: a plain path, or a full URL."""
+        return path if self.local else self.fs.unstrip_protocol(path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path) if self.local else self.fs.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path) if self.local else self.fs.isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path) if self.local else self.fs.isfile(path)
+
+    def listdir(self, path: str) -> list[tuple[str, bool]]:
+        """``(name, is_dir)`` of the entries of ``path``, sorted by name."""
+        if self.local:
+            with os.scandir(path) as it:
+                return sorted((e.name, e.is_dir()) for e in it)
+        out = []
+        for info in self.fs.ls(path, detail=True):
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            out.append((name, info["type"] == "directory"))
+        return sorted(out)
+
+    def walk_files(self, path: str) -> list[str]:
+        """Paths (relative to ``path``, ``/``-separated) of every file below ``path``, sorted."""
+        out = []
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            for name, is_dir in self.listdir(self.join(path, rel) if rel else path):
+                child = f"{rel}/{name}" if rel else name
+                (stack.append if is_dir else out.append)(child)
+        return sorted(out)
+
+    def dirname(self, path: str) -> str:
+        return os.path.dirname(path) if self.local else posixpath.dirname(path)
+
+    def read(self, path: str) -> bytes:
+        return read_url(self.url(path))
+
+    def __str__(self):
+        return self.src
+
+
+class BaseSource:
+    """Shared plumbing: the error policy, cached listings, split checks."""
+
+    name = ""
+    modality = "image"
+
+    def __init__(self, root: Root, on_error: str = "fail"):
+        self.root = root
+        self.on_error = on_error
+        self._skipped: list[Skipped] = []
+        self._items: dict[str, list[Item]] = {}
+
+    def problem(self, err: InputError) -> None:
+        """Raise ``err`` under ``on_error="fail"``; record it as skipped under ``"skip"``."""
+        if self.on_error == "fail":
+            raise err
+        self._skipped.append(Skipped(getattr(err, "path", str(self.root)), str(err)))
+
+    def skipped(self) -> list[Skipped]:
+        return list(self._skipped)
+
+    def splits(self) -> list[str]:
+        raise NotImplementedError
+
+    def _list(self, split: str) -> list[Item]:
+        raise NotImplementedError
+
+    def items(self, split: str) -> list[Item]:
+        if split not in self.splits():
+            raise ConfigError(f"{self.root}: no split {split!r} in this {self.name} source; "
+                              f"it has {', '.join(self.splits()) or 'none'}")
+        if split not in self._items:
+            items = self._list(split)
+            self._items[split] = self.unique(sorted(items, key=lambda it: it.key))
+        return self._items[split]
+
+    def unique(self, items: list[Item]) -> list[Item]:
+        """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
+        from gpufeed.errors import LabelError
+
+        out: list[Item] = []
+        for it in items:
+            if out and out[-1].key == it.key:
+                self.problem(LabelError(it.origin, f"has the key {it.key!r} of {out[-1].origin}; keys must be "
+                                        "unique within a split", "remove or rename one of them"))
+                continue
+            out.append(it)
+        return out
+
+
+def hwc_from_planes(data: np.ndarray, side: int = 32) -> np.ndarray:
+    """CIFAR rows (R plane, G plane, B plane, each ``side x side``) as one contiguous NHWC uint8 array."""
+    return np.ascontiguousarray(data.reshape(-1, 3, side, side).transpose(0, 2, 3, 1))

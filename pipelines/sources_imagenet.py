@@ -1,0 +1,487 @@
+"""ImageNet (ILSVRC2012) in every layout it is found in, and generic image-folder / list-file datasets.
+
+Labels are the index in the sorted wnid list, the convention of torchvision and of most converted copies.
+``ILSVRC2012_validation_ground_truth.txt`` holds devkit ``ILSVRC2012_ID`` values, which follow WordNet order,
+not wnid order: they are mapped through ``meta.mat`` (``ILSVRC2012_ID -> WNID -> sorted index``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import posixpath
+import re
+
+from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
+from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, stream_tar
+from gpufeed.pipelines.base import ClassInfo, FileRef, Item, TarMemberRef
+from gpufeed.pipelines.sources import BaseSource, Root, read_url
+
+#: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+
+TRAIN_TAR = "ILSVRC2012_img_train.tar"
+VAL_TAR = "ILSVRC2012_img_val.tar"
+DEVKIT_DIR = "ILSVRC2012_devkit_t12"
+DEVKIT_TAR = "ILSVRC2012_devkit_t12.tar.gz"
+META_MAT = "meta.mat"
+GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
+SYNSET_MAPPING = "LOC_synset_mapping.txt"
+LOC_VAL_SOLUTION = "LOC_val_solution.csv"
+VAL_LABELS = "val_labels.txt"
+#: The Kaggle copy of ILSVRC2012 nests the extracted tree here, with the LOC_* files at the top.
+KAGGLE_TREE = "ILSVRC/Data/CLS-LOC"
+
+_VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})$")
+
+EXPECTED = ("an ImageNet layout: train/ and val/ folders (train/<wnid>/*.JPEG), or ILSVRC2012_img_train.tar / "
+            "ILSVRC2012_img_val.tar")
+
+
+def _stem(name: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    return base.rsplit(".", 1)[0] if "." in base else base
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+class _ImageSource(BaseSource):
+    """Listing helpers shared by ImageNet and folder datasets."""
+
+    def _tree_items(self, top: str, label_of: dict[str, int], meta_of, flat_file=None) -> list[Item]:
+        """Items of ``top/<class>/**``; a class folder not in ``label_of`` is an unknown class.
+
+        A file directly in ``top`` goes to ``flat_file(name)`` (flat ImageNet val) or is reported as unlabelled.
+        """
+        items = []
+        for cls, is_dir in self.root.listdir(top):
+            path = self.root.join(top, cls)
+            if not is_dir:
+                item = flat_file(cls) if flat_file else self.problem(LabelError(
+                    self.root.url(path), "is a file outside any class folder, so it has no label",
+                    f"move it into a class folder or delete it"))
+                if item is not None:
+                    items.append(item)
+                continue
+            if cls not in label_of:
+                self.problem(LabelError(self.root.url(path), f"is a folder for the unknown class {cls!r}",
+                                        "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
+                continue
+            for rel in self.root.walk_files(path):
+                item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label_of[cls], meta_of(cls))
+                if item is not None:
+                    items.append(item)
+        return items
+
+    def _file_item(self, path: str, key: str, label, meta: dict) -> Item | None:
+        url = self.root.url(path)
+        if has_undecodable(key):
+            self.problem(LabelError(url, "has a file name that is not UTF-8, so it cannot be a stable key",
+                                    "rename it with a UTF-8 name"))
+            return None
+        if not _is_image(key):
+            self.problem(InputError(url, f"is not an image file (extensions read: {' '.join(IMAGE_EXTENSIONS)})",
+                                    "delete it or give it an image extension"))
+            return None
+        return Item(key, label, FileRef(url), {"source": url, **meta})
+
+
+class ImageNetSource(_ImageSource):
+    name = "imagenet"
+
+    def __init__(self, root: Root, on_error: str = "fail", limits: ArchiveLimits = ArchiveLimits(), **options):
+        if options:
+            raise ConfigError(f"unknown imagenet source options: {', '.join(sorted(options))}")
+        super().__init__(root, on_error)
+        self.limits = limits
+        base = root.path
+        self.train_dir = self.val_dir = self.train_tar = self.val_tar = None
+        if root.isfile(base):
+            name = posixpath.basename(base.replace("\\", "/"))
+            if "train" in name and name.endswith(".tar"):
+                self.train_tar = base
+            elif "val" in name and name.endswith(".tar"):
+                self.val_tar = base
+            else:
+                raise SourceNotFound(root, EXPECTED, f"{name} is neither {TRAIN_TAR} nor {VAL_TAR}")
+            base = root.dirname(base)
+        else:
+            if not root.isdir(base):
+                raise SourceNotFound(root, "the ImageNet folder")
+            tree = root.join(base, KAGGLE_TREE) if root.isdir(root.join(base, KAGGLE_TREE)) else base
+            for split in ("train", "val"):
+                if root.isdir(root.join(tree, split)):
+                    setattr(self, f"{split}_dir", root.join(tree, split))
+            for attr, fname in (("train_tar", TRAIN_TAR), ("val_tar", VAL_TAR)):
+                if getattr(self, attr.replace("tar", "dir")) is None and root.isfile(root.join(base, fname)):
+                    setattr(self, attr, root.join(base, fname))
+        if not (self.train_dir or self.val_dir or self.train_tar or self.val_tar):
+            raise SourceNotFound(root, EXPECTED, "point SRC at the folder that holds them")
+        self.base = base
+        self._classes: ClassInfo | None = None
+        self._id_to_wnid: dict[int, str] | None = None
+        self._devkit_files: dict[str, bytes] | None = None
+
+    def splits(self) -> list[str]:
+        return [s for s in ("train", "val") if getattr(self, f"{s}_dir") or getattr(self, f"{s}_tar")]
+
+    # -- class list -------------------------------------------------------------------------------------------
+
+    def _find(self, *names: str) -> str | None:
+        for name in names:
+            path = self.root.join(self.base, name)
+            if self.root.isfile(path):
+                return path
+        return None
+
+    def _devkit(self) -> dict[str, bytes]:
+        """``meta.mat`` and the validation ground truth, from a devkit folder or its ``.tar.gz``, if present."""
+        if self._devkit_files is None:
+            found = {}
+            for fname in (META_MAT, GROUND_TRUTH):
+                path = self._find(f"{DEVKIT_DIR}/data/{fname}", f"data/{fname}", fname)
+                if path is not None:
+                    found[fname] = self.root.read(path)
+            tar = self._find(DEVKIT_TAR)
+            if len(found) < 2 and tar is not None:
+                wanted = {f"{DEVKIT_DIR}/data/{META_MAT}": META_MAT, f"{DEVKIT_DIR}/data/{GROUND_TRUTH}": GROUND_TRUTH}
+                for name, data in stream_tar(self.root.url(tar), lambda n: n in wanted, limits=self.limits,
+                                             on_problem=self.problem):
+                    found.setdefault(wanted[name], data)
+            self._devkit_files = found
+        return self._devkit_files
+
+    def classes(self) -> ClassInfo:
+        if self._classes is None:
+            self._classes = self._load_classes()
+            self._label_of = {w: i for i, w in enumerate(self._classes.names)}
+        return self._classes
+
+    def _load_classes(self) -> ClassInfo:
+        meta = self._devkit().get(META_MAT)
+        if meta is not None:
+            wnids, texts, self._id_to_wnid = _read_meta_mat(meta, self.root.url(self._find(
+                f"{DEVKIT_DIR}/data/{META_MAT}", f"data/{META_MAT}", META_MAT) or self._find(DEVKIT_TAR)))
+            return ClassInfo(names=wnids, synsets=wnids, texts=texts)
+        mapping = self._find(SYNSET_MAPPING)
+        if mapping is not None:
+            pairs = _read_synset_mapping(self.root.read(mapping), self.root.url(mapping))
+            wnids = sorted(pairs)
+            return ClassInfo(names=wnids, synsets=wnids, texts=[pairs[w] for w in wnids])
+        if self.train_dir:
+            wnids = [n for n, is_dir in self.root.listdir(self.train_dir) if is_dir]
+        elif self.train_tar:
+            index = index_tar(self.root.url(self.train_tar), limits=self.limits, on_problem=self.problem)
+            wnids = sorted(_stem(e.name) for e, _ in index if e.name.endswith(".tar"))
+        elif self.val_dir and any(is_dir for _, is_dir in self.root.listdir(self.val_dir)):
+            wnids = [n for n, is_dir in self.root.listdir(self.val_dir) if is_dir]
+        else:
+            labels = set(self._val_labels()[0].values())
+            wnids = sorted(str(v) for v in labels)
+        if not wnids:
+            raise SourceNotFound(self.root, "any ImageNet class (train/<wnid>/ folders or per-class tars)")
+        return ClassInfo(names=wnids, synsets=wnids)
+
+    def labels(self) -> dict[str, int]:
+        """``{wnid: label}``."""
+        self.classes()
+        return self._label_of
+
+    def _meta_of(self, wnid: str) -> dict:
+        texts = self.classes().texts
+        return {"synset": wnid, "text": texts[self._label_of[wnid]]} if texts else {"synset": wnid}
+
+    # -- validation labels ------------------------------------------------------------------------------------
+
+    def _val_labels(self) -> tuple[dict[str, str], str]:
+        """``{file stem: wnid}`` for flat validation files, and where it came from."""
+        truth = self._devkit().get(GROUND_TRUTH)
+        if truth is not None:
+            self.classes()
+            where = f"{DEVKIT_DIR}/data/{GROUND_TRUTH}"
+            if self._id_to_wnid is None:
+                raise SourceNotFound(self.root, f"{DEVKIT_DIR}/data/{META_MAT}",
+                                     f"{GROUND_TRUTH} holds devkit ILSVRC2012_IDs, which only meta.mat maps to wnids")
+            out = {}
+            for n, line in enumerate(truth.decode("ascii", "replace").split(), 1):
+                try:
+                    wnid = self._id_to_wnid[int(line)]
+                except (KeyError, ValueError):
+                    raise LabelError(where, f"line {n} holds {line!r}, which is no ILSVRC2012_ID in meta.mat",
+                                     "use the ground truth and meta.mat of the same devkit") from None
+                out[f"ILSVRC2012_val_{n:08d}"] = wnid
+            return out, where
+        solution = self._find(LOC_VAL_SOLUTION)
+        if solution is not None:
+            return _read_loc_solution(self.root.read(solution), self.root.url(solution)), LOC_VAL_SOLUTION
+        plain = self._find(VAL_LABELS) or (self.val_dir and (
+            self.root.join(self.val_dir, VAL_LABELS) if self.root.isfile(self.root.join(self.val_dir, VAL_LABELS))
+            else None))
+        if plain:
+            return _read_plain_labels(self.root.read(plain), self.root.url(plain)), VAL_LABELS
+        raise SourceNotFound(self.root, "labels for the flat val/ILSVRC2012_val_*.JPEG files",
+                             f"add the devkit ({DEVKIT_DIR}/ or {DEVKIT_TAR}), {LOC_VAL_SOLUTION} or a "
+                             f"{VAL_LABELS} of 'file wnid' lines")
+
+    def _flat_label(self, key: str, origin: str, labels: dict[str, str], where: str):
+        wnid = labels.get(_stem(key))
+        if wnid is None:
+            self.problem(LabelError(origin, f"has no label in {where}", "add it there or remove the file"))
+            return None
+        if isinstance(wnid, int) or wnid.isdigit():
+            index = int(wnid)
+            if not 0 <= index < len(self.classes().names):
+                self.problem(LabelError(origin, f"has label {index} in {where}, outside 0..{len(self.classes().names) - 1}",
+                                        "fix the label file"))
+                return None
+            wnid = self.classes().names[index]
+        if wnid not in self.labels():
+            self.problem(LabelError(origin, f"is labelled with the unknown synset {wnid!r} in {where}",
+                                    "use a label file and class list of the same release"))
+            return None
+        return wnid
+
+    # -- listing ----------------------------------------------------------------------------------------------
+
+    def _list(self, split: str) -> list[Item]:
+        label_of = self.labels()
+        folder, tar = getattr(self, f"{split}_dir"), getattr(self, f"{split}_tar")
+        if folder:
+            items = self._val_tree_items(folder) if split == "val" else self._tree_items(
+                folder, label_of, self._meta_of)
+        elif split == "train":
+            items = self._train_tar_items(tar)
+        else:
+            items = self._val_tar_items(tar)
+        return items
+
+    def _val_tree_items(self, folder: str) -> list[Item]:
+        found = {}
+
+        def flat_file(name: str) -> Item | None:
+            if name == VAL_LABELS:
+                return None
+            if not found:
+                found["labels"] = self._val_labels()
+            labels, where = found["labels"]
+            path = self.root.join(folder, name)
+            wnid = self._flat_label(name, self.root.url(path), labels, where)
+            return None if wnid is None else self._file_item(path, name, self.labels()[wnid], self._meta_of(wnid))
+
+        return self._tree_items(folder, self.labels(), self._meta_of, flat_file)
+
+    def _train_tar_items(self, tar: str) -> list[Item]:
+        url = self.root.url(tar)
+        label_of = self.labels()
+        items = []
+        for outer, inner in index_tar(url, limits=self.limits, on_problem=self.problem,
+                                      nested=lambda e: e.name.endswith(".tar")):
+            if inner is None:
+                self.problem(InputError(f"{url}::{outer.name}", "is not a per-class tar; "
+                                        f"{TRAIN_TAR} holds only <wnid>.tar members", "remove it from the archive"))
+                continue
+            wnid = _stem(outer.name)
+            if wnid not in label_of:
+                self.problem(LabelError(f"{url}::{outer.name}", f"is a tar for the unknown synset {wnid!r}",
+                                        "use a class list (devkit / LOC_synset_mapping.txt) that has it"))
+                continue
+            for e in inner:
+                key = f"{wnid}/{e.name}"
+                member = f"{outer.name}/{e.name}"
+                if not _is_image(e.name):
+                    self.problem(InputError(f"{url}::{member}", "is not an image file", "remove it from the archive"))
+                    continue
+                items.append(Item(key, label_of[wnid], TarMemberRef(url, e.offset, e.size, member),
+                                  {"source": f"{url}::{member}", **self._meta_of(wnid)}))
+        return items
+
+    def _val_tar_items(self, tar: str) -> list[Item]:
+        url = self.root.url(tar)
+        labels, where = self._val_labels()
+        items = []
+        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem):
+            origin = f"{url}::{e.name}"
+            if not _is_image(e.name):
+                self.problem(InputError(origin, "is not an image file", "remove it from the archive"))
+                continue
+            wnid = self._flat_label(e.name, origin, labels, where)
+            if wnid is not None:
+                items.append(Item(e.name, self.labels()[wnid], TarMemberRef(url, e.offset, e.size, e.name),
+                                  {"source": origin, **self._meta_of(wnid)}))
+        return items
+
+
+def _read_meta_mat(data: bytes, where: str) -> tuple[list[str], list[str], dict[int, str]]:
+    """Sorted leaf wnids, their words, and ``{ILSVRC2012_ID: wnid}`` from the devkit's ``meta.mat``."""
+    import scipy.io
+
+    try:
+        synsets = scipy.io.loadmat(io.BytesIO(data), squeeze_me=True)["synsets"]
+        rows = [(int(s["ILSVRC2012_ID"]), str(s["WNID"]), str(s["words"]), int(s["num_children"]))
+                for s in synsets.ravel()]
+    except Exception as e:  # scipy raises many kinds on a damaged .mat
+        raise InputError(where, f"is not a readable ILSVRC2012 meta.mat with a 'synsets' struct ({e})",
+                         "use the devkit's data/meta.mat") from e
+    leaves = sorted((wnid, words, sid) for sid, wnid, words, children in rows if children == 0)
+    if not leaves:
+        raise LabelError(where, "lists no leaf synsets (num_children == 0)", "use the devkit's data/meta.mat")
+    ids: dict[int, str] = {}
+    for wnid, _, sid in leaves:
+        if sid in ids:
+            raise LabelError(where, f"gives ILSVRC2012_ID {sid} to both {ids[sid]} and {wnid}",
+                             "use the devkit's data/meta.mat")
+        ids[sid] = wnid
+    return [w for w, _, _ in leaves], [t for _, t, _ in leaves], ids
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LabelError(where, f"is not UTF-8 text ({e})", "save it as UTF-8") from e
+
+
+def _read_synset_mapping(data: bytes, where: str) -> dict[str, str]:
+    out = {}
+    for n, line in enumerate(_decode(data, where).splitlines(), 1):
+        if not line.strip():
+            continue
+        wnid, _, text = line.strip().partition(" ")
+        if wnid in out:
+            raise LabelError(where, f"line {n} repeats synset {wnid}", "keep one line per synset")
+        out[wnid] = text.strip()
+    return out
+
+
+def _read_loc_solution(data: bytes, where: str) -> dict[str, str]:
+    out = {}
+    rows = csv.reader(io.StringIO(_decode(data, where)))
+    header = next(rows, None)
+    if header is None or [h.strip() for h in header[:2]] != ["ImageId", "PredictionString"]:
+        raise LabelError(where, "does not start with the header 'ImageId,PredictionString'",
+                         "use Kaggle's LOC_val_solution.csv")
+    for n, row in enumerate(rows, 2):
+        if not row:
+            continue
+        if len(row) < 2 or not row[1].split():
+            raise LabelError(where, f"line {n} has no prediction string", "use Kaggle's LOC_val_solution.csv")
+        if row[0] in out:
+            raise LabelError(where, f"line {n} repeats image {row[0]}", "keep one line per image")
+        out[_stem(row[0])] = row[1].split()[0]
+    return out
+
+
+def _read_plain_labels(data: bytes, where: str) -> dict[str, str]:
+    """``file label`` lines, label a wnid or a sorted-wnid index; commas or whitespace separate."""
+    out = {}
+    for n, line in enumerate(_decode(data, where).splitlines(), 1):
+        parts = line.replace(",", " ").split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise LabelError(where, f"line {n} is {line!r}, not 'file label'", "write one 'file label' per line")
+        stem = _stem(parts[0])
+        if stem in out:
+            raise LabelError(where, f"line {n} repeats {parts[0]}", "keep one line per file")
+        out[stem] = parts[1]
+    return out
+
+
+class FolderSource(_ImageSource):
+    """``root/<class>/**`` (one split, ``train``), ``root/<split>/<class>/**``, or a list file.
+
+    Classes are the sorted union of class folder names. A list file (``list_file=``) is an im2rec ``.lst``
+    (``index<TAB>label[<TAB>label...]<TAB>path``) or a Caffe list (``path label``); its paths are relative to
+    ``src`` and its stem names the split (``train.lst`` -> ``train``).
+    """
+
+    name = "folder"
+    SPLIT_NAMES = ("train", "val", "validation", "valid", "test")
+
+    def __init__(self, root: Root, on_error: str = "fail", list_file: str | None = None, **options):
+        if options:
+            raise ConfigError(f"unknown folder source options: {', '.join(sorted(options))}")
+        super().__init__(root, on_error)
+        if not root.isdir(root.path):
+            raise SourceNotFound(root, "the image folder", "point SRC at root/<class>/* or root/<split>/<class>/*")
+        self.list_file = list_file
+        self._list_items: list[Item] | None = None
+        self._classes: ClassInfo | None = None
+        if list_file:
+            stem = _stem(list_file)
+            self._splits = {stem if stem in self.SPLIT_NAMES else "train": None}
+        else:
+            dirs = [n for n, is_dir in root.listdir(root.path) if is_dir]
+            if not dirs:
+                raise SourceNotFound(root, "class folders (root/<class>/*)")
+            if all(d in self.SPLIT_NAMES for d in dirs):
+                self._splits = {d: root.join(root.path, d) for d in dirs}
+            else:
+                self._splits = {"train": root.path}
+
+    def splits(self) -> list[str]:
+        return sorted(self._splits)
+
+    def classes(self) -> ClassInfo:
+        if self._classes is None:
+            if self.list_file:
+                labels = {it.label for it in self._read_list() if isinstance(it.label, int)}
+                self._classes = ClassInfo(names=[str(i) for i in range(max(labels, default=-1) + 1)])
+            else:
+                names = set()
+                for top in self._splits.values():
+                    names.update(n for n, is_dir in self.root.listdir(top) if is_dir)
+                self._classes = ClassInfo(names=sorted(names))
+        return self._classes
+
+    def _list(self, split: str) -> list[Item]:
+        if self.list_file:
+            return self._read_list()
+        label_of = {n: i for i, n in enumerate(self.classes().names)}
+        return self._tree_items(self._splits[split], label_of, lambda cls: {})
+
+    def _read_list(self) -> list[Item]:
+        if self._list_items is not None:
+            return self._list_items
+        lf = self.list_file
+        url = lf if ("://" in lf or os.path.isabs(lf)) else self.root.url(self.root.join(self.root.path, lf))
+        try:
+            text = _decode(read_url(url), url)
+        except FileNotFoundError as e:
+            raise SourceNotFound(url, "the list file") from e
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            if "\t" in line:
+                parts = line.split("\t")
+                rel, fields = parts[-1], parts[1:-1]
+            else:
+                rel, _, lab = line.strip().rpartition(" ")
+                fields = [lab]
+            label = _parse_label(fields)
+            if not rel or label is None:
+                self.problem(LabelError(f"{url}:{n}", f"is {line!r}, not 'index<TAB>label<TAB>path' (im2rec) or "
+                                        "'path label' (Caffe) with a non-negative integer label", "fix the line"))
+                continue
+            item = self._file_item(self.root.join(self.root.path, rel), rel, label, {})
+            if item is not None:
+                items.append(item)
+        self._list_items = items
+        return items
+
+
+def _parse_label(fields: list[str]):
+    """One non-negative integer class, or (im2rec multi-label) a tuple of floats; ``None`` if malformed."""
+    try:
+        values = [float(x) for x in fields]
+    except ValueError:
+        return None
+    if len(values) > 1:
+        return tuple(values)
+    if len(values) == 1 and values[0] >= 0 and values[0] == int(values[0]):
+        return int(values[0])
+    return None
