@@ -1,0 +1,83 @@
+"""Evict files from the page cache without root, and prove it with the bytes the kernel read.
+
+``/proc/sys/vm/drop_caches`` is root-only, but ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops a file's clean,
+unmapped pages for anyone who can open it. Dirty pages stay, so each file is ``fsync``-ed first; pages still
+mapped by a process stay too, so an open LMDB environment (which maps ``data.mdb``) must be closed before
+eviction: :func:`evict` refuses while this process maps a file it was asked to evict. ``mincore``-based tools
+misreport files one cannot write, so the proof of a cold read is :func:`proc_io`'s ``read_bytes``: the bytes
+the kernel actually fetched from storage for a process (or thread).
+
+Example::
+
+    from gpufeed.bench.cache import evict, proc_io
+
+    evict("data/lmdb")                      # every file under the tree
+    before = proc_io()["read_bytes"]
+    ...                                     # read the dataset
+    from_device = proc_io()["read_bytes"] - before
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpufeed.errors import ConfigError
+
+
+def proc_io(pid: int | str = "self") -> dict[str, int]:
+    """``/proc/<pid>/io`` as ints (``read_bytes``, ``write_bytes``, ``rchar``...); ``pid`` may be
+    ``"self"`` or ``"thread-self"``. A process's figure includes its threads, not its children."""
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f.read().splitlines())}
+
+
+def files_under(path: str) -> list[str]:
+    """Regular files at or below ``path``, sorted (a file is itself)."""
+    if os.path.isfile(path):
+        return [path]
+    out = []
+    for root, _dirs, names in os.walk(path):
+        out.extend(os.path.join(root, n) for n in names)
+    return sorted(p for p in out if os.path.isfile(p) and not os.path.islink(p))
+
+
+def _mapped_files() -> set[str]:
+    mapped = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/"):
+                    mapped.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    return mapped
+
+
+def evict(*paths: str) -> int:
+    """Drop every file at or under ``paths`` from the page cache (fsync, then fadvise DONTNEED).
+
+    Returns the bytes covered. Raises ConfigError if this process still maps one of them (close the LMDB
+    environment or other mmap first: mapped pages cannot be evicted)."""
+    files = [f for p in paths for f in files_under(p)]
+    mapped = _mapped_files()
+    still = [f for f in files if os.path.realpath(f) in mapped]
+    if still:
+        raise ConfigError(f"{still[0]} is memory-mapped by this process, so its pages cannot be evicted; close "
+                          "the LMDB environment (or reader) that maps it before evicting")
+    total = 0
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            # fsync on a read-only descriptor flushes the file's dirty pages too; they would survive DONTNEED.
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total
+
+
+def cold_fraction(device_bytes: int, payload_bytes: int) -> float:
+    """Share of the bytes a run read that came from the device (1.0 = fully cold, 0.0 = all cache)."""
+    return device_bytes / payload_bytes if payload_bytes else 0.0

@@ -1,0 +1,164 @@
+"""Measure the host disk, and refuse to emulate a tier the host cannot outrun.
+
+An emulated request ends at the later of the host's own I/O and the profile's time, so emulation is only
+faithful where the host is faster than the profile for the same access pattern. :func:`measure_host` times the
+patterns that matter (sequential 1 MiB, 4 KiB random at queue depth 1 and 32, 128 KiB random with 16 threads)
+with cold reads: the test file is evicted with ``posix_fadvise`` first, and the bytes the kernel read from the
+device (``/proc/self/io``) are recorded beside each figure so a cached run cannot pass for a disk.
+:func:`check_emulation` compares those figures with a profile's; :func:`require_valid` raises
+:class:`~gpufeed.errors.EmulationInvalid` (or, when invalid runs are allowed, returns the reason to record).
+
+Threads issue ``os.pread`` directly (it releases the GIL), so queue depth = thread count.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+from gpufeed.bench.cache import evict, proc_io
+from gpufeed.bench.tiers import KiB, MiB, Limits
+from gpufeed.errors import EmulationInvalid
+
+#: pattern -> (request bytes, threads = queue depth, random offsets?)
+PATTERNS = {
+    "seq_1m": (1 * MiB, 1, False),
+    "rand_4k_qd1": (4 * KiB, 1, True),
+    "rand_4k_qd32": (4 * KiB, 32, True),
+    "rand_128k_x16": (128 * KiB, 16, True),
+}
+
+#: The host must beat the profile by this factor on every pattern: scheduling jitter on a shared machine moves
+#: single figures by ~10%, and a host only just faster would leak its own time into the emulated figures.
+CLEARLY_FASTER = 1.2
+
+_TEST_FILE = "gpufeed-hostdisk.bin"
+
+_measured: dict[tuple, dict] = {}
+
+
+def test_file(directory: str, size: int) -> str:
+    """A file of ``size`` random bytes in ``directory`` (reused when already that size), synced to disk."""
+    path = os.path.join(directory, _TEST_FILE)
+    try:
+        if os.path.getsize(path) == size:
+            return path
+    except OSError:
+        pass
+    chunk = os.urandom(MiB)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        for _ in range(size // MiB):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def run_pattern(path: str, pattern: str, seconds: float, throttle=None, seed: int = 0,
+                wrap: bool = False) -> dict:
+    """Run ``pattern`` on ``path`` for about ``seconds``; with ``throttle``, every read is charged to it.
+    A sequential pattern stops at the end of the file unless ``wrap`` (the self-test's small cached file).
+
+    Returns requests/s (``iops``), ``mb_per_s`` (10**6 bytes), ``requests``, ``bytes``, ``seconds`` and
+    ``device_bytes`` (what the kernel read from disk meanwhile)."""
+    size_req, threads, is_random = PATTERNS[pattern]
+    size = os.path.getsize(path)
+    slots = max(1, size // size_req)
+    counts = [0] * threads
+    stop = threading.Event()
+    barrier = threading.Barrier(threads + 1)
+
+    def worker(i: int) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM if is_random else os.POSIX_FADV_SEQUENTIAL)
+            rng = random.Random(seed * 1000 + i)
+            pos = (i * slots // threads) * size_req
+            barrier.wait()
+            n = 0
+            while not stop.is_set():
+                if is_random:
+                    pos = rng.randrange(slots) * size_req
+                elif pos + size_req > size:
+                    if not wrap:
+                        break
+                    pos = 0
+                t0 = throttle.start() if throttle is not None else 0.0
+                got = len(os.pread(fd, size_req, pos))
+                if throttle is not None:
+                    throttle.read_done(got, t0)
+                pos += size_req
+                n += 1
+            counts[i] = n
+        finally:
+            os.close(fd)
+
+    pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
+    before = proc_io()["read_bytes"]
+    barrier.wait()
+    start = time.perf_counter()
+    deadline = start + seconds
+    while time.perf_counter() < deadline and any(t.is_alive() for t in pool):
+        time.sleep(min(0.01, max(0.0, deadline - time.perf_counter())))
+    stop.set()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - start
+    requests = sum(counts)
+    nbytes = requests * size_req
+    return {"pattern": pattern, "request_bytes": size_req, "queue_depth": threads, "requests": requests,
+            "bytes": nbytes, "seconds": elapsed, "iops": requests / elapsed, "mb_per_s": nbytes / elapsed / 1e6,
+            "device_bytes": proc_io()["read_bytes"] - before}
+
+
+def measure_host(directory: str, seconds: float = 1.0, file_bytes: int = 256 * MiB,
+                 patterns=tuple(PATTERNS)) -> dict:
+    """Cold-read figures of the disk under ``directory`` for each pattern (cached per process)."""
+    key = (os.path.realpath(directory), seconds, file_bytes, tuple(patterns))
+    if key in _measured:
+        return _measured[key]
+    path = test_file(directory, file_bytes)
+    out = {"directory": os.path.realpath(directory), "file_bytes": file_bytes, "patterns": {}}
+    for name in patterns:
+        evict(path)
+        r = run_pattern(path, name, seconds)
+        r["device_fraction"] = r["device_bytes"] / r["bytes"] if r["bytes"] else 0.0
+        out["patterns"][name] = r
+    _measured[key] = out
+    return out
+
+
+def check_emulation(host: dict, limits: Limits, factor: float = CLEARLY_FASTER) -> list[str]:
+    """Reasons the host cannot emulate ``limits`` (empty when it can): for each pattern, the host's cold
+    requests/s must be ``factor`` x what the profile allows, from the device and not from cache."""
+    reasons = []
+    for name, r in host["patterns"].items():
+        want = limits.qd_iops(r["request_bytes"], r["queue_depth"])
+        if r["device_fraction"] < 0.5:
+            reasons.append(f"{name}: only {r['device_fraction']:.0%} of the host test's bytes came from the disk "
+                           "(page cache not evicted), so the host figure proves nothing")
+        elif r["iops"] < factor * want:
+            reasons.append(f"{name}: host {r['iops']:.0f} req/s is not {factor}x the profile's {want:.0f}")
+    return reasons
+
+
+def require_valid(tier, host: dict, allow_invalid: bool) -> str | None:
+    """None when ``tier`` (a TierSpec) may be emulated on ``host``; otherwise raise EmulationInvalid, or with
+    ``allow_invalid`` return the reason, to be stored in the row (``valid: false``)."""
+    if tier.limits is None:
+        return None
+    reasons = check_emulation(host, tier.limits)
+    if not reasons:
+        return None
+    reason = f"host disk under {host['directory']} is not clearly faster than profile {tier.name}: " + \
+        "; ".join(reasons)
+    if allow_invalid:
+        return reason
+    raise EmulationInvalid(reason + "; run on a faster disk, measure a real mount (--tier NAME=PATH), or pass "
+                           "--allow-invalid to record the rows marked invalid")

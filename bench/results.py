@@ -1,0 +1,295 @@
+"""Benchmark results as JSON lines: the row schema every benchmark writes and the report reads.
+
+One row is one configuration (bench x tier x format x parameters) measured ``repeats`` times after a
+warm-up. Its primary metric is in ``metric``/``unit``/``median``/``spread``/``values``; every other figure of
+the same runs is in ``metrics[name] = {"unit", "median", "spread", "values"}``. Rows also carry what is needed
+to judge them later: the tier (``mode`` measured or emulated, ``profile``), the dataset (format, sample and
+record sizes, total bytes, dataset/RAM ratio), the machine and the library versions.
+
+Example::
+
+    from gpufeed.bench.results import ResultWriter, load_results, summarize
+
+    w = ResultWriter("results.jsonl")
+    w.write({"bench": "read", "tier": "ssd", "mode": "emulated", "profile": "ssd", "format": "lmdb",
+             "params": {"workers": 4}, **summarize("samples_per_s", "samples/s", [812.0, 799.5, 820.1])})
+    rows = load_results("results.jsonl")
+
+Nothing here imports Ray or torch; versions are read from package metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+from gpufeed.errors import ConfigError, CorruptRecordError
+
+#: Bumped when a field changes meaning; readers check it.
+SCHEMA_VERSION = 1
+
+BENCHES = ("convert", "read", "train")
+MODES = ("measured", "emulated")
+
+#: Every row has these; ResultWriter fills ``machine``, ``versions``, ``time`` and ``schema`` itself.
+REQUIRED = ("bench", "tier", "mode", "profile", "format", "params", "repeats", "metric", "unit",
+            "median", "spread", "values")
+
+#: Dataset description fields a row carries when it reads or writes a dataset (None when not applicable).
+DATASET_FIELDS = ("n_samples", "sample_bytes", "record_bytes", "total_bytes", "dataset_ram_ratio")
+
+#: Packages whose versions are recorded (distribution names, read from metadata: nothing is imported).
+_VERSIONED = ("gpufeed", "numpy", "torch", "torchvision", "ray", "lmdb", "opencv-python-headless", "Pillow",
+              "tfrecord", "protobuf", "psutil", "nvidia-dali-cuda120", "mxnet", "tensorflow")
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            if dist in ("gpufeed", "numpy", "torch", "ray", "lmdb"):
+                out[dist] = None
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _physical_cores() -> int | None:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except ImportError:
+        return None
+
+
+def _gpus() -> list[dict[str, str]]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            gpus.append({"name": parts[0], "memory": parts[1], "driver": parts[2]})
+    return gpus
+
+
+def _read_sys(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _mount_of(path: str) -> dict[str, str] | None:
+    """The /proc/mounts entry whose mount point is the longest prefix of ``path``."""
+    real = os.path.realpath(path)
+    best = None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, fstype, opts = line.split()[:4]
+                mnt = mnt.replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (
+                        best is None or len(mnt) > len(best["mount"])):
+                    best = {"device": dev, "mount": mnt, "fstype": fstype, "options": opts}
+    except OSError:
+        return None
+    return best
+
+
+def _block_info(device: str) -> dict[str, Any]:
+    """Model, size and rotational flag of the block device behind ``device`` (partitions resolve to disks)."""
+    name = os.path.basename(os.path.realpath(device)) if device.startswith("/dev/") else None
+    if not name or not os.path.exists(f"/sys/class/block/{name}"):
+        return {}
+    sys_dir = os.path.realpath(f"/sys/class/block/{name}")
+    disk = name if os.path.exists(f"{sys_dir}/queue") else os.path.basename(os.path.dirname(sys_dir))
+    base = f"/sys/block/{disk}"
+    size = _read_sys(f"{base}/size")
+    return {"disk": disk,
+            "model": _read_sys(f"{base}/device/model"),
+            "rotational": _read_sys(f"{base}/queue/rotational") == "1",
+            "scheduler": _read_sys(f"{base}/queue/scheduler"),
+            "size_bytes": int(size) * 512 if size and size.isdigit() else None}
+
+
+def disk_info(path: str) -> dict[str, Any]:
+    """Filesystem and disk under ``path``: mount point, fs type, device, model, rotational, size, free."""
+    info: dict[str, Any] = {"path": os.path.abspath(path)}
+    mount = _mount_of(path)
+    if mount:
+        info.update(mount)
+        info.update(_block_info(mount["device"]))
+    try:
+        usage = shutil.disk_usage(path)
+        info["free_bytes"] = usage.free
+    except OSError:
+        pass
+    return info
+
+
+def machine_info(data_path: str | None = None) -> dict[str, Any]:
+    """CPU, cores, RAM, GPUs, kernel, and (given ``data_path``) the disk and filesystem holding the data."""
+    info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": _cpu_model(),
+            "logical_cores": os.cpu_count(), "physical_cores": _physical_cores(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "ram_bytes": _ram_bytes(), "gpus": _gpus()}
+    if data_path is not None:
+        info["disk"] = disk_info(data_path)
+    return info
+
+
+def summarize(metric: str, unit: str, values: Sequence[float]) -> dict[str, Any]:
+    """Row fields for a primary metric: ``metric``, ``unit``, ``median``, ``spread``, ``values``, ``repeats``."""
+    return {"metric": metric, "unit": unit, "repeats": len(values), **stat(values)}
+
+
+def stat(values: Sequence[float]) -> dict[str, Any]:
+    """``median``; ``spread`` = (max - min) / median, the relative range MLPerf's "within 5%" refers to."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"median": None, "spread": None, "values": []}
+    med = statistics.median(vals)
+    spread = (max(vals) - min(vals)) / abs(med) if med else 0.0
+    return {"median": med, "spread": spread, "values": vals}
+
+
+def metrics_block(runs: Sequence[dict[str, float]], units: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``{name: {"unit", "median", "spread", "values"}}`` over repeated runs, each a ``{name: value}`` dict."""
+    names = [n for n in units if any(n in r for r in runs)]
+    return {n: {"unit": units[n], **stat([r.get(n) for r in runs])} for n in names}
+
+
+def repeat(fn: Callable[[int], dict[str, float]], repeats: int, warmup: int = 1,
+           before_each: Callable[[], Any] | None = None) -> list[dict[str, float]]:
+    """Run ``fn(i)`` ``warmup`` times (discarded), then ``repeats`` times; ``before_each`` runs before every
+    call (e.g. page-cache eviction for cold reads). Returns the measured runs' dicts."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, not {repeats}")
+    runs = []
+    for i in range(warmup + repeats):
+        if before_each is not None:
+            before_each()
+        out = fn(i)
+        if i >= warmup:
+            runs.append(out)
+    return runs
+
+
+def dataset_ram_ratio(total_bytes: int) -> float | None:
+    ram = _ram_bytes()
+    return total_bytes / ram if ram else None
+
+
+class ResultWriter:
+    """Appends result rows to a JSON-lines file, one ``write`` = one line (``O_APPEND``: safe across processes).
+
+    ``machine`` is gathered once per writer (``data_path`` names the disk to describe) and added to every row,
+    along with ``versions``, ``time`` (UTC ISO 8601) and ``schema``.
+    """
+
+    def __init__(self, path: str, data_path: str | None = None):
+        self.path = os.fspath(path)
+        self._machine = machine_info(data_path)
+        self._versions = versions()
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+
+    def write(self, row: dict[str, Any]) -> dict[str, Any]:
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise ConfigError(f"result row for {self.path} lacks {', '.join(missing)}; "
+                              "build it with gpufeed.bench.results.summarize(...) plus bench/tier/mode/profile/"
+                              "format/params")
+        if row["bench"] not in BENCHES:
+            raise ConfigError(f"result row bench {row['bench']!r} is not one of {', '.join(BENCHES)}")
+        if row["mode"] not in MODES:
+            raise ConfigError(f"result row mode {row['mode']!r} is not one of {', '.join(MODES)}")
+        full = {"schema": SCHEMA_VERSION, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                **{k: None for k in DATASET_FIELDS}, "valid": True, "metrics": {},
+                **row, "machine": {**self._machine, **row.get("machine", {})},
+                "versions": {**self._versions, **row.get("versions", {})}}
+        line = json.dumps(full, sort_keys=False, default=_jsonable) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        return full
+
+
+def _jsonable(obj):
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:
+        pass
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def load_results(path: str | Iterable[str]) -> list[dict[str, Any]]:
+    """Every row of one results file (or of several, in order). A line that is not JSON raises
+    CorruptRecordError naming its line; a row from a newer schema raises ConfigError."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    rows = []
+    for p in paths:
+        with open(p, "rb") as f:
+            offset = 0
+            for lineno, raw in enumerate(f):
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                try:
+                    row = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    raise CorruptRecordError(p, lineno, start, f"not a JSON result row ({e.msg})") from e
+                if row.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
+                    raise ConfigError(f"{p}: line {lineno + 1} uses results schema {row['schema']}, newer than "
+                                      f"this gpufeed's {SCHEMA_VERSION}; upgrade gpufeed to read it")
+                rows.append(row)
+    return rows

@@ -1,0 +1,167 @@
+"""Storage-tier profiles (published vendor caps) and the ``--tier NAME[@GIB][=PATH]`` specs benchmarks run on.
+
+A profile turns a disk size C (GiB) into the limits the emulator enforces: IOPS = min(base + per_gib * C, max),
+throughput likewise, a per-request latency, and the I/O unit the vendor counts one operation by (a request of
+``n`` bytes costs ``ceil(n / io_unit)`` operations). Alibaba Cloud states IOPS x I/O size = throughput, i.e. a
+request is one operation whatever its size and large requests hit the MB/s cap instead; the guest's block layer
+still splits requests at ``max_sectors_kb`` (512 KiB on virtio-blk), which is the unit used for those disks.
+AWS counts one operation per 256 KiB on SSD volumes. Latency is the middle of the vendor's stated 4 KiB range.
+
+A tier is either ``measured`` (a real mount: ``--tier ssd=/mnt/ssd``) or ``emulated`` (a profile applied by
+:mod:`gpufeed.bench.emulate` on top of the host disk: ``--tier ssd``, ``--tier ssd@2000`` for a 2000 GiB disk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from gpufeed.errors import ConfigError
+
+MB = 10**6
+MiB = 2**20
+KiB = 2**10
+
+#: Disk size assumed when a spec gives none: large enough that ssd/essd-pl1 reach their MB/s cap (as a disk
+#: holding ImageNet would), small enough that IOPS stays below the per-disk maximum.
+DEFAULT_GIB = 500
+
+#: Alibaba and GCP count a request as one op; the guest block layer splits at 512 KiB (virtio-blk max_sectors_kb).
+_BLOCK_SPLIT = 512 * KiB
+
+_ALIBABA_DOC = "Alibaba Cloud ECS docs, 'Block storage performance' (help/en/ecs/user-guide/block-storage-performance)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the emulator enforces: operations/s, bytes/s, seconds per request, bytes per operation."""
+
+    iops: float
+    bytes_per_s: float
+    latency_s: float
+    io_unit: int
+
+    def qd_iops(self, request_bytes: int, queue_depth: int) -> float:
+        """Requests/s the profile allows for ``queue_depth`` outstanding requests of ``request_bytes``
+        (Little's law bounded by both caps): what the self-test compares the emulator against."""
+        ops = max(1, math.ceil(request_bytes / self.io_unit))
+        cap = min(self.iops / ops, self.bytes_per_s / request_bytes)
+        return min(cap, queue_depth / self.latency_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    product: str
+    source: str
+    iops_base: float
+    iops_per_gib: float
+    iops_max: float
+    mbps_base: float
+    mbps_per_gib: float
+    mbps_max: float
+    #: bytes in the vendor's "MB": 10**6 (Alibaba) or 2**20 (AWS and GCP publish MiB/s).
+    mb: int
+    latency_s: float
+    latency_range: str
+    io_unit: int
+
+    def limits(self, size_gib: float = DEFAULT_GIB) -> Limits:
+        iops = min(self.iops_base + self.iops_per_gib * size_gib, self.iops_max)
+        mbps = min(self.mbps_base + self.mbps_per_gib * size_gib, self.mbps_max)
+        return Limits(iops=iops, bytes_per_s=mbps * self.mb, latency_s=self.latency_s, io_unit=self.io_unit)
+
+    def describe(self, size_gib: float = DEFAULT_GIB) -> dict:
+        lim = self.limits(size_gib)
+        return {"profile": self.name, "product": self.product, "size_gib": size_gib, "iops": lim.iops,
+                "mb_per_s": lim.bytes_per_s / MB, "latency_ms": lim.latency_s * 1e3,
+                "latency_range": self.latency_range, "io_unit_kib": lim.io_unit / KiB, "source": self.source}
+
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile("ultra", "Alibaba ultra cloud disk (cloud_efficiency), previous generation", _ALIBABA_DOC,
+            1800, 8, 5000, 100, 0.15, 140, MB, 2e-3, "1-3 ms", _BLOCK_SPLIT),
+    Profile("ssd", "Alibaba standard SSD cloud disk (cloud_ssd), previous generation", _ALIBABA_DOC,
+            1800, 30, 25000, 120, 0.5, 300, MB, 1e-3, "0.5-2 ms", _BLOCK_SPLIT),
+    Profile("essd-pl0", "Alibaba ESSD PL0", _ALIBABA_DOC,
+            1800, 12, 10000, 100, 0.25, 180, MB, 0.4e-3, "0.3-0.5 ms", _BLOCK_SPLIT),
+    Profile("essd-pl1", "Alibaba ESSD PL1", _ALIBABA_DOC,
+            1800, 50, 50000, 120, 0.5, 350, MB, 0.2e-3, "~0.2 ms", _BLOCK_SPLIT),
+    Profile("nvme", "Alibaba local NVMe SSD (i2/i3-class), one disk, low end of the published range",
+            "Alibaba Cloud ECS docs, 'Local disks' (i2/i3 instance families: 150k-300k+ IOPS, 1-2+ GB/s per disk)",
+            150000, 0, 150000, 1000, 0, 1000, MB, 50e-6, "tens of us", 128 * KiB),
+    Profile("gp3", "AWS EBS gp3 baseline (no provisioned extra)",
+            "AWS EBS User Guide, 'Amazon EBS volume types' (gp3: 3,000 IOPS, 125 MiB/s; SSD ops counted per 256 KiB)",
+            3000, 0, 3000, 125, 0, 125, MiB, 1e-3, "single-digit ms", 256 * KiB),
+    Profile("pd-balanced", "GCP balanced persistent disk",
+            "Google Cloud docs, 'Persistent Disk performance' (pd-balanced: 3,000 IOPS + 6/GiB, "
+            "140 MiB/s + 0.28 MiB/s per GiB; per-disk max 80,000 IOPS, 1,200 MiB/s)",
+            3000, 6, 80000, 140, 0.28, 1200, MiB, 0.8e-3, "sub-ms to ~1 ms", _BLOCK_SPLIT),
+)}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"unknown tier profile {name!r}; choose one of {', '.join(PROFILES)} "
+                          "or give a real mount as NAME=PATH") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TierSpec:
+    """One ``--tier``: a real mount (``path`` set, ``mode`` measured) or a profile emulated on the host disk."""
+
+    name: str
+    path: str | None = None
+    size_gib: float = DEFAULT_GIB
+
+    @property
+    def mode(self) -> str:
+        return "measured" if self.path else "emulated"
+
+    @property
+    def profile(self) -> Profile | None:
+        return None if self.path else get_profile(self.name)
+
+    @property
+    def limits(self) -> Limits | None:
+        p = self.profile
+        return p.limits(self.size_gib) if p else None
+
+    def row_fields(self) -> dict:
+        """The tier's part of a result row."""
+        fields = {"tier": self.name, "mode": self.mode, "profile": self.name if self.profile else None,
+                  "tier_path": self.path}
+        if self.profile:
+            fields["tier_limits"] = self.profile.describe(self.size_gib)
+        return fields
+
+    def data_dir(self, default: str) -> str:
+        """Where this tier's data lives: the mount for a measured tier, ``default`` (host disk) otherwise."""
+        return self.path or default
+
+
+def parse_tier(spec: str) -> TierSpec:
+    """``ssd``, ``ssd@2000`` (emulated, disk of 2000 GiB) or ``ssd=/mnt/ssd`` (measured on that mount)."""
+    name, sep, path = spec.partition("=")
+    name, at, size = name.partition("@")
+    if not name:
+        raise ConfigError(f"--tier {spec!r} has no name; write NAME, NAME@GIB or NAME=PATH")
+    if sep:
+        if not path:
+            raise ConfigError(f"--tier {spec!r} has an empty path; write NAME=/mount/point")
+        if not os.path.isdir(path):
+            raise ConfigError(f"--tier {spec!r}: {path} is not a directory; mount the disk there or fix the path")
+        return TierSpec(name=name, path=os.path.abspath(path))
+    get_profile(name)
+    gib = DEFAULT_GIB
+    if at:
+        try:
+            gib = float(size)
+        except ValueError:
+            raise ConfigError(f"--tier {spec!r}: disk size {size!r} is not a number of GiB") from None
+        if gib <= 0:
+            raise ConfigError(f"--tier {spec!r}: disk size must be positive")
+    return TierSpec(name=name, size_gib=gib)
