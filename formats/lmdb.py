@@ -1,0 +1,675 @@
+"""Caffe LMDB: one environment directory whose values are serialized ``caffe.Datum`` messages.
+
+What Caffe's ``convert_imageset`` writes and what Caffe's ``Data`` layer and DALI's ``fn.readers.caffe``
+read: keys ``%08d_<relative path>`` (so byte order of keys is write order), values ``Datum`` from
+``proto/caffe.proto``:
+
+* encoded image: ``data`` = the JPEG/PNG bytes, ``label``, ``encoded = true`` (always written: DALI takes a
+  Datum without the field for an encoded one, Caffe for a raw one). Like ``ReadFileToDatum``, no
+  ``channels/height/width``: the decoder learns them from the image.
+* raw pixels: ``channels, height, width``, ``data`` = uint8 planes in CHW order, BGR like OpenCV (what
+  ``CVMatToDatum`` stores), ``encoded = false``. Normalised float pixels go to ``float_data`` in the same
+  CHW/BGR order, with ``data`` left out (Caffe's ``DataTransformer`` then reads ``float_data``).
+* tokens: ``channels = 1, height = 1, width = n``, ``float_data`` = the ids, ``encoded = false``.
+* several labels: ``label`` = the first, ``float_data`` = all of them (encoded and uint8 raw samples only).
+
+The directory also holds ``gpufeed.json`` (version, parameters, sizes) and ``gpufeed.crc32c`` (one CRC-32C per
+record, in key order): LMDB itself has no checksums, so a flipped byte in a value would otherwise be read as
+good data. Caffe and DALI open only ``data.mdb``; the extra files do not disturb them.
+
+Writing goes to a hidden working environment next to the target, committed in batches, its map grown on
+``MDB_MAP_FULL``; :meth:`LMDBWriter.close` makes a compacted copy (``mdb_env_copy2`` with ``MDB_CP_COMPACT``)
+and renames that directory into place, so the result holds no free pages and no lock file.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from gpufeed import io as gio
+from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
+                            ShardNotFound)
+from gpufeed.formats import naming
+from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+
+#: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
+VERSION = 1
+SIDECAR = "gpufeed.json"
+CHECKSUMS = "gpufeed.crc32c"
+DATA = "data.mdb"
+#: LMDB's compile-time key limit (MDB_MAXKEYSIZE); a longer key fails at ``put``, so refuse it at encode.
+MAX_KEY_BYTES = 511
+#: float_data holds token ids as float32, exact only below 2**24.
+MAX_TOKEN_ID = 1 << 24
+#: Key prefix width: ``convert_imageset`` uses ``caffe::format_int(line_id, 8)``.
+KEY_DIGITS = 8
+#: One CRC-32C per record, little-endian, so the file can be memory-mapped as a numpy array.
+_CRC_DTYPE = np.dtype("<u4")
+
+_DEFAULT_INITIAL_MAP = 64 << 20
+_DEFAULT_BATCH_RECORDS = 1000
+_DEFAULT_BATCH_BYTES = 64 << 20
+
+
+def _pb2():
+    from gpufeed.formats.proto import caffe_pb2
+
+    return caffe_pb2
+
+
+def _require_local(path: str, what: str) -> str:
+    if not gio.is_local(path):
+        raise ConfigError(f"{path}: {what} needs a local path because LMDB memory-maps its file; copy it to "
+                          "local disk first, or write RecordIO/TFRecord for remote storage")
+    return os.path.abspath(gio.local_path(path))
+
+
+def make_key(index: int, name: str) -> bytes:
+    """The LMDB key ``%08d_<name>`` Caffe's ``convert_imageset`` uses."""
+    key = f"{index:0{KEY_DIGITS}d}_{name}".encode()
+    if len(key) > MAX_KEY_BYTES:
+        raise InputError(name, f"the LMDB key is {len(key)} bytes, over LMDB's {MAX_KEY_BYTES}-byte limit",
+                         "shorten the relative path")
+    return key
+
+
+def split_key(key: bytes) -> tuple[int | None, str]:
+    """``(index, name)`` of a ``%08d_<name>`` key; index ``None`` for keys of another shape."""
+    head, sep, tail = key.partition(b"_")
+    if sep and head.isdigit():
+        return int(head), tail.decode("utf-8", "replace")
+    return None, key.decode("utf-8", "replace")
+
+
+def _bgr_chw(pixels: np.ndarray) -> tuple[int, int, int, np.ndarray]:
+    """HWC RGB(A)/gray pixels -> (c, h, w, CHW array in OpenCV's BGR(A) channel order)."""
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
+        raise ConfigError(f"raw pixels must be HxW or HxWxC with C in 1, 3, 4, not shape {pixels.shape}")
+    h, w, c = pixels.shape
+    if c >= 3:
+        pixels = pixels[:, :, [2, 1, 0, 3][:c]]
+    return c, h, w, np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def _hwc_rgb(chw: np.ndarray) -> np.ndarray:
+    c = chw.shape[0]
+    hwc = chw.transpose(1, 2, 0)
+    if c >= 3:
+        hwc = hwc[:, :, [2, 1, 0, 3][:c]]
+    return np.ascontiguousarray(hwc)
+
+
+def _int_label(sample: Sample) -> int:
+    first = sample.labels[0] if sample.labels else 0
+    if float(first) != int(first):
+        raise InputError(sample.key, f"label {first!r} is not an integer; Caffe's Datum.label is int32",
+                         "give several labels (they go to float_data) or use RecordIO/TFRecord")
+    return int(first)
+
+
+def _image_format(data: bytes) -> str | None:
+    if data[:3] == b"\xff\xd8\xff":
+        return "JPEG"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "PNG"
+    return None
+
+
+def encode_datum(sample: Sample) -> bytes:
+    """Serialize ``sample`` as a Caffe ``Datum`` (layout in the module docstring)."""
+    datum = _pb2().Datum()
+    multi = sample.is_multilabel
+    if not sample.labels and multi:
+        raise InputError(sample.key, "a multi-label sample with no labels cannot be a Caffe Datum")
+    datum.label = _int_label(sample)
+    if sample.kind == "encoded":
+        datum.data = bytes(sample.payload)
+        datum.encoded = True
+        if multi:
+            datum.float_data.extend(float(x) for x in sample.labels)
+    elif sample.kind == "raw":
+        c, h, w, chw = _bgr_chw(np.asarray(sample.payload))
+        datum.channels, datum.height, datum.width = c, h, w
+        if chw.dtype == np.uint8:
+            datum.data = chw.tobytes()
+            if multi:
+                datum.float_data.extend(float(x) for x in sample.labels)
+        elif chw.dtype in (np.float16, np.float32, np.float64):
+            if multi:
+                raise InputError(sample.key, "float pixels and several labels both need Datum.float_data",
+                                 "store uint8 pixels or a single label")
+            datum.float_data.extend(chw.astype(np.float32).ravel().tolist())
+        else:
+            raise InputError(sample.key, f"raw pixels of dtype {chw.dtype} cannot be a Datum",
+                             "store uint8, float16 or float32")
+        datum.encoded = False
+    elif sample.kind == "tokens":
+        ids = np.asarray(sample.payload)
+        if ids.ndim != 1:
+            raise InputError(sample.key, f"token ids must be a 1-D array, not shape {ids.shape}")
+        if multi:
+            raise InputError(sample.key, "token ids and several labels both need Datum.float_data")
+        if ids.size and (ids.min() < 0 or ids.max() >= MAX_TOKEN_ID):
+            raise InputError(sample.key, f"token ids must lie in 0..{MAX_TOKEN_ID - 1} to be exact as float32")
+        datum.channels, datum.height, datum.width = 1, 1, int(ids.size)
+        datum.float_data.extend(ids.astype(np.float32).tolist())
+        datum.encoded = False
+    else:
+        raise InputError(sample.key, f"unknown sample kind {sample.kind!r}")
+    return datum.SerializeToString()
+
+
+def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
+                 byte_offset: int | None = None) -> Sample:
+    """Parse one LMDB value back into a :class:`Sample`; raise :class:`CorruptRecordError` if it is not a Datum."""
+    from google.protobuf.message import DecodeError
+
+    datum = _pb2().Datum()
+
+    def corrupt(reason):
+        return CorruptRecordError(path, record_index, byte_offset, reason)
+
+    try:
+        datum.ParseFromString(value)
+    except DecodeError as e:
+        raise corrupt(f"not a caffe.Datum ({e})") from e
+    index, name = split_key(key)
+    floats = datum.float_data
+    meta: dict[str, Any] = {}
+    if datum.encoded or not datum.HasField("encoded") and datum.HasField("data") and not datum.channels:
+        label = tuple(floats) if floats else datum.label
+        meta["format"] = _image_format(datum.data)
+        return Sample(name, label, datum.data, "encoded", index or 0, meta)
+    c, h, w = datum.channels, datum.height, datum.width
+    if datum.HasField("data"):
+        if len(datum.data) != c * h * w or not c:
+            raise corrupt(f"raw Datum of {c}x{h}x{w} carries {len(datum.data)} bytes")
+        pixels = _hwc_rgb(np.frombuffer(datum.data, np.uint8).reshape(c, h, w))
+        label = tuple(floats) if floats else datum.label
+    elif c == 1 and h == 1 and len(floats) == w:
+        return Sample(name, datum.label, np.asarray(floats, np.float32).astype(np.int32), "tokens",
+                      index or 0, meta)
+    elif len(floats) == c * h * w and c:
+        pixels = _hwc_rgb(np.asarray(floats, np.float32).reshape(c, h, w))
+        label = datum.label
+    else:
+        raise corrupt(f"Datum of {c}x{h}x{w} with {len(datum.data)} data bytes and {len(floats)} floats")
+    meta.update(channels=c, height=h, width=w)
+    return Sample(name, label, pixels, "raw", index or 0, meta)
+
+
+def write_mean_binaryproto(path: str, mean_chw: np.ndarray, order: str = "BGR") -> None:
+    """Write a mean image the way Caffe's ``compute_image_mean`` does: ``BlobProto(num=1, C, H, W, data)``.
+
+    ``mean_chw`` is CHW; Caffe subtracts it from BGR Datums, so pass ``order="RGB"`` if its channels are RGB
+    and they are reversed before writing. ``path`` may be a local path or an fsspec URL.
+    """
+    mean = np.asarray(mean_chw, np.float32)
+    if mean.ndim != 3:
+        raise ConfigError(f"{path}: the mean image must be CHW (3 dimensions), not shape {mean.shape}")
+    if order not in ("BGR", "RGB"):
+        raise ConfigError(f"{path}: channel order must be 'BGR' or 'RGB', not {order!r}")
+    if order == "RGB" and mean.shape[0] >= 3:
+        mean = mean[[2, 1, 0, 3][:mean.shape[0]]]
+    blob = _pb2().BlobProto(num=1, channels=mean.shape[0], height=mean.shape[1], width=mean.shape[2])
+    blob.data.extend(mean.ravel().tolist())
+    payload = blob.SerializeToString()
+    if gio.is_local(path):
+        final = gio.local_path(path)
+        tmp = naming.temp_name(final)
+        with gio.open_file(tmp, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, final)
+    else:
+        with gio.open_file(path, "wb") as f:
+            f.write(payload)
+
+
+def read_mean_binaryproto(path: str) -> np.ndarray:
+    """The CHW float32 mean stored in a ``mean.binaryproto`` (Caffe's or ours), channels as stored (BGR)."""
+    from google.protobuf.message import DecodeError
+
+    with gio.open_file(path, "rb") as f:
+        payload = f.read()
+    blob = _pb2().BlobProto()
+    try:
+        blob.ParseFromString(payload)
+    except DecodeError as e:
+        raise CorruptRecordError(path, 0, 0, f"not a caffe.BlobProto ({e})") from e
+    if blob.HasField("shape"):
+        shape = tuple(blob.shape.dim)
+    else:
+        shape = (blob.num, blob.channels, blob.height, blob.width)
+    data = np.asarray(blob.data, np.float32)
+    if int(np.prod(shape)) != data.size:
+        raise CorruptRecordError(path, 0, 0, f"BlobProto of shape {shape} holds {data.size} floats")
+    data = data.reshape(shape)
+    return data[0] if data.ndim == 4 and data.shape[0] == 1 else data
+
+
+def _crc(value: bytes) -> int:
+    import crc32c
+
+    return crc32c.crc32c(value)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_sidecar(directory: str) -> dict | None:
+    try:
+        with open(os.path.join(directory, SIDECAR), "rb") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise CorruptRecordError(os.path.join(directory, SIDECAR), None, 0, f"not JSON ({e})") from e
+    if meta.get("format") != "caffe-lmdb":
+        raise ConfigError(f"{directory}: {SIDECAR} describes format {meta.get('format')!r}, not caffe-lmdb")
+    if int(meta.get("version", 0)) > VERSION:
+        raise ConfigError(f"{directory}: written by a newer gpufeed (layout version {meta['version']}, this "
+                          f"one reads up to {VERSION}); upgrade gpufeed")
+    return meta
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterOptions:
+    """Writer parameters, recorded in the sidecar. ``initial_map_size`` is where the map starts: it
+    doubles on ``MDB_MAP_FULL``, as Caffe's own LMDB writer does."""
+
+    initial_map_size: int = _DEFAULT_INITIAL_MAP
+    batch_records: int = _DEFAULT_BATCH_RECORDS
+    batch_bytes: int = _DEFAULT_BATCH_BYTES
+    compact: bool = True
+
+
+class LMDBWriter(Writer):
+    """Writes one environment directory. ``resume=True`` reopens the working environment a crashed writer
+    left next to ``path`` and goes on after its last committed record (see :attr:`committed_records`)."""
+
+    def __init__(self, fmt: "LMDBFormat", path: str, resume: bool = False, **options):
+        self.format = fmt
+        self.path = _require_local(path, "writing Caffe LMDB")
+        self.options = WriterOptions(**options)
+        if self.options.initial_map_size < (1 << 16) or self.options.batch_records < 1:
+            raise ConfigError(f"{path}: initial_map_size must be >= 64 KiB and batch_records >= 1")
+        parent = os.path.dirname(self.path)
+        if not os.path.isdir(parent):
+            raise OutputError(f"{parent}: the directory for {os.path.basename(self.path)} does not exist; "
+                              "create it first")
+        self._work = self._find_working() if resume else None
+        fresh = self._work is None
+        if fresh:
+            self._work = naming.temp_name(self.path)
+            os.mkdir(self._work)
+        import lmdb
+
+        self._lmdb = lmdb
+        self._map_size = self.options.initial_map_size
+        self._env = lmdb.open(self._work, map_size=self._map_size, subdir=True, max_dbs=0, readahead=False)
+        self._map_size = self._env.info()["map_size"]
+        self._crc = array.array("I")
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._data_bytes = 0
+        self._grows = 0
+        self._last_index = -1
+        self._last_key = b""
+        self._committed_key = b""
+        self._final_tmp = None
+        self._closed = False
+        if fresh:
+            self._write_work_sidecar()
+        else:
+            self._recover()
+
+    def _find_working(self) -> str | None:
+        """The most recent working environment of a crashed writer for the same target, if any."""
+        head, tail = os.path.split(self.path)
+        found = []
+        for cand in glob.glob(os.path.join(glob.escape(head), f".{glob.escape(tail)}.tmp-*")):
+            meta = _read_sidecar(cand) if os.path.isdir(cand) else None
+            if meta and meta.get("state") == "writing" and os.path.exists(os.path.join(cand, DATA)):
+                found.append((os.path.getmtime(os.path.join(cand, DATA)), cand))
+        found.sort()
+        for _, stale in found[:-1]:
+            shutil.rmtree(stale, ignore_errors=True)
+        return found[-1][1] if found else None
+
+    def _write_work_sidecar(self):
+        with open(os.path.join(self._work, SIDECAR), "w") as f:
+            json.dump({"format": "caffe-lmdb", "version": VERSION, "state": "writing",
+                       "target": os.path.basename(self.path)}, f)
+
+    def _recover(self):
+        """Reload the state a resumed writer needs: last key, sizes and per-record CRCs."""
+        with self._env.begin(buffers=True) as txn:
+            for key, value in txn.cursor():
+                value = bytes(value)
+                self._crc.append(_crc(value))
+                self._data_bytes += len(key) + len(value)
+                self._last_key = bytes(key)
+        self._committed_key = self._last_key
+        if self._last_key:
+            index, _ = split_key(self._last_key)
+            self._last_index = index if index is not None else len(self._crc) - 1
+
+    @property
+    def committed_records(self) -> int:
+        """Records durably committed so far (after ``resume=True``: what the crashed writer had committed)."""
+        return len(self._crc) - len(self._pending)
+
+    @property
+    def last_committed_key(self) -> bytes | None:
+        """The key of the last committed record (``%08d_<path>``), or ``None`` before the first commit."""
+        return self._committed_key or None
+
+    def write_encoded(self, record: EncodedRecord) -> None:
+        if self._closed:
+            raise ConfigError(f"{self.path}: the writer is closed")
+        if record.index <= self._last_index or record.key <= self._last_key:
+            raise ConfigError(f"{self.path}: record {record.key!r} comes after index {self._last_index}; "
+                              "LMDB records must be written in increasing index order so keys sort as written")
+        self._last_index, self._last_key = record.index, record.key
+        self._pending.append((record.key, record.value))
+        self._crc.append(_crc(record.value))
+        self._pending_bytes += len(record.key) + len(record.value)
+        if len(self._pending) >= self.options.batch_records or self._pending_bytes >= self.options.batch_bytes:
+            self._commit()
+
+    def _commit(self):
+        if not self._pending:
+            return
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value, append=True)
+                break
+            except self._lmdb.MapFullError:
+                # The transaction was aborted whole: double the map (as Caffe does) and redo the batch.
+                self._map_size *= 2
+                self._grows += 1
+                self._env.set_mapsize(self._map_size)
+        self._committed_key = self._pending[-1][0]
+        self._data_bytes += self._pending_bytes
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    @property
+    def stats(self) -> dict:
+        """Map size vs data size: the map the working environment grew to, the key+value bytes, the file."""
+        work = os.path.join(self._work, DATA)
+        return {"records": len(self._crc), "data_bytes": self._data_bytes, "map_size": self._map_size,
+                "map_grows": self._grows,
+                "working_file_bytes": os.path.getsize(work) if os.path.exists(work) else None}
+
+    def close(self) -> list[WrittenFile]:
+        if self._closed:
+            raise ConfigError(f"{self.path}: the writer is already closed")
+        try:
+            self._commit()
+            stats = self.stats
+            final_tmp = self._final_tmp = naming.temp_name(self.path)
+            os.mkdir(final_tmp)
+            # The meta page records the map size; tie it to the data, not to the growth history.
+            self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * self._env.stat()["psize"])
+            self._env.copy(final_tmp, compact=self.options.compact)
+            self._env.close()
+            data = os.path.join(final_tmp, DATA)
+            with open(data, "rb+") as f:
+                os.fsync(f.fileno())
+            crc = np.frombuffer(self._crc, np.uint32).astype(_CRC_DTYPE)
+            with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
+                f.write(crc.tobytes())
+            stats["file_bytes"] = os.path.getsize(data)
+            sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
+                       "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
+                       "options": dataclasses.asdict(self.options), "stats": stats}
+            with open(os.path.join(final_tmp, SIDECAR), "w") as f:
+                json.dump(sidecar, f, indent=1, sort_keys=True)
+            self._replace(final_tmp)
+            shutil.rmtree(self._work, ignore_errors=True)
+        except OSError as e:
+            self.abort()
+            raise OutputError(f"{self.path}: could not finish the LMDB ({e}); check free disk space") from e
+        self._closed = True
+        self.stats_final = stats
+        return [self._written(DATA, "data", len(self._crc)), self._written(CHECKSUMS, "index", len(self._crc)),
+                self._written(SIDECAR, "sidecar", 0)]
+
+    def _written(self, name, role, records):
+        p = os.path.join(self.path, name)
+        return WrittenFile(p, records, os.path.getsize(p), _sha256(p), role)
+
+    def _replace(self, new_dir: str):
+        """Move ``new_dir`` to the target; an existing output is swapped out first, then removed."""
+        old = None
+        if os.path.exists(self.path):
+            old = naming.temp_name(self.path)
+            os.rename(self.path, old)
+        os.rename(new_dir, self.path)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._env.close()
+        finally:
+            for d in (self._work, self._final_tmp):
+                if d:
+                    shutil.rmtree(d, ignore_errors=True)
+
+
+#: (path, device, inode of data.mdb) -> [environment, users] for this process. py-lmdb refuses to open one
+#: environment twice in a process, and readers of the same output (a dataset and a verifier) must coexist;
+#: the inode tells a rewritten output from the one already mapped.
+_ENVS: dict[str, list] = {}
+_ENVS_PID = None
+
+
+def _shared_env(path: str):
+    global _ENVS_PID
+    if _ENVS_PID != os.getpid():
+        # Inherited through fork: unusable here (LMDB forbids it), so close our copies and start afresh.
+        for env, _ in _ENVS.values():
+            env.close()
+        _ENVS.clear()
+        _ENVS_PID = os.getpid()
+    st = os.stat(os.path.join(path, DATA))
+    key = (path, st.st_dev, st.st_ino)
+    entry = _ENVS.get(key)
+    if entry is None:
+        import lmdb
+
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_readers=4096,
+                        max_dbs=0)
+        entry = _ENVS[key] = [env, 0]
+    entry[1] += 1
+    return key, entry[0]
+
+
+def _release_env(key) -> None:
+    entry = _ENVS.get(key)
+    if entry is not None and _ENVS_PID == os.getpid():
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _ENVS[key]
+            entry[0].close()
+
+
+class LMDBReader(Reader):
+    """Reads an environment directory written by gpufeed or by Caffe's ``convert_imageset``.
+
+    Opens on first use in each process (read-only, no lock file, no readahead), so the reader can be built in
+    a parent and used in forked or spawned DataLoader workers. Record ``i`` is the ``i``-th key in key order;
+    when keys carry the ``%08d_`` prefixes ``0..n-1`` it is found by a B-tree seek on ``%08d_`` % i, with no
+    key list in memory; otherwise the keys are listed once per process.
+    """
+
+    def __init__(self, path: str, verify: bool = True):
+        self.path = _require_local(path, "reading Caffe LMDB")
+        self.data_path = os.path.join(self.path, DATA)
+        if not os.path.exists(self.data_path):
+            raise ShardNotFound(self.data_path, "run `gpufeed convert` to create the LMDB, or check the path")
+        self.meta = _read_sidecar(self.path)
+        if self.meta and self.meta.get("state") != "complete":
+            raise IncompleteOutputError(f"{self.path}: an unfinished LMDB; rerun the conversion with --resume")
+        self.verify = verify
+        self._pid = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        for k in ("_env", "_txn", "_keys", "_crcs"):
+            state.pop(k, None)
+        state["_pid"] = None
+        return state
+
+    def _open(self):
+        if self._pid == os.getpid():
+            return
+        import lmdb
+
+        try:
+            self._env_key, self._env = _shared_env(self.path)
+            self._txn = self._env.begin(buffers=False)
+            self._len = self._env.stat()["entries"]
+        except lmdb.Error as e:
+            raise CorruptRecordError(self.data_path, None, None, f"LMDB cannot open it ({e})") from e
+        self._keys = None
+        self._crcs = None
+        if self.meta:
+            if self.meta.get("records") != self._len:
+                raise IncompleteOutputError(f"{self.path}: holds {self._len} records but {SIDECAR} says "
+                                            f"{self.meta.get('records')}; rewrite it with `gpufeed convert`")
+            if self.verify and self.meta.get("checksums"):
+                crcs = np.fromfile(os.path.join(self.path, self.meta["checksums"]), _CRC_DTYPE)
+                if crcs.size != self._len:
+                    raise IncompleteOutputError(f"{self.path}: {CHECKSUMS} lists {crcs.size} records, the LMDB "
+                                                f"{self._len}; rewrite it with `gpufeed convert`")
+                self._crcs = crcs
+        self._seekable = self._len == 0 or self._prefix_ordinal(0) and self._prefix_ordinal(self._len - 1, last=True)
+        self._pid = os.getpid()
+
+    def _prefix_ordinal(self, i: int, last: bool = False) -> bool:
+        """Whether the first (or last) key carries the prefix of index ``i``: then prefixes are 0..n-1."""
+        cur = self._txn.cursor()
+        ok = cur.last() if last else cur.first()
+        return ok and cur.key().startswith(b"%08d_" % i)
+
+    def __len__(self) -> int:
+        self._open()
+        return self._len
+
+    def _key_value(self, i: int) -> tuple[bytes, bytes]:
+        self._open()
+        if not -self._len <= i < self._len:
+            raise IndexError(f"{self.path}: record {i} out of range (the LMDB holds {self._len})")
+        i %= self._len
+        try:
+            if self._seekable:
+                cur = self._txn.cursor()
+                prefix = b"%08d_" % i
+                if not cur.set_range(prefix) or not cur.key().startswith(prefix):
+                    raise CorruptRecordError(self.data_path, i, None, f"no key with prefix {prefix!r}")
+                key, value = cur.item()
+            else:
+                if self._keys is None:
+                    self._keys = list(self._txn.cursor().iternext(keys=True, values=False))
+                key = self._keys[i]
+                value = self._txn.get(key)
+        except self._lmdb_errors() as e:
+            raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
+        gio.charge(len(value))
+        self._check(i, value)
+        return key, value
+
+    @staticmethod
+    def _lmdb_errors():
+        import lmdb
+
+        return lmdb.Error
+
+    def _check(self, i: int, value: bytes):
+        if self._crcs is not None and _crc(value) != int(self._crcs[i]):
+            raise CorruptRecordError(self.data_path, i, None, "CRC-32C of the value does not match "
+                                     f"{CHECKSUMS}")
+
+    def read_raw(self, i: int) -> bytes:
+        return self._key_value(i)[1]
+
+    def __getitem__(self, i: int) -> Sample:
+        key, value = self._key_value(i)
+        return decode_datum(key, value, self.data_path, i % self._len)
+
+    def _scan(self) -> Iterator[tuple[int, bytes, bytes]]:
+        self._open()
+        i = 0
+        try:
+            for key, value in self._txn.cursor():
+                gio.charge(len(value))
+                self._check(i, value)
+                yield i, key, value
+                i += 1
+        except self._lmdb_errors() as e:
+            raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
+
+    def iter_raw(self) -> Iterator[bytes]:
+        for _, _, value in self._scan():
+            yield value
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i, key, value in self._scan():
+            yield decode_datum(key, value, self.data_path, i)
+
+    def close(self) -> None:
+        txn = self.__dict__.pop("_txn", None)
+        if txn is not None and self._pid == os.getpid():
+            txn.abort()
+            _release_env(self._env_key)
+        self.__dict__.pop("_env", None)
+        self._pid = None
+
+
+class LMDBFormat(Format):
+    name = "lmdb"
+    indexed = True
+
+    def encode(self, sample: Sample) -> EncodedRecord:
+        return EncodedRecord(make_key(sample.index, sample.key), encode_datum(sample), sample.index, sample.key,
+                             sample.labels)
+
+    def decode(self, key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
+               byte_offset: int | None = None) -> Sample:
+        return decode_datum(key, value, path, record_index, byte_offset)
+
+    def writer(self, path: str, **options) -> LMDBWriter:
+        """``options``: ``resume``, ``initial_map_size``, ``batch_records``, ``batch_bytes``, ``compact``."""
+        return LMDBWriter(self, path, **options)
+
+    def reader(self, path: str, **options) -> LMDBReader:
+        """``options``: ``verify`` (check each value's CRC-32C against ``gpufeed.crc32c``; default True)."""
+        return LMDBReader(path, **options)
+
+    def output_files(self, path: str) -> list[str]:
+        return [os.path.join(path, DATA), os.path.join(path, CHECKSUMS), os.path.join(path, SIDECAR)]
