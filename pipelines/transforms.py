@@ -401,7 +401,7 @@ def write_stats(stats: ChannelStats, dst_dir_url: str) -> dict:
         from gpufeed.formats.lmdb import write_mean_binaryproto
 
         chw = stats.mean_image()
-        write_mean_binaryproto(f"{base}/{MEAN_BINARYPROTO}", np.ascontiguousarray(chw[::-1]))
+        write_mean_binaryproto(f"{base}/{MEAN_BINARYPROTO}", chw, order="RGB")
         result.update(mean_binaryproto=MEAN_BINARYPROTO, mean_image_shape=list(chw.shape),
                       mean_binaryproto_channels="BGR")
     else:
@@ -416,6 +416,28 @@ _RRC_RATIO = (3 / 4, 4 / 3)
 _RRC_TRIES = 10
 
 
+def random_resized_crop_params(height: int, width: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of a crop drawn as torchvision's ``RandomResizedCrop.get_params`` draws it."""
+    area = height * width
+    log_lo, log_hi = math.log(_RRC_RATIO[0]), math.log(_RRC_RATIO[1])
+    for _ in range(_RRC_TRIES):
+        target = area * rng.uniform(*_RRC_SCALE)
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    # Fallback: the centre crop with the aspect clamped into the allowed range.
+    ratio = width / height
+    if ratio < _RRC_RATIO[0]:
+        w, h = width, int(round(width / _RRC_RATIO[0]))
+    elif ratio > _RRC_RATIO[1]:
+        h, w = height, int(round(height * _RRC_RATIO[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
 def random_resized_crop_flip(img: np.ndarray, size=224, rng: np.random.Generator | None = None) -> np.ndarray:
     """torchvision's ``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` in numpy/cv2.
 
@@ -426,27 +448,7 @@ def random_resized_crop_flip(img: np.ndarray, size=224, rng: np.random.Generator
 
     rng = rng if rng is not None else np.random.default_rng()
     out_h, out_w = (size, size) if isinstance(size, int) else size
-    height, width = img.shape[:2]
-    area = height * width
-    log_lo, log_hi = math.log(_RRC_RATIO[0]), math.log(_RRC_RATIO[1])
-    for _ in range(_RRC_TRIES):
-        target = area * rng.uniform(*_RRC_SCALE)
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            i = int(rng.integers(0, height - h + 1))
-            j = int(rng.integers(0, width - w + 1))
-            break
-    else:
-        ratio = width / height
-        if ratio < _RRC_RATIO[0]:
-            w, h = width, int(round(width / _RRC_RATIO[0]))
-        elif ratio > _RRC_RATIO[1]:
-            h, w = height, int(round(height * _RRC_RATIO[1]))
-        else:
-            w, h = width, height
-        i, j = (height - h) // 2, (width - w) // 2
+    i, j, h, w = random_resized_crop_params(img.shape[0], img.shape[1], rng)
     out = cv2.resize(img[i:i + h, j:j + w], (out_w, out_h), interpolation=cv2.INTER_LINEAR)
     if rng.random() < 0.5:
         out = cv2.flip(out, 1)
