@@ -1,0 +1,175 @@
+"""PyTorch datasets over any gpufeed format, shard-aware for DistributedDataParallel.
+
+``MapDataset`` serves indexed outputs (RecordIO with ``.idx``, LMDB, TFRecord with its index) to a
+``DataLoader`` with any sampler; ``IterableDataset`` streams records in file order, split across DDP ranks
+and DataLoader workers. Both give :class:`~gpufeed.formats.base.Sample` objects, or whatever ``transform``
+makes of them (e.g. decode + crop + ``(tensor, label)``); without a transform pass ``collate_fn=list``.
+
+torch is imported only inside these classes, so ``import gpufeed.formats`` never pulls it in. Readers are
+opened lazily in each process, so a dataset built in the parent works in forked or spawned workers.
+
+Example::
+
+    ds = MapDataset("lmdb", ["out/lmdb/train_lmdb"], transform=to_tensor_and_label)
+    loader = torch.utils.data.DataLoader(ds, batch_size=256, shuffle=True, num_workers=8)
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Iterator, Sequence
+
+from gpufeed.errors import ConfigError
+
+
+def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values win; otherwise torch.distributed's when initialised; otherwise one process."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside 0..{world_size - 1} (world_size {world_size})")
+    return rank, world_size
+
+
+def _as_paths(paths: str | os.PathLike | Sequence[str]) -> list[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise ConfigError("no input paths given to the dataset")
+    return paths
+
+
+class _Readers:
+    """One reader per path, (re)opened in whichever process uses them."""
+
+    def __init__(self, format_name: str, paths: list[str], options: dict):
+        from gpufeed.formats import get_format
+
+        self.format_name, self.paths, self.options = format_name, paths, options
+        self.format = get_format(format_name)
+        self._pid = None
+        self._readers = None
+
+    def __getstate__(self):
+        return {"format_name": self.format_name, "paths": self.paths, "options": self.options,
+                "format": self.format, "_pid": None, "_readers": None}
+
+    def get(self, j: int):
+        if self._pid != os.getpid():
+            self._readers = [None] * len(self.paths)
+            self._pid = os.getpid()
+        if self._readers[j] is None:
+            self._readers[j] = self.format.reader(self.paths[j], **self.options)
+        return self._readers[j]
+
+
+def _make_map_dataset_class():
+    import torch.utils.data
+
+    class MapDataset(torch.utils.data.Dataset):
+        """Records of ``paths`` (one output each: a ``.rec``, a TFRecord shard, an LMDB directory) as one
+        indexed dataset. With DDP, rank ``r`` of ``w`` sees global records ``r, r + w, ...``; ``even=True``
+        trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no rank waits
+        on a collective the others have left."""
+
+        def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
+                     world_size: int | None = None, even: bool = False, **reader_options):
+            self._readers = _Readers(format_name, _as_paths(paths), reader_options)
+            if not self._readers.format.indexed:
+                raise ConfigError(f"format {format_name!r} has no index; use gpufeed.formats.torch.IterableDataset")
+            self.transform = transform
+            self.rank, self.world_size = _dist_rank_world(rank, world_size)
+            self._starts = [0]
+            for j in range(len(self._readers.paths)):
+                self._starts.append(self._starts[-1] + len(self._readers.get(j)))
+            total = self._starts[-1]
+            self._len = total // self.world_size if even else len(range(self.rank, total, self.world_size))
+
+        def __len__(self) -> int:
+            return self._len
+
+        def __getitem__(self, i: int):
+            if not -self._len <= i < self._len:
+                raise IndexError(f"index {i} out of range for a dataset of {self._len} records")
+            g = (i % self._len) * self.world_size + self.rank
+            j = bisect.bisect_right(self._starts, g) - 1
+            sample = self._readers.get(j)[g - self._starts[j]]
+            return self.transform(sample) if self.transform is not None else sample
+
+    return MapDataset
+
+
+def _make_iterable_dataset_class():
+    import torch.utils.data
+
+    class IterableDataset(torch.utils.data.IterableDataset):
+        """Records of ``paths`` in file order, split over DDP ranks x DataLoader workers.
+
+        With at least as many files as readers (ranks x workers), reader ``k`` of ``n`` reads whole files
+        ``k, k + n, ...`` (pure sequential reads). Otherwise records are dealt round-robin over the
+        concatenated stream: indexed formats seek straight to their share, the others scan and skip.
+        """
+
+        def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
+                     world_size: int | None = None, **reader_options):
+            self._readers = _Readers(format_name, _as_paths(paths), reader_options)
+            self.transform = transform
+            self.rank, self.world_size = _dist_rank_world(rank, world_size)
+
+        def _split(self) -> tuple[int, int]:
+            info = torch.utils.data.get_worker_info()
+            workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+            return self.rank * workers + worker, self.world_size * workers
+
+        def __iter__(self) -> Iterator:
+            k, n = self._split()
+            paths = self._readers.paths
+            for sample in self._samples(k, n, paths):
+                yield self.transform(sample) if self.transform is not None else sample
+
+        def _samples(self, k: int, n: int, paths: list[str]):
+            if len(paths) >= n:
+                for j in range(k, len(paths), n):
+                    yield from self._readers.get(j)
+                return
+            offset = 0
+            for j in range(len(paths)):
+                reader = self._readers.get(j)
+                share = (k - offset) % n
+                if reader._has_index():
+                    count = len(reader)
+                    yield from reader.shard(share, n)
+                else:
+                    count = 0
+                    for count, sample in enumerate(reader, 1):
+                        if (count - 1) % n == share:
+                            yield sample
+                offset += count
+
+    return IterableDataset
+
+
+_CLASSES: dict = {}
+
+
+def __getattr__(name: str):
+    """Build the torch-derived classes on first access, so importing this module does not import torch."""
+    factories = {"MapDataset": _make_map_dataset_class, "IterableDataset": _make_iterable_dataset_class}
+    if name not in factories:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _CLASSES:
+        cls = factories[name]()
+        cls.__module__ = __name__
+        cls.__qualname__ = name
+        _CLASSES[name] = cls
+        globals()[name] = cls
+    return _CLASSES[name]

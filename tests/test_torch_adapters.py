@@ -1,0 +1,127 @@
+"""The PyTorch datasets over real outputs of every format, through a real DataLoader with worker processes."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from gpufeed.errors import ConfigError
+from gpufeed.formats import FORMATS, get_format
+from gpufeed.formats.base import Sample
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from gpufeed.formats.torch import IterableDataset, MapDataset  # noqa: E402
+
+
+def _output_name(fmt: str, stem: str) -> str:
+    return {"lmdb": f"{stem}_lmdb", "recordio": f"{stem}.rec", "tfrecord": stem}[fmt]
+
+
+def _format(name):
+    try:
+        return get_format(name)
+    except ImportError:
+        pytest.skip(f"gpufeed.formats.{name} is not in this tree yet")
+
+
+def make_outputs(tmp_path, fmt_name, counts):
+    """One output per count; labels encode the global record number so tests can check coverage."""
+    fmt = _format(fmt_name)
+    paths, g = [], 0
+    for j, n in enumerate(counts):
+        path = str(tmp_path / _output_name(fmt_name, f"part{j}"))
+        with fmt.writer(path) as w:
+            for i in range(n):
+                w.write(Sample(f"c/{g}.jpg", g, b"\xff\xd8\xff" + bytes([g % 256]) * 50, "encoded", i))
+                g += 1
+        paths.append(path)
+    return paths, g
+
+
+def label_of(sample):
+    return int(sample.labels[0])
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_map_dataset_with_workers(tmp_path, fmt_name):
+    paths, total = make_outputs(tmp_path, fmt_name, [23, 17])
+    ds = MapDataset(fmt_name, paths, transform=label_of)
+    assert len(ds) == total and ds[24] == 24 and ds[-1] == total - 1
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0))
+    seen = torch.cat(list(loader)).tolist()
+    assert sorted(seen) == list(range(total))
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_iterable_dataset_splits_over_workers(tmp_path, fmt_name):
+    paths, total = make_outputs(tmp_path, fmt_name, [21])
+    loader = DataLoader(IterableDataset(fmt_name, paths, transform=label_of), batch_size=None, num_workers=2)
+    assert sorted(loader) == list(range(total))
+
+
+def test_map_dataset_ranks_are_disjoint_and_cover(tmp_path):
+    paths, total = make_outputs(tmp_path, "lmdb", [10, 11])
+    shares = [[ds[i] for i in range(len(ds))]
+              for ds in (MapDataset("lmdb", paths, transform=label_of, rank=r, world_size=3) for r in range(3))]
+    assert [len(s) for s in shares] == [7, 7, 7]
+    assert sorted(sum(shares, [])) == list(range(total))
+    assert shares[1][:3] == [1, 4, 7]
+    even = [len(MapDataset("lmdb", paths, rank=r, world_size=4, even=True)) for r in range(4)]
+    assert even == [5, 5, 5, 5]
+    with pytest.raises(IndexError):
+        MapDataset("lmdb", paths, rank=0, world_size=4, even=True)[5]
+    with pytest.raises(ConfigError):
+        MapDataset("lmdb", paths, rank=4, world_size=4)
+
+
+def test_iterable_dataset_ranks_times_workers(tmp_path):
+    """2 ranks x 2 workers: by record over one file, by whole file over five."""
+    for counts in ([13], [3, 4, 2, 5, 1]):
+        sub = tmp_path / f"n{len(counts)}"
+        sub.mkdir()
+        paths, total = make_outputs(sub, "lmdb", counts)
+        seen = []
+        for rank in range(2):
+            ds = IterableDataset("lmdb", paths, transform=label_of, rank=rank, world_size=2)
+            part = list(DataLoader(ds, batch_size=None, num_workers=2))
+            assert part
+            seen += part
+        assert sorted(seen) == list(range(total))
+
+
+def test_default_rank_comes_from_torch_distributed(tmp_path):
+    import torch.distributed as dist
+
+    paths, total = make_outputs(tmp_path, "lmdb", [9])
+    assert len(MapDataset("lmdb", paths)) == total
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ds = MapDataset("lmdb", paths, transform=label_of)
+        assert (ds.rank, ds.world_size, len(ds)) == (0, 1, total)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_importing_formats_does_not_import_torch():
+    code = ("import sys, gpufeed.formats, gpufeed.formats.lmdb, gpufeed.formats.torch; "
+            "gpufeed.formats.get_format('lmdb'); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_samples_without_transform_and_pickled_dataset(tmp_path):
+    import pickle
+
+    paths, total = make_outputs(tmp_path, "lmdb", [5])
+    ds = pickle.loads(pickle.dumps(MapDataset("lmdb", paths)))
+    sample = ds[2]
+    assert isinstance(sample, Sample) and sample.key == "c/2.jpg"
+    batches = list(DataLoader(ds, batch_size=2, num_workers=2, collate_fn=list,
+                              multiprocessing_context="spawn"))
+    assert [s.key for b in batches for s in b] == [f"c/{i}.jpg" for i in range(total)]
+    assert importlib.import_module("gpufeed.formats.torch").MapDataset is MapDataset
