@@ -75,7 +75,8 @@ class EncodedRecord(NamedTuple):
     ``key`` is the record's key in its format (LMDB ``%08d_<path>``, RecordIO ``.idx`` key ``str(index)``,
     empty for TFRecord); ``value`` the record payload before framing. ``index``, ``name`` (the sample key,
     i.e. relative source path) and ``labels`` travel along for side files such as RecordIO's ``.lst``.
-    Plain bytes and tuples: cheap to pickle across Ray.
+    ``kind``, ``shape`` and ``dtype`` describe the payload for formats whose records do not (RecordIO raw
+    pixels and tokens keep them in a sidecar). Plain bytes and tuples: cheap to pickle across Ray.
     """
 
     key: bytes
@@ -83,6 +84,9 @@ class EncodedRecord(NamedTuple):
     index: int
     name: str
     labels: tuple
+    kind: str = "encoded"
+    shape: tuple = ()
+    dtype: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,102 @@
+"""Output files that appear under their final name only when complete, hashed as they are written.
+
+Writers of every file-based format (RecordIO, TFRecord) write data, index and sidecar files through
+:class:`AtomicFile`: bytes go to a hidden temporary name beside the target (:func:`gpufeed.formats.naming.temp_name`)
+through :func:`gpufeed.io.open_file`, so tier emulation sees them; :meth:`AtomicFile.commit` fsyncs and renames,
+:meth:`AtomicFile.discard` removes. The SHA-256 and size are computed on the way, so a manifest never has to
+read a file back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from gpufeed import io
+from gpufeed.errors import OutputError
+from gpufeed.formats.base import WrittenFile
+from gpufeed.formats.naming import temp_name
+
+
+class AtomicFile:
+    """A binary file being written to a temporary name; ``commit`` makes it appear as ``path``."""
+
+    def __init__(self, path: str, role: str = "data"):
+        self.path = os.fspath(path)
+        self.role = role
+        self.tmp = temp_name(self.path)
+        try:
+            self._f = io.open_file(self.tmp, "wb")
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot be written ({e}); check that the directory exists and "
+                              "is writable") from e
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self.records = 0
+
+    def write(self, data) -> int:
+        self._f.write(data)
+        self._sha.update(data)
+        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def commit(self) -> WrittenFile:
+        """Flush, fsync (local files), rename to the final name; return what was written."""
+        try:
+            self._f.flush()
+            if io.is_local(self.tmp):
+                try:
+                    os.fsync(self._f.fileno())
+                except (AttributeError, OSError, ValueError):
+                    pass  # a wrapper without a descriptor: the rename below still orders the data
+            self._f.close()
+            _rename(self.tmp, self.path)
+        except OSError as e:
+            self.discard()
+            raise OutputError(f"{self.path}: could not be completed ({e}); free space or fix permissions, "
+                              "then write it again") from e
+        return WrittenFile(self.path, self.records, self.size, self._sha.hexdigest(), self.role)
+
+    def discard(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        _remove(self.tmp)
+
+
+def _rename(src: str, dst: str) -> None:
+    if io.is_local(src):
+        os.replace(io.local_path(src), io.local_path(dst))
+        return
+    import fsspec
+
+    fs, src_path = fsspec.core.url_to_fs(src)
+    fs.mv(src_path, fsspec.core.url_to_fs(dst)[1])
+
+
+def _remove(path: str) -> None:
+    try:
+        if io.is_local(path):
+            os.remove(io.local_path(path))
+        else:
+            import fsspec
+
+            fs, p = fsspec.core.url_to_fs(path)
+            if fs.exists(p):
+                fs.rm(p)
+    except FileNotFoundError:
+        pass
+
+
+def exists(path: str) -> bool:
+    if io.is_local(path):
+        return os.path.exists(io.local_path(path))
+    import fsspec
+
+    fs, p = fsspec.core.url_to_fs(path)
+    return fs.exists(p)

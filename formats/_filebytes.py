@@ -1,0 +1,170 @@
+"""How the file-based readers (RecordIO, TFRecord) get at their bytes, fast and safely in many processes.
+
+A local file with no tier emulation active is memory-mapped once per process and records are handed out as
+``memoryview`` slices of the map: no copy, no system call per record, which is what lets a reader that checks
+every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/formats_speed.py). Anything
+else (fsspec URLs, an emulated tier, gzip) is read through :func:`gpufeed.io.open_file` so tier emulation sees
+every byte. Handles are opened lazily and re-opened after ``fork``; pickling drops them, so a reader can be sent
+to DataLoader workers or Ray tasks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import mmap
+import os
+
+from gpufeed import io
+
+#: Reads of unknown size (a length field not yet trusted) are made in pieces of this size, so a damaged
+#: length can never make a reader allocate more than the file really holds.
+_PIECE = 64 << 20
+
+
+def read_fully(f, n: int) -> bytes:
+    """Up to ``n`` bytes from ``f``; shorter only at end of file."""
+    data = f.read(min(n, _PIECE))
+    if data is None or len(data) == n or not data:
+        return data or b""
+    parts = [data]
+    got = len(data)
+    while got < n:
+        more = f.read(min(n - got, _PIECE))
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+class ViewCursor:
+    """Sequential reads over a memoryview; ``read`` returns zero-copy slices."""
+
+    __slots__ = ("mv", "pos", "size")
+
+    def __init__(self, mv: memoryview, pos: int = 0):
+        self.mv, self.pos, self.size = mv, pos, len(mv)
+
+    def read(self, n: int):
+        p = self.pos
+        self.pos = min(p + n, self.size)
+        return self.mv[p:p + n]
+
+    def remaining(self) -> int:
+        return self.size - self.pos
+
+
+class StreamCursor:
+    """Sequential reads over a file object, tracking the position itself (gzip and fsspec streams)."""
+
+    __slots__ = ("f", "pos", "size")
+
+    def __init__(self, f, pos: int = 0, size: int | None = None):
+        self.f, self.pos, self.size = f, pos, size
+
+    def read(self, n: int):
+        data = read_fully(self.f, n)
+        self.pos += len(data)
+        return data
+
+    def remaining(self) -> int | None:
+        return None if self.size is None else self.size - self.pos
+
+
+class ByteSource:
+    """One data file, opened on first use in each process."""
+
+    def __init__(self, path: str, compression: str | None = None, use_mmap: bool = True):
+        self.path = os.fspath(path)
+        self.compression = compression
+        self.use_mmap = use_mmap
+        self._pid = None
+        self._f = None
+        self._mv = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.update(_pid=None, _f=None, _mv=None)
+        return state
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        self._f = self._mv = None
+        f = io.open_file(self.path, "rb", buffering=0 if io.is_local(self.path) else -1)
+        if (self.compression is None and self.use_mmap and io.is_local(self.path)
+                and io.throttle() is None):
+            fd = f.fileno()
+            if os.fstat(fd).st_size == 0:
+                self._mv = memoryview(b"")
+            else:
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                mm.madvise(mmap.MADV_SEQUENTIAL)
+                self._mv = memoryview(mm)
+        self._f = f
+        self._pid = os.getpid()
+
+    def view(self) -> memoryview | None:
+        """The whole (uncompressed, local) file as a memoryview, or ``None`` where reads must be used."""
+        self._open()
+        return self._mv
+
+    def cursor(self, pos: int = 0):
+        """A fresh sequential cursor from byte ``pos`` (of the uncompressed stream)."""
+        self._open()
+        if self._mv is not None:
+            return ViewCursor(self._mv, pos)
+        f = io.open_file(self.path, "rb")
+        if self.compression == "gzip":
+            f = gzip.GzipFile(fileobj=f, mode="rb")
+            size = None
+        else:
+            size = _size(f)
+        if pos:
+            f.seek(pos)
+        return StreamCursor(f, pos, size)
+
+    def cursor_at(self, pos: int):
+        """A cursor from byte ``pos`` for reading one record at random (shares this process's handle)."""
+        self._open()
+        if self._mv is not None:
+            return ViewCursor(self._mv, pos)
+        self._f.seek(pos)
+        return StreamCursor(self._f, pos, _size(self._f))
+
+    def read_at(self, offset: int, n: int):
+        """``n`` bytes at ``offset`` (fewer at end of file); a zero-copy slice when memory-mapped."""
+        self._open()
+        if self._mv is not None:
+            return self._mv[offset:offset + n]
+        self._f.seek(offset)
+        return read_fully(self._f, n)
+
+    def size(self) -> int:
+        self._open()
+        if self._mv is not None:
+            return len(self._mv)
+        return _size(self._f)
+
+    def close(self) -> None:
+        mv, f = self._mv, self._f
+        self._mv = self._f = None
+        self._pid = None
+        if f is not None:
+            f.close()
+        if mv is not None:
+            # Slices handed out keep the map alive; it is unmapped when the last one is dropped.
+            try:
+                mv.release()
+            except BufferError:
+                pass
+
+
+def _size(f) -> int | None:
+    try:
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+        return end
+    except (OSError, AttributeError, ValueError):
+        return None
