@@ -1,0 +1,91 @@
+"""``gpufeed convert`` / ``convert``: DATASET at SRC to LMDB, RecordIO and/or TFRecord, in parallel on Ray.
+
+Imports nothing heavy: Ray, OpenCV and the formats load only when a conversion runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from gpufeed.convert.options import DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpufeed.formats import FORMATS
+    from gpufeed.pipelines import DATASETS
+
+    p.description = ("Convert a dataset to Caffe LMDB, MXNet RecordIO and/or TFRecord. Each image is decoded "
+                     "once for all formats; shards run in parallel on Ray; a killed run resumes where it "
+                     "stopped when the same command is run again.")
+    p.add_argument("dataset", choices=DATASETS, metavar="DATASET",
+                   help=f"what SRC holds: {', '.join(DATASETS)}")
+    p.add_argument("src", metavar="SRC", help="the dataset as shipped: a directory, archive or fsspec URL")
+    p.add_argument("--to", required=True, metavar="FORMAT[,FORMAT...]",
+                   help=f"output formats, comma-separated: {', '.join(FORMATS)}")
+    p.add_argument("--out", required=True, metavar="DST",
+                   help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="parallel Ray workers (one CPU each); without --address a local Ray of this size")
+    p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
+                   help="splits to convert, e.g. train,val (default: every split SRC holds)")
+    geo = p.add_mutually_exclusive_group()
+    geo.add_argument("--resize", type=int, default=None, metavar="N",
+                     help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize)")
+    geo.add_argument("--size", default=None, metavar="HxW",
+                     help="resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)")
+    geo.add_argument("--max-size", type=int, default=None, metavar="N",
+                     help="shrink so that the longer side is at most N pixels")
+    p.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing (im2rec)")
+    p.add_argument("--encode", choices=ENCODINGS, default=None,
+                   help="how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked "
+                        "to decode). Default: pass when nothing changes the pixels, jpeg when they are "
+                        "resized or cropped, raw for CIFAR")
+    p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality (im2rec's default)")
+    p.add_argument("--gray", action="store_true", help="store one gray channel")
+    p.add_argument("--normalize", action="store_true",
+                   help="compute exact per-channel mean/std of the train split: mean_std.json (MXNet "
+                        "mean_r..std_b) and mean.binaryproto (Caffe) when every image has one size")
+    p.add_argument("--shards", type=int, default=None, metavar="K",
+                   help=f"shards per split (default: about {SAMPLES_PER_SHARD} samples each). Giving it "
+                        "also writes RecordIO as K .rec files instead of one per split")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                   help="seeded global shuffle of each split at write time (sequential readers need it); "
+                        "--no-shuffle keeps the source order")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed; same seed, same bytes")
+    p.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                   help="a bad input: fail stops naming it; skip leaves it out and lists it in the summary "
+                        "and manifest.json")
+    p.add_argument("--address", default=None,
+                   help="run on an existing Ray cluster: auto or ray://host:port (SRC and DST must then be "
+                        "reachable from every node). Default: start a local Ray for this run")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="go on from a killed run of the same command; --no-resume starts over")
+    p.add_argument("--dry-run", action="store_true", help="list splits, samples and shards; write nothing")
+    p.add_argument("--seq-len", type=int, default=35, help="ptb: tokens per window (a record holds seq_len+1)")
+    p.add_argument("--ptb-mode", choices=PTB_MODES, default="window",
+                   help="ptb: fixed windows of the token stream, or one record per sentence")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def options_from_args(args):
+    from gpufeed.convert.options import ConvertOptions, parse_list, parse_size
+
+    return ConvertOptions(
+        dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out,
+        workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
+        resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
+        center_crop=args.center_crop, encode=args.encode, quality=args.quality, gray=args.gray,
+        normalize=args.normalize, shards=args.shards, shuffle=args.shuffle, seed=args.seed,
+        on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,
+        seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress)
+
+
+def run(args) -> int:
+    from gpufeed.convert.engine import convert
+    from gpufeed.convert.progress import Progress, format_summary
+
+    options = options_from_args(args)
+    summary = convert(options, Progress(options.progress))
+    print(format_summary(summary))
+    return 0

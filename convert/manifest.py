@@ -1,0 +1,159 @@
+"""``manifest.json``: what a finished conversion wrote, written last so that its presence means complete.
+
+It records gpufeed's version, the options, every output file (path relative to the destination, role, size,
+record count, SHA-256), class lists, normalisation statistics, skipped inputs with reasons, and timings.
+``gpufeed verify`` checks the outputs against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+
+import numpy as np
+
+from gpufeed import __version__, io
+from gpufeed.convert import sinks
+from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats.naming import is_temp_name
+
+MANIFEST = "manifest.json"
+#: Bumped when the manifest's layout changes; ``gpufeed verify`` refuses versions it does not know.
+MANIFEST_VERSION = 1
+
+
+def path(out: str) -> str:
+    return sinks.join(out, MANIFEST)
+
+
+def load(out: str) -> dict | None:
+    try:
+        with io.open_file(path(out), "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def load_if_complete(out: str, key: dict) -> dict | None:
+    """The manifest of a finished conversion of ``out`` with the same output options, else ``None``."""
+    try:
+        doc = load(out)
+    except (OSError, ValueError):
+        return None
+    if doc and doc.get("manifest_version") == MANIFEST_VERSION and doc.get("output_options") == key:
+        return doc
+    return None
+
+
+def remove(out: str) -> None:
+    """Drop the manifest before anything in ``out`` changes: a partial destination must never look complete."""
+    sinks.remove(path(out))
+
+
+def remove_temporaries(out: str, formats) -> None:
+    """Delete temporary files that a killed run left next to the outputs (never under a final name)."""
+    import fsspec
+
+    for fmt in formats:
+        d = sinks.join(out, fmt)
+        fs, p = fsspec.core.url_to_fs(d)
+        try:
+            names = fs.ls(p, detail=False)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if is_temp_name(name):
+                fs.rm(name, recursive=True)
+
+
+def save_stats(stats, file: str) -> None:
+    """Persist one shard's partial :class:`~gpufeed.pipelines.transforms.ChannelStats` (exact integer
+    sums as decimal strings, the per-pixel sum as an array) so a resumed run can merge it."""
+    os.makedirs(os.path.dirname(file), exist_ok=True)
+    state = vars(stats)
+    scalars = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
+    arrays = {"pixel_sum": state["_pixel_sum"]} if state.get("_pixel_sum") is not None else {}
+    tmp = file + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, scalars=np.frombuffer(json.dumps(scalars).encode(), np.uint8), **arrays)
+    os.replace(tmp, file)
+
+
+def _load_stats(file: str):
+    from gpufeed.pipelines.transforms import ChannelStats
+
+    stats = ChannelStats()
+    with np.load(file, allow_pickle=False) as z:
+        vars(stats).update(json.loads(z["scalars"].tobytes()))
+        stats._pixel_sum = z["pixel_sum"] if "pixel_sum" in z.files else None
+    return stats
+
+
+def merge_stats(state_dir: str, split: str):
+    """All of a split's shard statistics merged (exact, so the order does not change the result)."""
+    from gpufeed.pipelines.transforms import ChannelStats
+
+    total = ChannelStats()
+    d = os.path.join(state_dir, "stats")
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.startswith(f"{split}-") and name.endswith(".npz"):
+            total.merge(_load_stats(os.path.join(d, name)))
+    return total
+
+
+def _small_file(url: str, role: str) -> dict:
+    with io.open_file(url, "rb") as f:
+        data = f.read()
+    return {"path": url, "role": role, "records": data.count(b"\n"), "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _relative(out: str, p: str) -> str:
+    if io.is_local(out):
+        return os.path.relpath(io.local_path(p), io.local_path(out)).replace(os.sep, "/")
+    return p[len(out.rstrip("/")) + 1:] if p.startswith(out.rstrip("/") + "/") else p
+
+
+def write(options, summary, classes, stats) -> dict:
+    """Write class lists, statistics and finally ``manifest.json`` into the destination."""
+    from gpufeed.pipelines.sources import write_class_list
+
+    out = summary.out
+    extra = [_small_file(u, "classes") for u in write_class_list(classes, out)]
+    stats_doc = None
+    if stats is not None and stats.images:
+        from gpufeed.pipelines.transforms import write_stats
+
+        stats_doc = write_stats(stats, out)
+        for name in ("mean_std_json", "mean_binaryproto"):
+            if stats_doc.get(name):
+                extra.append(_small_file(sinks.join(out, stats_doc[name]), "stats"))
+    files = []
+    for f in [*summary.files, *extra]:
+        files.append({"path": _relative(out, f["path"]), "role": f["role"], "records": f["records"],
+                      "bytes": f["bytes"], "sha256": f["sha256"]})
+    files.sort(key=lambda f: f["path"])
+    doc = {
+        "manifest_version": MANIFEST_VERSION,
+        "gpufeed_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "output_options": options.output_key(),
+        "options": options.to_json(),
+        "formats": list(options.formats),
+        "splits": summary.samples,
+        "files": files,
+        "classes": {"count": len(classes.names), "names": list(classes.names)},
+        "normalization": stats_doc,
+        "skipped": [list(s) for s in summary.skipped],
+        "bytes_written": summary.bytes_written,
+        "timings": {"seconds": round(summary.seconds, 3),
+                    "images_per_second": round(summary.images_per_second, 1)},
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+    target = AtomicFile(path(out), "manifest")
+    target.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+    target.commit()
+    return doc

@@ -1,0 +1,151 @@
+"""Everything a conversion run depends on, validated once, in one frozen dataclass.
+
+The options that change the output bytes (:meth:`ConvertOptions.output_key`) are journalled by the first
+run; a resumed run must match them exactly. The others (workers, cluster address, resume, dry run) only
+change how fast or where the work runs, never what is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from gpufeed.errors import ConfigError
+from gpufeed.formats import FORMATS
+from gpufeed.pipelines import DATASETS
+
+ENCODINGS = ("jpeg", "png", "raw", "pass")
+ON_ERROR = ("fail", "skip")
+PTB_MODES = ("window", "sentence")
+#: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
+DEFAULT_QUALITY = 95
+#: A shard holds about this many samples when ``--shards`` is not given, as TensorFlow's ImageNet
+#: script does (1024 train shards of ~1250 images): large enough for sequential reads, small enough that
+#: a shard is a cheap unit of retry and resume.
+SAMPLES_PER_SHARD = 1250
+
+#: Options that do not change a single output byte, left out of the resume check.
+_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress")
+
+
+def _choice(name: str, value, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name} {value!r} is not valid; choose one of {', '.join(map(str, valid))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertOptions:
+    """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``."""
+
+    dataset: str
+    src: str
+    formats: tuple[str, ...]
+    out: str
+    workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    splits: tuple[str, ...] | None = None
+    resize: int | None = None
+    size: tuple[int, int] | None = None
+    max_size: int | None = None
+    center_crop: bool = False
+    encode: str | None = None
+    quality: int = DEFAULT_QUALITY
+    gray: bool = False
+    normalize: bool = False
+    shards: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    on_error: str = "fail"
+    address: str | None = None
+    resume: bool = True
+    dry_run: bool = False
+    seq_len: int = 35
+    ptb_mode: str = "window"
+    progress: bool = True
+
+    def __post_init__(self):
+        _choice("dataset", self.dataset, DATASETS)
+        if not self.formats:
+            raise ConfigError(f"--to needs at least one format; choose from {', '.join(FORMATS)}")
+        for f in self.formats:
+            _choice("format", f, FORMATS)
+        if len(set(self.formats)) != len(self.formats):
+            raise ConfigError(f"--to names a format twice: {','.join(self.formats)}")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be at least 1, not {self.workers}")
+        if self.encode is not None:
+            _choice("--encode", self.encode, ENCODINGS)
+        _choice("--on-error", self.on_error, ON_ERROR)
+        _choice("--ptb-mode", self.ptb_mode, PTB_MODES)
+        if not 1 <= self.quality <= 100:
+            raise ConfigError(f"--quality must be within 1..100, not {self.quality}")
+        geometry = [n for n, v in (("--resize", self.resize), ("--size", self.size),
+                                   ("--max-size", self.max_size)) if v is not None]
+        if len(geometry) > 1:
+            raise ConfigError(f"{' and '.join(geometry)} cannot be combined; give one of --resize, --size, --max-size")
+        for name, value in (("--resize", self.resize), ("--max-size", self.max_size)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be a positive number of pixels, not {value}")
+        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
+            raise ConfigError(f"--size must be HxW with positive numbers, e.g. 227x227, not {self.size}")
+        if self.shards is not None and self.shards < 1:
+            raise ConfigError(f"--shards must be at least 1, not {self.shards}")
+        if self.seq_len < 1:
+            raise ConfigError(f"--seq-len must be at least 1, not {self.seq_len}")
+        if self.encode == "pass" and (geometry or self.center_crop or self.gray):
+            raise ConfigError("--encode pass stores the original bytes, so it cannot be combined with "
+                              f"{', '.join(geometry + ['--center-crop'] * self.center_crop + ['--gray'] * self.gray)}; "
+                              "drop them or choose --encode jpeg")
+        if self.splits is not None and not self.splits:
+            raise ConfigError("--split needs at least one split name, e.g. train,val")
+
+    @property
+    def effective_encode(self) -> str:
+        """``--encode`` as applied: by default the original bytes when nothing changes the pixels (im2rec
+        ``--pass-through``), JPEG when they are resized or cropped, raw pixels for CIFAR (as Caffe's
+        ``convert_cifar_data`` stores them)."""
+        if self.encode is not None:
+            return self.encode
+        if self.dataset in ("cifar10", "cifar100"):
+            return "raw"
+        changed = any(v is not None for v in (self.resize, self.size, self.max_size))
+        return "jpeg" if changed or self.center_crop or self.gray else "pass"
+
+    def image_options(self):
+        from gpufeed.pipelines.transforms import ImageOptions
+
+        return ImageOptions(resize=self.resize, size=self.size, max_size=self.max_size,
+                            center_crop=self.center_crop, gray=self.gray, encode=self.effective_encode,
+                            quality=self.quality)
+
+    def source_options(self) -> dict:
+        if self.dataset == "ptb":
+            return {"seq_len": self.seq_len, "ptb_mode": self.ptb_mode}
+        return {}
+
+    def output_key(self) -> dict:
+        """The options that determine the output bytes, as JSON-ready values (journal and manifest)."""
+        d = dataclasses.asdict(self)
+        for k in _RUNTIME_ONLY:
+            d.pop(k)
+        d["encode"] = self.effective_encode
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"227x227"`` -> ``(227, 227)`` (height x width)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m:
+        raise ConfigError(f"--size {text!r} is not HxW; write it like 227x227")
+    return int(m[1]), int(m[2])
+
+
+def parse_list(text: str, what: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not items:
+        raise ConfigError(f"{what} {text!r} names nothing; give a comma-separated list")
+    return items

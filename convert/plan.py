@@ -1,0 +1,68 @@
+"""The work plan: a seeded global shuffle of each split, cut into contiguous shards.
+
+Sequential readers (TFRecord, a single ``.rec``, LMDB cursors) see records in file order, so the shuffle
+happens here, once, at write time. Shard ``i`` of a split is the contiguous range ``bounds[i]`` of the
+shuffled order, and a sample's ``index`` is its planned position in the split. Nothing in the plan
+depends on the number of workers or nodes, which is what makes the output byte-identical across them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import zlib
+
+import numpy as np
+
+from gpufeed.convert.options import SAMPLES_PER_SHARD
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    split: str
+    shard: int
+    count: int  # shards in the split
+    start: int  # first planned index
+    stop: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.split}-{self.shard:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    split: str
+    order: np.ndarray  # position -> index into the source's item list
+    shards: tuple[ShardPlan, ...]
+    digest: str  # identifies the items and their order, journalled so a resume notices a changed source
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def default_shards(n: int) -> int:
+    """About :data:`SAMPLES_PER_SHARD` samples per shard, at least one shard."""
+    return max(1, round(n / SAMPLES_PER_SHARD))
+
+
+def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
+    """A permutation of ``range(n)``; each split gets its own stream so that train and val differ."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
+    return rng.permutation(n)
+
+
+def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None) -> SplitPlan:
+    n = len(keys)
+    order = split_order(n, split, seed, shuffle)
+    k = min(shards or default_shards(n), max(n, 1))
+    # TensorFlow's build_imagenet_data.py spacing: shard i covers [i*n//k, (i+1)*n//k).
+    bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
+    h = hashlib.sha256()
+    for pos in order:
+        h.update(keys[pos].encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return SplitPlan(split, order, tuple(ShardPlan(split, i, k, a, b) for i, (a, b) in enumerate(bounds)),
+                     h.hexdigest())

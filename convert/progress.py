@@ -1,0 +1,73 @@
+"""What the person sees: a tqdm bar over the whole job, and a summary at the end."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    """One bar over every sample of the run: images/s, MB/s written and the ETA (tqdm's)."""
+
+    def __init__(self, enabled: bool = True, file=None):
+        self.enabled = enabled
+        self.file = file or sys.stderr
+        self._bar = None
+        self._bytes = 0
+        self._t0 = None
+
+    def start(self, total: int, already: int) -> None:
+        self._t0 = time.perf_counter()
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        desc = "converting" if not already else f"resuming ({already} samples already done)"
+        self._bar = tqdm(total=total, unit="img", desc=desc, file=self.file, dynamic_ncols=True,
+                         smoothing=0.1, mininterval=0.5)
+
+    def update(self, samples: int, nbytes: int) -> None:
+        self._bytes += nbytes
+        if self._bar is None:
+            return
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        self._bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
+        self._bar.update(samples)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def format_summary(summary, max_skipped: int = 20) -> str:
+    """The end-of-run report: samples per split and format, skipped inputs with reasons, bytes, time."""
+    lines = []
+    if summary.note:
+        lines.append(summary.note)
+    for split, s in summary.samples.items():
+        formats = ", ".join(f"{f} {n}" for f, n in s["formats"].items())
+        lines.append(f"{split}: {s['written']} of {s['planned']} samples written in {s.get('shards', '?')} shards "
+                     f"({formats}); {s['skipped']} skipped")
+    if summary.skipped:
+        lines.append(f"skipped inputs ({len(summary.skipped)}):")
+        for origin, reason in summary.skipped[:max_skipped]:
+            lines.append(f"  {origin}: {reason}")
+        if len(summary.skipped) > max_skipped:
+            lines.append(f"  ... and {len(summary.skipped) - max_skipped} more (all listed in manifest.json)")
+    if summary.complete and summary.seconds:
+        lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s: "
+                     f"{summary.images_per_second:.0f} images/s, "
+                     f"{summary.bytes_written / summary.seconds / 1e6:.1f} MB/s")
+    if summary.complete:
+        lines.append(f"output: {summary.out} (manifest.json lists every file; check it with "
+                     f"`gpufeed verify {summary.out}`)")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""The journal that makes a conversion resumable after a kill at any moment.
+
+An append-only file of JSON lines, each written with one ``write`` and fsync'd before the run goes on:
+a line is either entirely there or is the torn last line of a killed run, which :meth:`Journal.load`
+drops. Events: ``start`` (the options that determine the output, and each split's plan digest),
+``shard`` (a worker finished a shard: its files with sizes and checksums, counts, skipped inputs, partial
+statistics) and ``commit`` (an ordered sink took a shard in: the byte lengths of the single ``.rec``,
+``.idx`` and ``.lst``, or the LMDB record count). Output bytes never depend on the journal, only on what
+is redone, which is why a resumed run is byte-identical to an uninterrupted one.
+
+The journal and the ordered sinks' partial files live in a local state directory: ``DST/.gpufeed`` for a
+local destination, a per-destination directory under the user cache for a remote one (appends,
+truncation and fsync need a local file). A lock file keeps two runs off one destination.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+
+from gpufeed.errors import ConfigError, OutputError
+from gpufeed.io import is_local, local_path
+
+JOURNAL = "journal.jsonl"
+#: Bumped when the journal's meaning changes, so an old journal is never misread.
+JOURNAL_VERSION = 1
+
+
+def state_dir_for(out: str) -> str:
+    if is_local(out):
+        return os.path.join(local_path(out), ".gpufeed")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpufeed", "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
+
+
+def _diff(old: dict, new: dict) -> str:
+    keys = sorted(set(old) | set(new))
+    return "; ".join(f"{k}: journal {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+
+
+class Journal:
+    """One destination's journal. Use :meth:`open` (takes the lock, loads or starts the journal)."""
+
+    def __init__(self, state_dir: str):
+        self.dir = state_dir
+        self.path = os.path.join(state_dir, JOURNAL)
+        self.events: list[dict] = []
+        self._lock = None
+        self._f = None
+
+    @classmethod
+    def open(cls, state_dir: str, out: str, key: dict, resume: bool) -> "Journal":
+        j = cls(state_dir)
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+            j._lock = open(os.path.join(state_dir, "lock"), "a+b")
+        except OSError as e:
+            raise OutputError(f"{state_dir}: cannot create the conversion state directory ({e.strerror}); "
+                              "check that the destination is writable") from e
+        try:
+            fcntl.flock(j._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            j._lock.close()
+            raise ConfigError(f"{out}: another gpufeed convert is writing this destination; wait for it to "
+                              "finish or choose another --out") from None
+        if resume:
+            j.events = j._load()
+        else:
+            j._reset()
+        start = next((e for e in j.events if e["event"] == "start"), None)
+        if start is not None:
+            old = start["options"]
+            if start.get("version") != JOURNAL_VERSION or old != key:
+                j.close()
+                raise ConfigError(f"{out} holds a partial conversion made with other options ({_diff(old, key)}); "
+                                  "rerun with the same options to resume, or add --no-resume to start over")
+        j._f = open(j.path, "ab")
+        if start is None:
+            j.events = []
+            j.append({"event": "start", "version": JOURNAL_VERSION, "options": key})
+        return j
+
+    def _load(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        events, good = [], 0
+        for line in data.split(b"\n"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                break  # the torn last line of a killed run; everything after it is unwritten
+            good += len(line) + 1
+        if good < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(good)
+        return events
+
+    def _reset(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+
+    def append(self, event: dict) -> None:
+        line = json.dumps(event, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        try:
+            self._f.write(line)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
+                              "destination and rerun the same command to resume") from e
+        self.events.append(event)
+
+    def check_plan(self, split: str, digest: str, shards: int) -> None:
+        """Record a split's plan, or refuse to resume if the source changed since it was journalled."""
+        for e in self.events:
+            if e["event"] == "plan" and e["split"] == split:
+                if (e["digest"], e["shards"]) != (digest, shards):
+                    raise ConfigError(f"the {split} split of the source changed since this conversion started "
+                                      "(other files or labels); add --no-resume to start over")
+                return
+        self.append({"event": "plan", "split": split, "digest": digest, "shards": shards})
+
+    def shards_done(self) -> dict[tuple[str, int], dict]:
+        return {(e["split"], e["shard"]): e for e in self.events if e["event"] == "shard"}
+
+    def commits(self, sink: str) -> dict[str, dict]:
+        """The last commit of ``sink`` per split."""
+        last = {}
+        for e in self.events:
+            if e["event"] == "commit" and e["sink"] == sink:
+                last[e["split"]] = e
+        return last
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
