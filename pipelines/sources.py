@@ -25,8 +25,6 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-import numpy as np
-
 from gpufeed.errors import ConfigError, InputError
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
@@ -44,7 +42,8 @@ class Vocabulary(ClassInfo):
 def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` (imagenet, folder, cifar10, cifar100, ptb).
 
-    Options: imagenet ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`); folder ``list_file``
+    Options: imagenet ``layout="auto"|"tree"|"archives"`` (which to read when a folder holds both),
+    ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`, also for cifar and ptb archives); folder ``list_file``
     (im2rec ``.lst`` or Caffe ``path label`` list, relative paths from ``src``); ptb ``seq_len=35``,
     ``ptb_mode="window"|"sentence"``.
     """
@@ -230,7 +229,3 @@ class BaseSource:
             out.append(it)
         return out
 
-
-def hwc_from_planes(data: np.ndarray, side: int = 32) -> np.ndarray:
-    """CIFAR rows (R plane, G plane, B plane, each ``side x side``) as one contiguous NHWC uint8 array."""
-    return np.ascontiguousarray(data.reshape(-1, 3, side, side).transpose(0, 2, 3, 1))

@@ -92,9 +92,14 @@ class _ImageSource(BaseSource):
 class ImageNetSource(_ImageSource):
     name = "imagenet"
 
-    def __init__(self, root: Root, on_error: str = "fail", limits: ArchiveLimits = ArchiveLimits(), **options):
+    LAYOUTS = ("auto", "tree", "archives")
+
+    def __init__(self, root: Root, on_error: str = "fail", limits: ArchiveLimits = ArchiveLimits(),
+                 layout: str = "auto", **options):
         if options:
             raise ConfigError(f"unknown imagenet source options: {', '.join(sorted(options))}")
+        if layout not in self.LAYOUTS:
+            raise ConfigError(f"imagenet layout must be one of {self.LAYOUTS}, not {layout!r}")
         super().__init__(root, on_error)
         self.limits = limits
         base = root.path
@@ -112,10 +117,11 @@ class ImageNetSource(_ImageSource):
             if not root.isdir(base):
                 raise SourceNotFound(root, "the ImageNet folder")
             tree = root.join(base, KAGGLE_TREE) if root.isdir(root.join(base, KAGGLE_TREE)) else base
-            for split in ("train", "val"):
+            for split in ("train", "val") if layout != "archives" else ():
                 if root.isdir(root.join(tree, split)):
                     setattr(self, f"{split}_dir", root.join(tree, split))
-            for attr, fname in (("train_tar", TRAIN_TAR), ("val_tar", VAL_TAR)):
+            # With both present, the extracted tree wins under "auto": reading files needs no index pass.
+            for attr, fname in (("train_tar", TRAIN_TAR), ("val_tar", VAL_TAR)) if layout != "tree" else ():
                 if getattr(self, attr.replace("tar", "dir")) is None and root.isfile(root.join(base, fname)):
                     setattr(self, attr, root.join(base, fname))
         if not (self.train_dir or self.val_dir or self.train_tar or self.val_tar):

@@ -1,0 +1,143 @@
+"""Penn Treebank (Mikolov's ``simple-examples``): ``ptb.{train,valid,test}.txt``, plain or in the ``.tgz``.
+
+Token ids follow TensorFlow's PTB reader: ``<eos>`` ends every line, the vocabulary is built from train only
+and sorted by (-count, word). Items are language-model windows of ``seq_len + 1`` ids taken every ``seq_len``
+tokens (inputs ``ids[:-1]``, targets ``ids[1:]``), or whole sentences with their ``<eos>``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
+from gpufeed.pipelines.archive import ArchiveLimits, stream_tar
+from gpufeed.pipelines.base import InlineRef, Item, Skipped
+from gpufeed.pipelines.sources import BaseSource, Root, Vocabulary
+
+SPLITS = ("train", "valid", "test")
+FILES = {s: f"ptb.{s}.txt" for s in SPLITS}
+ARCHIVE = "simple-examples.tgz"
+ARCHIVE_DIR = "simple-examples/data"
+EOS = "<eos>"
+UNK = "<unk>"
+MODES = ("window", "sentence")
+
+
+def tokenize(text: str) -> list[list[str]]:
+    """Lines of tokens, ``<eos>`` appended to each (a final newline ends the last line, not a new one)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.split() + [EOS] for line in lines]
+
+
+def build_vocab(sentences: list[list[str]]) -> tuple[list[str], list[int]]:
+    counts = Counter(tok for s in sentences for tok in s)
+    words = sorted(counts, key=lambda w: (-counts[w], w))
+    return words, [counts[w] for w in words]
+
+
+class PtbSource(BaseSource):
+    name = "ptb"
+    modality = "text"
+
+    def __init__(self, root: Root, on_error: str = "fail", seq_len: int = 35, ptb_mode: str = "window",
+                 limits: ArchiveLimits = ArchiveLimits(), **options):
+        if options:
+            raise ConfigError(f"unknown ptb source options: {', '.join(sorted(options))}")
+        if ptb_mode not in MODES:
+            raise ConfigError(f"ptb_mode must be one of {MODES}, not {ptb_mode!r}")
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ConfigError(f"seq_len must be a positive integer, not {seq_len!r}")
+        super().__init__(root, on_error)
+        self.seq_len, self.mode, self.limits = seq_len, ptb_mode, limits
+        self._texts: dict[str, tuple[str, str]] | None = None
+        self._vocab: Vocabulary | None = None
+        path = root.path
+        self.archive = self.folder = None
+        if root.isfile(path):
+            self.archive = path
+        elif root.isdir(path):
+            for folder in (path, root.join(path, "data"), root.join(path, ARCHIVE_DIR)):
+                if root.isfile(root.join(folder, FILES["train"])):
+                    self.folder = folder
+                    break
+            else:
+                if root.isfile(root.join(path, ARCHIVE)):
+                    self.archive = root.join(path, ARCHIVE)
+        if self.folder is None and self.archive is None:
+            raise SourceNotFound(root, f"Penn Treebank ({FILES['train']} and its valid/test files, or {ARCHIVE})",
+                                 "point SRC at the folder that holds them, or at the archive")
+
+    def _load(self) -> dict[str, tuple[str, str]]:
+        """``{split: (text, where)}``."""
+        if self._texts is None:
+            raw: dict[str, tuple[bytes, str]] = {}
+            if self.archive:
+                url = self.root.url(self.archive)
+                by_name = {f"{ARCHIVE_DIR}/{f}": s for s, f in FILES.items()}
+                for name, data in stream_tar(url, lambda n: n in by_name, limits=self.limits, on_problem=self.problem):
+                    raw[by_name[name]] = (data, f"{url}::{name}")
+            else:
+                for split, fname in FILES.items():
+                    path = self.root.join(self.folder, fname)
+                    if self.root.isfile(path):
+                        raw[split] = (self.root.read(path), self.root.url(path))
+            if "train" not in raw:
+                raise SourceNotFound(self.root, f"{FILES['train']}{' in ' + ARCHIVE_DIR if self.archive else ''}",
+                                     "the vocabulary is built from the training text")
+            texts = {}
+            for split, (data, where) in raw.items():
+                try:
+                    texts[split] = (data.decode("utf-8"), where)
+                except UnicodeDecodeError as e:
+                    raise InputError(where, f"is not UTF-8 text ({e})", "use the original PTB files") from e
+            self._texts = texts
+        return self._texts
+
+    def splits(self) -> list[str]:
+        return [s for s in SPLITS if s in self._load()]
+
+    def classes(self) -> Vocabulary:
+        if self._vocab is None:
+            words, counts = build_vocab(tokenize(self._load()["train"][0]))
+            self._vocab = Vocabulary(names=words, counts=counts)
+        return self._vocab
+
+    def _list(self, split: str) -> list[Item]:
+        text, where = self._load()[split]
+        vocab = self.classes().names
+        ids_of = {w: i for i, w in enumerate(vocab)}
+        unk = ids_of.get(UNK)
+        sentences = []
+        for n, sent in enumerate(tokenize(text), 1):
+            ids = []
+            for tok in sent:
+                i = ids_of.get(tok, unk)
+                if i is None:
+                    self.problem(LabelError(f"{where}:{n}", f"has the word {tok!r}, which is not in the training "
+                                            f"vocabulary and there is no {UNK} to map it to",
+                                            f"replace rare words with {UNK} as PTB does"))
+                    ids = None
+                    break
+                ids.append(i)
+            if ids is not None:
+                sentences.append((n, np.asarray(ids, np.int32)))
+        width = max(6, len(str(len(sentences))))
+        if self.mode == "sentence":
+            return [Item(f"{split}/{i:0{width}d}", 0, InlineRef(ids), {"source": f"{where}:{line}", "tokens": len(ids)})
+                    for i, (line, ids) in enumerate(sentences)]
+        stream = np.concatenate([ids for _, ids in sentences]) if sentences else np.zeros(0, np.int32)
+        L = self.seq_len
+        n = max(0, (len(stream) - 1) // L)
+        width = max(6, len(str(n)))
+        tail = len(stream) - (n * L + 1) if n else len(stream)
+        if tail > 0:
+            # Like TensorFlow's reader, a window needs seq_len + 1 ids; the remainder is reported, not hidden.
+            self._skipped.append(Skipped(where, f"the last {tail} of {len(stream)} tokens of {split} do not fill a "
+                                                f"window of {L} + 1 ids"))
+        return [Item(f"{split}/{i:0{width}d}", 0, InlineRef(stream[i * L:i * L + L + 1].copy()),
+                     {"source": f"{where}:tokens[{i * L}:{i * L + L + 1}]", "tokens": L + 1})
+                for i in range(n)]
