@@ -173,8 +173,9 @@ class TFRecordFormat(Format):
             feat["image/class/synset"].bytes_list.value.append(str(meta.get("synset", "")).encode())
             feat["image/class/text"].bytes_list.value.append(str(meta.get("text", "")).encode())
             feat["image/filename"].bytes_list.value.append(sample.key.encode())
-        return EncodedRecord(b"", ex.SerializeToString(), sample.index, sample.key, tuple(sample.labels),
-                             sample.kind)
+        # deterministic: map entries sorted by key, so the same sample always gives the same bytes (and hashes)
+        return EncodedRecord(b"", ex.SerializeToString(deterministic=True), sample.index, sample.key,
+                             tuple(sample.labels), sample.kind)
 
     def decode(self, key: bytes, value, path: str = "?", record_index: int | None = None,
                byte_offset: int | None = None) -> Sample:
