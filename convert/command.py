@@ -46,9 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--normalize", action="store_true",
                    help="compute exact per-channel mean/std of the train split: mean_std.json (MXNet "
                         "mean_r..std_b) and mean.binaryproto (Caffe) when every image has one size")
-    p.add_argument("--shards", type=int, default=None, metavar="K",
-                   help=f"shards per split (default: about {SAMPLES_PER_SHARD} samples each). Giving it "
-                        "also writes RecordIO as K .rec files instead of one per split")
+    shards = p.add_mutually_exclusive_group()
+    shards.add_argument("--shards", type=int, default=None, metavar="K",
+                        help="shards per split (TFRecord files, units of work and of resume). Giving it also "
+                             "writes RecordIO as K .rec files; without it RecordIO is one .rec per split")
+    shards.add_argument("--shard-size", type=int, default=SAMPLES_PER_SHARD, metavar="N",
+                        help="without --shards: about N samples per shard")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
                    help="seeded global shuffle of each split at write time (sequential readers need it); "
                         "--no-shuffle keeps the source order")
@@ -76,7 +79,8 @@ def options_from_args(args):
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
         resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
         center_crop=args.center_crop, encode=args.encode, quality=args.quality, gray=args.gray,
-        normalize=args.normalize, shards=args.shards, shuffle=args.shuffle, seed=args.seed,
+        normalize=args.normalize, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
+        seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress)
 

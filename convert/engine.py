@@ -27,7 +27,9 @@ from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, R
 
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
-#: Shards between submission and commit, per worker: two keep every worker busy while the driver commits.
+#: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
+#: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
+#: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle.
 WINDOW_PER_WORKER = 2
 #: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops the run.
 _INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
@@ -212,7 +214,8 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     plans, items_by_split = {}, {}
     for s in splits:
         items = source.items(s)
-        plans[s] = plan_split(s, [it.key for it in items], options.seed, options.shuffle, options.shards)
+        plans[s] = plan_split(s, [it.key for it in items], options.seed, options.shuffle, options.shards,
+                              options.shard_size)
         items_by_split[s] = items
     if options.dry_run:
         return _dry_run(options, out, plans)
@@ -303,7 +306,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             task = ray.remote(run_shard).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
             pending = deque(todo)
             while pending or inflight:
-                while pending and len(inflight) + _awaiting(splits) < window:
+                while pending and len(inflight) < options.workers and len(inflight) + _awaiting(splits) < window:
                     sp = pending.popleft()
                     st = splits[sp.split]
                     job = ShardJob(sp, out, options.formats, options.shards is not None and "recordio" in options.formats,

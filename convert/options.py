@@ -53,6 +53,7 @@ class ConvertOptions:
     gray: bool = False
     normalize: bool = False
     shards: int | None = None
+    shard_size: int = SAMPLES_PER_SHARD
     shuffle: bool = True
     seed: int = 0
     on_error: str = "fail"
@@ -90,6 +91,8 @@ class ConvertOptions:
             raise ConfigError(f"--size must be HxW with positive numbers, e.g. 227x227, not {self.size}")
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
+        if self.shard_size < 1:
+            raise ConfigError(f"--shard-size must be at least 1, not {self.shard_size}")
         if self.seq_len < 1:
             raise ConfigError(f"--seq-len must be at least 1, not {self.seq_len}")
         if self.encode == "pass" and (geometry or self.center_crop or self.gray):

@@ -41,9 +41,9 @@ class SplitPlan:
         return len(self.order)
 
 
-def default_shards(n: int) -> int:
-    """About :data:`SAMPLES_PER_SHARD` samples per shard, at least one shard."""
-    return max(1, round(n / SAMPLES_PER_SHARD))
+def default_shards(n: int, shard_size: int = SAMPLES_PER_SHARD) -> int:
+    """About ``shard_size`` samples per shard, at least one shard."""
+    return max(1, round(n / shard_size))
 
 
 def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
@@ -54,10 +54,11 @@ def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
     return rng.permutation(n)
 
 
-def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None) -> SplitPlan:
+def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
+               shard_size: int = SAMPLES_PER_SHARD) -> SplitPlan:
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
-    k = min(shards or default_shards(n), max(n, 1))
+    k = min(shards or default_shards(n, shard_size), max(n, 1))
     # TensorFlow's build_imagenet_data.py spacing: shard i covers [i*n//k, (i+1)*n//k).
     bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
     h = hashlib.sha256()

@@ -1,0 +1,212 @@
+"""``gpufeed verify DST``: read every output back and check it against ``manifest.json``.
+
+In order, stopping at the first problem (named, with the fix): the manifest is there (else the conversion
+did not finish); every file it lists exists with its size and SHA-256; every record of every output reads
+back through the format's own reader (which checks CRCs, framing, Datum fields); the record counts match
+the manifest; each split's labels are the same in every format and in the RecordIO ``.lst``; every image
+decodes. Outputs are checked in parallel by a local process pool, one output file per task.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import os
+
+from gpufeed import io
+from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound
+
+
+def add_arguments(p) -> None:
+    p.add_argument("out", metavar="DST", help="a destination written by `gpufeed convert`")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel checking processes")
+    p.add_argument("--no-decode", dest="decode", action="store_false",
+                   help="skip decoding every image (framing, checksums, counts and labels are still checked)")
+
+
+def run(args) -> int:
+    report = verify(args.out, workers=args.workers, decode=args.decode)
+    print(report.text())
+    return 0
+
+
+@dataclasses.dataclass
+class Report:
+    out: str
+    files: int
+    records: dict  # (split, format) -> records read back
+    images_decoded: int
+
+    def text(self) -> str:
+        per = ", ".join(f"{s}/{f} {n}" for (s, f), n in sorted(self.records.items()))
+        return (f"{self.out}: OK: {self.files} files match their checksums; records read back: {per}; "
+                f"{self.images_decoded} images decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    format: str
+    path: str  # what the format's reader opens
+    split: str
+    records: int
+
+
+def _sha256(url: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with io.open_file(url, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def _check_file(out: str, entry: dict) -> None:
+    from gpufeed.convert.sinks import join
+
+    url = join(out, entry["path"])
+    try:
+        size, digest = _sha256(url)
+    except FileNotFoundError:
+        raise ShardNotFound(url, "convert again (rerun the same gpufeed convert command)") from None
+    if size != entry["bytes"]:
+        raise IncompleteOutputError(f"{url}: {size} bytes, the manifest says {entry['bytes']}; the file was "
+                                    "truncated or replaced: convert again")
+    if digest != entry["sha256"]:
+        raise IncompleteOutputError(f"{url}: SHA-256 differs from the manifest; the file was modified or "
+                                    "damaged: convert again")
+
+
+def _label_key(labels) -> tuple:
+    return tuple(float(x) for x in labels)
+
+
+def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
+    """Read one output whole; ``(records, images decoded, {label: count})``. Raises on the first defect."""
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.transforms import decode_image
+
+    counts = collections.Counter()
+    n = decoded = 0
+    reader = get_format(o.format).reader(o.path)
+    try:
+        for sample in reader:
+            counts[_label_key(sample.labels)] += 1
+            if decode and sample.kind == "encoded":
+                decode_image(bytes(sample.payload), f"{o.path} record {n} ({sample.key})", max_pixels=2**62)
+                decoded += 1
+            n += 1
+    finally:
+        reader.close()
+    return n, decoded, dict(counts)
+
+
+def _list_labels(path: str) -> collections.Counter:
+    """Label counts from a RecordIO ``.lst`` (``index<TAB>label[<TAB>label...]<TAB>path``)."""
+    counts = collections.Counter()
+    with io.open_file(path, "rb") as f:
+        for i, line in enumerate(f.read().decode("utf-8", "surrogateescape").splitlines()):
+            fields = line.split("\t")
+            try:
+                counts[_label_key(fields[1:-1])] += 1
+            except ValueError:
+                raise CorruptRecordError(path, i, None, f"line {i + 1} is not index<TAB>label<TAB>path") from None
+    return counts
+
+
+def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
+    from gpufeed.convert.sinks import join
+    from gpufeed.formats.naming import parse_shard_name
+
+    outputs, lists = [], []
+    for f in manifest["files"]:
+        parts = f["path"].split("/")
+        if f["role"] == "list" and parts[0] == "recordio":
+            lists.append(f["path"])
+        if f["role"] != "data" or len(parts) < 2 or parts[0] not in ("lmdb", "recordio", "tfrecord"):
+            continue
+        fmt = parts[0]
+        if fmt == "lmdb":
+            split = parts[1][:-len("_lmdb")]
+            path = join(out, *parts[:2])
+        else:
+            name = parts[-1]
+            parsed = parse_shard_name(name)
+            split = parsed[0] if parsed else name[:-len(".rec")]
+            path = join(out, f["path"])
+        outputs.append(_Output(fmt, path, split, f["records"]))
+    return outputs, lists
+
+
+def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
+    """Check ``out`` completely; raise the first problem as a gpufeed error, else return a report."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.sinks import join
+    from gpufeed.formats.naming import parse_shard_name
+
+    out = out.rstrip("/") if not io.is_local(out) else io.local_path(out)
+    try:
+        manifest = manifest_mod.load(out)
+    except ValueError as e:
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: not valid JSON ({e}); convert again") from None
+    if manifest is None:
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: missing, so the conversion did not finish; rerun "
+                                    "the same gpufeed convert command to complete it")
+    if manifest.get("manifest_version") != manifest_mod.MANIFEST_VERSION:
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: manifest version "
+                                    f"{manifest.get('manifest_version')} is not {manifest_mod.MANIFEST_VERSION}; "
+                                    "verify it with the gpufeed version that wrote it")
+    outputs, lists = _outputs(out, manifest)
+    pool = None
+    if workers > 1:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        run = (lambda fn, *args: pool.submit(fn, *args)) if pool else _Done
+        for fut in [run(_check_file, out, f) for f in manifest["files"]]:
+            fut.result()
+        results = [(o, run(_check_output, o, decode)) for o in outputs]
+        records, labels, decoded = collections.Counter(), {}, 0
+        for o, fut in results:
+            n, d, counts = fut.result()
+            if n != o.records:
+                raise IncompleteOutputError(f"{o.path}: {n} records read back, the manifest says {o.records}; "
+                                            "convert again")
+            records[(o.split, o.format)] += n
+            decoded += d
+            labels.setdefault((o.split, o.format), collections.Counter()).update(counts)
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
+    for rel in lists:
+        name = rel.split("/")[-1][:-len(".lst")]
+        parsed = parse_shard_name(name + ".rec")
+        split = parsed[0] if parsed else name
+        labels.setdefault((split, "recordio .lst"), collections.Counter()).update(_list_labels(join(out, rel)))
+    for split, info in manifest["splits"].items():
+        for fmt in manifest["formats"]:
+            got = records.get((split, fmt), 0)
+            if got != info["written"]:
+                raise IncompleteOutputError(f"{out}/{fmt}: the {split} split has {got} records, the manifest says "
+                                            f"{info['written']} samples were written; convert again")
+        per_split = {f: c for (s, f), c in labels.items() if s == split}
+        if per_split:
+            first_fmt, first = next(iter(per_split.items()))
+            for fmt, c in per_split.items():
+                if c != first:
+                    raise IncompleteOutputError(f"{out}: the {split} split's labels differ between {first_fmt} "
+                                                f"and {fmt}; the outputs are not from one conversion: convert again")
+    return Report(out, len(manifest["files"]), dict(records), decoded)
+
+
+class _Done:
+    """The result of a call made in this process, with a future's ``result()``."""
+
+    def __init__(self, fn, *args):
+        self.value = fn(*args)
+
+    def result(self):
+        return self.value
