@@ -122,6 +122,8 @@ class Throttle:
         self.accounting = ACCOUNTING[acct]
         self._lock = threading.Lock()
         self._tio = _ThreadIO()
+        # Device accounting counts from here: what this thread read before attaching is not the tier's.
+        self._mark()
         _tight_timer_slack()
 
     def _reopen_after_fork(self):
@@ -345,15 +347,15 @@ class _ThrottledRaw(io.RawIOBase):
         return n
 
     def flush(self):
-        if not self.closed:
+        if not self._raw.closed:
             self._raw.flush()
 
     def close(self):
         if not self.closed:
             try:
-                self._raw.close()
-            finally:
                 super().close()
+            finally:
+                self._raw.close()
 
 
 class _ThrottledFile:

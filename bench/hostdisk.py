@@ -61,7 +61,8 @@ def test_file(directory: str, size: int) -> str:
 def run_pattern(path: str, pattern: str, seconds: float, throttle=None, seed: int = 0,
                 wrap: bool = False) -> dict:
     """Run ``pattern`` on ``path`` for about ``seconds``; with ``throttle``, every read is charged to it.
-    A sequential pattern stops at the end of the file unless ``wrap`` (the self-test's small cached file).
+    Each block is read at most once (the run ends early when all are read) unless ``wrap`` (the self-test's
+    small cached file).
 
     Returns requests/s (``iops``), ``mb_per_s`` (10**6 bytes), ``requests``, ``bytes``, ``seconds`` and
     ``device_bytes`` (what the kernel read from disk meanwhile)."""
@@ -76,22 +77,21 @@ def run_pattern(path: str, pattern: str, seconds: float, throttle=None, seed: in
         fd = os.open(path, os.O_RDONLY)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM if is_random else os.POSIX_FADV_SEQUENTIAL)
-            rng = random.Random(seed * 1000 + i)
-            pos = (i * slots // threads) * size_req
+            # Each thread owns a slice of the file and visits each block once (shuffled when random), so a
+            # cold measurement never re-reads a block another request already brought into the cache.
+            order = list(range(i * slots // threads, (i + 1) * slots // threads)) or [0]
+            if is_random:
+                random.Random(seed * 1000 + i).shuffle(order)
             barrier.wait()
             n = 0
             while not stop.is_set():
-                if is_random:
-                    pos = rng.randrange(slots) * size_req
-                elif pos + size_req > size:
-                    if not wrap:
-                        break
-                    pos = 0
+                if n >= len(order) and not wrap:
+                    break
+                pos = order[n % len(order)] * size_req
                 t0 = throttle.start() if throttle is not None else 0.0
                 got = len(os.pread(fd, size_req, pos))
                 if throttle is not None:
                     throttle.read_done(got, t0)
-                pos += size_req
                 n += 1
             counts[i] = n
         finally:

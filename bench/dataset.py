@@ -1,0 +1,202 @@
+"""Benchmark datasets in every format, built with a process pool (no Ray: the GPU machine has none).
+
+Images are synthesised (:func:`gpufeed.pipelines.synth.synth_jpeg`, photo-like content) and go through the
+same :func:`~gpufeed.pipelines.transforms.make_sample` and format encoders as ``gpufeed convert``, so the
+records are what conversion writes. Two shapes:
+
+* ``image="imagenet"``: JPEGs (q90) at ImageNet's typical geometry (500x375 either way round, 1 in 50 at
+  1600x1200), stored as they are or resized (``resize``: shorter side, JPEG q95); records average ~117 KB,
+  like ImageNet's ~110 KB and MLPerf Storage's ResNet-50 records (114,660 bytes);
+* ``image="cifar"``: 32x32 RGB pixels stored raw (3,072 bytes), like CIFAR-10.
+
+Workers synthesise and encode (the CPU work); the parent only frames and appends, one writer per format
+(one ``.rec``, one LMDB environment, ``shards`` TFRecord files). ``DST/bench_dataset.json`` lists the outputs
+for :mod:`gpufeed.bench.read`.
+
+Example::
+
+    info = build_dataset("/data/bench", ["recordio", "lmdb", "tfrecord"], n=2000, workers=8)
+    info["formats"]["lmdb"]["paths"]   # ['/data/bench/lmdb/train_lmdb']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import time
+
+from gpufeed.errors import ConfigError
+
+IMAGES = ("imagenet", "cifar")
+MANIFEST = "bench_dataset.json"
+
+#: ImageNet-1k train: ~1000 classes; CIFAR-10: 10.
+_CLASSES = {"imagenet": 1000, "cifar": 10}
+#: A tail of multi-megapixel photos as ImageNet has; at q90 a 500x375 synthetic photo is ~100 KB and a
+#: 1600x1200 one ~980 KB, so 1 in 50 large gives ImageNet's mean record size.
+_LARGE_EVERY = 50
+_LARGE_HW = (1200, 1600)
+_COMMON_HW = (375, 500)
+_CIFAR_HW = (32, 32)
+#: Samples per task sent to a worker: big enough to amortise pickling, small enough to balance.
+_CHUNK = 32
+
+
+def _geometry(i: int) -> tuple[int, int]:
+    h, w = _LARGE_HW if i % _LARGE_EVERY == _LARGE_EVERY - 1 else _COMMON_HW
+    return (h, w) if i % 2 == 0 else (w, h)
+
+
+def _make(task):
+    """Worker: synthesise and encode samples ``start..end`` for every format (deterministic per index)."""
+    import numpy as np
+
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.base import InlineRef, Item
+    from gpufeed.pipelines.transforms import ImageOptions, make_sample
+
+    start, end, image, resize, seed, formats = task
+    fmts = [get_format(f) for f in formats]
+    if image == "cifar":
+        options = ImageOptions(encode="raw")
+    elif resize:
+        options = ImageOptions(resize=resize, quality=95)
+    else:
+        options = ImageOptions(encode="pass", validate=False)
+    out = []
+    for i in range(start, end):
+        rng = np.random.default_rng([seed, i])
+        label = i % _CLASSES[image]
+        if image == "cifar":
+            data = rng.integers(0, 256, size=(*_CIFAR_HW, 3), dtype=np.uint8)
+            key = f"{label}/{i:08d}.png"
+        else:
+            from gpufeed.pipelines.synth import synth_jpeg
+
+            data = synth_jpeg(rng, *_geometry(i), quality=90)
+            key = f"n{label:08d}/n{label:08d}_{i}.JPEG"
+        sample = make_sample(Item(key=key, label=label, ref=InlineRef(data), meta={"source": f"synth:{i}"}),
+                             options, i)
+        payload = sample.payload
+        size = len(payload) if isinstance(payload, bytes) else payload.nbytes
+        out.append((size, [f.encode(sample) for f in fmts]))
+    return start, out
+
+
+def output_path(out: str, fmt: str, shard: int = 0, shards: int = 1) -> str:
+    """Where ``build_dataset`` puts format ``fmt`` (the path its reader takes)."""
+    from gpufeed.formats.naming import shard_name
+
+    if fmt == "lmdb":
+        return os.path.join(out, "lmdb", "train_lmdb" if shards == 1 else shard_name("train", shard, shards))
+    if fmt == "recordio":
+        return os.path.join(out, "recordio", "train.rec" if shards == 1 else shard_name("train", shard, shards,
+                                                                                          ".rec"))
+    return os.path.join(out, fmt, shard_name("train", shard, shards))
+
+
+def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1000, image: str = "imagenet",
+                  resize: int | None = None, seed: int = 0, workers: int | None = None, shards: int = 1) -> dict:
+    """Write ``n`` synthetic samples to every format in ``formats`` under ``out``; return (and store as
+    ``out/bench_dataset.json``) what was written: per format its reader paths, files, bytes and mean record
+    size, plus the mean stored sample size."""
+    from gpufeed.formats import get_format
+
+    if image not in IMAGES:
+        raise ConfigError(f"image={image!r} is not one of {', '.join(IMAGES)}")
+    if n < 1 or shards < 1 or shards > n:
+        raise ConfigError(f"need n >= 1 and 1 <= shards <= n, got n={n}, shards={shards}")
+    if image == "cifar" and resize:
+        raise ConfigError("resize applies to image='imagenet'; CIFAR-sized samples are 32x32 already")
+    formats = list(dict.fromkeys(formats))
+    for f in formats:
+        get_format(f)
+    workers = workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    writers = {}
+    try:
+        for f in formats:
+            os.makedirs(os.path.join(out, f), exist_ok=True)
+        per_shard = -(-n // shards)
+        tasks = [(s, min(s + _CHUNK, n), image, resize, seed, formats) for s in range(0, n, _CHUNK)]
+        payload_bytes = 0
+        written = {f: [] for f in formats}
+        shard = -1
+        with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else _InProcess() as pool:
+            for _start, results in pool.imap(_make, tasks):
+                for size, records in results:
+                    index = records[0].index
+                    if index // per_shard != shard:
+                        for f, w in writers.items():
+                            written[f].extend(w.close())
+                        shard = index // per_shard
+                        writers = {f: get_format(f).writer(output_path(out, f, shard, shards)) for f in formats}
+                    payload_bytes += size
+                    for f, rec in zip(formats, records):
+                        writers[f].write_encoded(rec)
+        for f, w in writers.items():
+            written[f].extend(w.close())
+        writers = {}
+    finally:
+        for w in writers.values():
+            w.abort()
+    info = {"out": os.path.abspath(out), "n": n, "image": image, "resize": resize, "seed": seed, "shards": shards,
+            "sample_bytes": payload_bytes / n, "build_seconds": time.perf_counter() - t0, "formats": {}}
+    for f in formats:
+        files = [dataclasses.asdict(w) for w in written[f]]
+        data = sum(w.bytes for w in written[f] if w.role == "data")
+        info["formats"][f] = {"paths": [os.path.abspath(output_path(out, f, s, shards)) for s in range(shards)],
+                              "files": files, "data_bytes": data, "total_bytes": sum(w.bytes for w in written[f]),
+                              "record_bytes": data / n}
+    with open(os.path.join(out, MANIFEST), "w") as fh:
+        json.dump(info, fh, indent=2, default=str)
+    return info
+
+
+def load_dataset_info(out: str) -> dict:
+    """What :func:`build_dataset` wrote under ``out``."""
+    from gpufeed.errors import SourceNotFound
+
+    path = os.path.join(out, MANIFEST)
+    if not os.path.exists(path):
+        raise SourceNotFound(path, "benchmark dataset manifest",
+                             "build one with `gpufeed bench dataset OUT` (or gpufeed.bench.dataset.build_dataset)")
+    with open(path) as fh:
+        return json.load(fh)
+
+
+class _InProcess:
+    """``Pool``'s ``imap`` in this process, for ``workers=1`` (no fork, easy to profile)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @staticmethod
+    def imap(fn, tasks):
+        return map(fn, tasks)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("out", metavar="OUT", help="directory to write the dataset under")
+    parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
+    parser.add_argument("-n", type=int, default=2000, help="number of samples")
+    parser.add_argument("--image", choices=IMAGES, default="imagenet",
+                        help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels")
+    parser.add_argument("--resize", type=int, default=None, help="store JPEGs resized to this shorter side")
+    parser.add_argument("--shards", type=int, default=1, help="files per format")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+
+
+def run(args) -> int:
+    info = build_dataset(args.out, [f for f in args.formats.split(",") if f], n=args.n, image=args.image,
+                         resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards)
+    print(f"{info['n']} samples ({info['sample_bytes'] / 1e3:.1f} KB each) in {info['build_seconds']:.1f} s:")
+    for f, d in info["formats"].items():
+        print(f"  {f:<9} {d['data_bytes'] / 1e6:9.1f} MB  {d['record_bytes'] / 1e3:7.1f} KB/record  {d['paths'][0]}")
+    return 0
