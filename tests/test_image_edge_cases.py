@@ -12,7 +12,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from gpufeed.errors import BadImageError, DecompressionBombError
-from gpufeed.pipelines.base import FileRef, Item
+from gpufeed.pipelines.base import FileRef, InlineRef, Item
 from gpufeed.pipelines.imageio import DEFAULT_MAX_PIXELS, decode_image, probe
 from gpufeed.pipelines.transforms import ImageOptions, make_sample
 
@@ -223,3 +223,22 @@ def test_errors_pickle_with_their_message():
         decode_image(b"", "some/file.JPEG")
     again = pickle.loads(pickle.dumps(err.value))
     assert type(again) is BadImageError and str(again) == str(err.value)
+
+
+def test_progressive_jpeg_downscales_and_truncation_is_found():
+    rgb = smooth_rgb(400, 600)
+    data = pil_bytes(Image.fromarray(rgb), "JPEG", quality=90, progressive=True)
+    sample = make_sample(Item("p", 0, InlineRef(data)), ImageOptions(resize=100, encode="raw"), 0)
+    assert sample.payload.shape == (100, 150, 3)  # decoded at 1/4 in the DCT domain, then resized
+    assert np.abs(sample.payload.astype(int) - cv2.resize(rgb, (150, 100), interpolation=cv2.INTER_AREA)).mean() < 3
+    with pytest.raises(BadImageError, match="truncated"):
+        decode_image(data[: len(data) * 2 // 3], "p.jpg")  # cut between scans: earlier scans are complete
+
+
+def test_cmyk_jpeg_to_gray():
+    rgb = smooth_rgb(40, 60)
+    data = pil_bytes(Image.fromarray(rgb).convert("CMYK"), "JPEG", quality=95)
+    sample = make_sample(Item("c", 0, InlineRef(data)), ImageOptions(encode="raw", gray=True), 0)
+    expect = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    assert sample.payload.shape == (40, 60, 1)
+    assert np.abs(sample.payload[..., 0].astype(int) - expect).mean() < 3

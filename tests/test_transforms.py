@@ -273,3 +273,14 @@ def test_random_resized_crop_follows_torchvision_rules():
         np.testing.assert_array_equal(out, expect[:, ::-1] if flipped else expect)
     assert 10 <= flips <= 30
     assert random_resized_crop_flip(img, (100, 120), rng).shape == (100, 120, 3)
+
+
+def test_speed_bench_runs_in_a_tiny_configuration(tmp_path):
+    from gpufeed.bench.results import load_results
+    from gpufeed.bench.transform_speed import run
+
+    result = run(n=6, repeats=1, out_path=str(tmp_path / "rows.jsonl"))
+    assert set(result["loops"]) == {"limit", "cv2", "make_sample", "pillow"}
+    assert all(r["img_per_s"] > 0 for r in result["loops"].values())
+    rows = load_results(str(tmp_path / "rows.jsonl"))
+    assert [r["params"]["loop"] for r in rows] == ["limit", "cv2", "make_sample", "pillow"]
