@@ -148,6 +148,10 @@ def _open_ray(options: ConvertOptions):
     if ray.is_initialized():
         return ray, False
     env = {"env_vars": {"PYTHONHASHSEED": "0"}}
+    # Ray workers are started by the raylet, not by this process: an emulated storage tier reaches them
+    # only through runtime_env.
+    if os.environ.get(io.ENV_VAR):
+        env["env_vars"][io.ENV_VAR] = os.environ[io.ENV_VAR]
     try:
         if options.address:
             ray.init(address=options.address, logging_level=logging.ERROR, log_to_driver=False,
