@@ -11,6 +11,7 @@ total size is beyond :class:`ArchiveLimits` (a tar bomb would otherwise exhaust 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import posixpath
 import tarfile
@@ -71,6 +72,11 @@ def has_undecodable(name: str) -> bool:
     return any("\udc80" <= c <= "\udcff" for c in name)
 
 
+def printable(name: str) -> str:
+    """``name`` with undecodable bytes shown as ``\\xe9``, so a message naming it can always be printed."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     """The member's safe relative name, ``None`` for a directory; raise for anything an extractor must not touch."""
     name = info.name
@@ -92,7 +98,7 @@ def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     if ".." in name.split("/"):
         raise UnsafeArchiveError(where, "climbs out of the archive with '..'", "remove it from the archive")
     if has_undecodable(name):
-        raise LabelError(where, "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
+        raise LabelError(printable(where), "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
     clean = posixpath.normpath(name)
     if clean in ("", "."):
         raise UnsafeArchiveError(where, "has an empty name", "remove it from the archive")
@@ -161,6 +167,14 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         return out
 
 
+def _check_end(f, offset: int, where: str) -> None:
+    """tarfile stops quietly at a damaged header past the first; a real end is zero blocks or end of file."""
+    f.seek(offset)
+    if f.read(BLOCK).strip(b"\0"):
+        raise InputError(where, f"has a damaged header at byte {offset}; members after it cannot be listed",
+                         "download the archive again")
+
+
 def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
     try:
         tar = tarfile.open(fileobj=f, mode="r:")
@@ -173,16 +187,11 @@ def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[Ta
             raise InputError(where, f"has a damaged header near byte {tar.offset} ({e})",
                              "download the archive again") from e
         if info is None:
+            _check_end(f, tar.offset, where)
             return
         # Only headers are wanted: drop tarfile's member list so a million members cost no memory.
         tar.members = []
-        try:
-            name = check_member(info, where)
-        except InputError as e:
-            if on_problem is None:
-                raise
-            on_problem(e)
-            continue
+        name = _checked(info, where, on_problem)
         if name is None:
             continue
         budget.add(name, info.size)
@@ -191,6 +200,20 @@ def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[Ta
                              f"({info.offset_data + info.size} > {size} bytes)",
                              "the archive is truncated: download it again")
         yield TarEntry(name, info.offset_data, info.size)
+
+
+#: Leading bytes of the compressions tar archives come in, and the readers that check their trailers (CRC,
+#: length), so a truncated download is an error instead of an archive that just seems to end early.
+_COMPRESSIONS = ((b"\x1f\x8b", "gzip", "GzipFile"), (b"BZh", "bz2", "BZ2File"), (b"\xfd7zXZ\x00", "lzma", "LZMAFile"))
+
+
+def _decompressed(f):
+    head = f.read(6)
+    f.seek(0)
+    for magic, module, cls in _COMPRESSIONS:
+        if head.startswith(magic):
+            return getattr(importlib.import_module(module), cls)(fileobj=f, mode="rb")
+    return f
 
 
 def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits = ArchiveLimits(),
@@ -202,19 +225,11 @@ def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits
     budget = _Budget(limits, url)
     with open_file(url) as f:
         try:
-            tar = tarfile.open(fileobj=f, mode="r|*")
-        except tarfile.TarError as e:
-            raise InputError(url, f"is not a readable tar archive ({e})", "check the file is complete") from e
-        with tar:
-            try:
+            tar = tarfile.open(fileobj=_decompressed(f), mode="r|")
+            with tar:
                 for info in tar:
-                    try:
-                        name = check_member(info, url)
-                    except InputError as e:
-                        if on_problem is None:
-                            raise
-                        on_problem(e)
-                        continue
+                    tar.members = []
+                    name = _checked(info, url, on_problem)
                     if name is None:
                         continue
                     budget.add(name, info.size)
@@ -224,7 +239,17 @@ def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits
                             raise InputError(f"{url}::{name}", f"holds {len(data)} of {info.size} bytes",
                                              "the archive is truncated: download it again")
                         yield name, data
-                    tar.members = []
-            except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-                raise InputError(url, f"cannot be read to the end ({e})",
-                                 "the archive is truncated or corrupt: download it again") from e
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+            raise InputError(url, f"cannot be read to the end ({type(e).__name__}: {e})",
+                             "the archive is truncated or corrupt: download it again") from e
+
+
+def _checked(info: tarfile.TarInfo, where: str, on_problem) -> str | None:
+    """:func:`check_member`, with a refused member passed to ``on_problem`` (when given) instead of raised."""
+    try:
+        return check_member(info, where)
+    except InputError as e:
+        if on_problem is None:
+            raise
+        on_problem(e)
+        return None

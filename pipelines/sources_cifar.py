@@ -94,9 +94,7 @@ class CifarSource(BaseSource):
         candidates = []
         if root.isfile(path):
             candidates.append(("tgz", path))
-        else:
-            if not root.isdir(path):
-                raise SourceNotFound(root, f"the {dataset} folder")
+        elif root.isdir(path):
             if root.isfile(root.join(path, first)):
                 candidates.append(("py", path))
             if root.isfile(root.join(path, first + ".bin")):

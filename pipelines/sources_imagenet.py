@@ -14,7 +14,7 @@ import posixpath
 import re
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
-from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, stream_tar
+from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, TarMemberRef
 from gpufeed.pipelines.sources import BaseSource, Root, read_url
 
@@ -79,7 +79,7 @@ class _ImageSource(BaseSource):
     def _file_item(self, path: str, key: str, label, meta: dict) -> Item | None:
         url = self.root.url(path)
         if has_undecodable(key):
-            self.problem(LabelError(url, "has a file name that is not UTF-8, so it cannot be a stable key",
+            self.problem(LabelError(printable(url), "has a file name that is not UTF-8, so it cannot be a stable key",
                                     "rename it with a UTF-8 name"))
             return None
         if not _is_image(key):
@@ -115,7 +115,7 @@ class ImageNetSource(_ImageSource):
             base = root.dirname(base)
         else:
             if not root.isdir(base):
-                raise SourceNotFound(root, "the ImageNet folder")
+                raise SourceNotFound(root, EXPECTED)
             tree = root.join(base, KAGGLE_TREE) if root.isdir(root.join(base, KAGGLE_TREE)) else base
             for split in ("train", "val") if layout != "archives" else ():
                 if root.isdir(root.join(tree, split)):
