@@ -56,6 +56,7 @@ _ORIENT_OPS = {
     8: ("ROTATE_90_COUNTERCLOCKWISE", None),
 }
 REDUCTIONS = (8, 4, 2)
+_REFETCH = "re-download it, or skip it with --on-error skip"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,21 +128,21 @@ def _probe_jpeg(data: bytes, origin: str) -> ImageInfo:
             pos += 1
         if pos >= n:
             raise BadImageError(origin, "truncated JPEG: the file ends inside its header",
-                                "re-download it, or skip it with --on-error skip")
+                                _REFETCH)
         if data[pos - 1] != 0xFF:
             raise BadImageError(origin, f"corrupt JPEG: no marker at byte {pos - 1}",
-                                "re-download it, or skip it with --on-error skip")
+                                _REFETCH)
         marker = data[pos]
         pos += 1
         if marker in _STANDALONE:
             continue
         if pos + 2 > n:
             raise BadImageError(origin, "truncated JPEG: the file ends inside its header",
-                                "re-download it, or skip it with --on-error skip")
+                                _REFETCH)
         (length,) = _SEGMENT_LEN.unpack_from(data, pos)
         if length < 2 or pos + length > n:
             raise BadImageError(origin, f"corrupt or truncated JPEG: segment 0xFF{marker:02X} at byte {pos - 2} "
-                                f"claims {length} bytes", "re-download it, or skip it with --on-error skip")
+                                f"claims {length} bytes", _REFETCH)
         if marker in _SOF_MARKERS and length >= 2 + _SOF.size:
             frame = _SOF.unpack_from(data, pos + 2)
         elif marker == _APP1 and data[pos + 2:pos + 8] == _EXIF_HEADER:
@@ -151,7 +152,7 @@ def _probe_jpeg(data: bytes, origin: str) -> ImageInfo:
         pos += length
     if frame is None:
         raise BadImageError(origin, "corrupt JPEG: no frame header (SOF) before the image data",
-                            "re-download it, or skip it with --on-error skip")
+                            _REFETCH)
     _, height, width, components = frame
     if height == 0 or width == 0:
         raise BadImageError(origin, f"unsupported JPEG: frame header gives {width}x{height}",
@@ -160,7 +161,7 @@ def _probe_jpeg(data: bytes, origin: str) -> ImageInfo:
     # can only be the real end; without it libjpeg pads the missing rows with grey and only warns.
     if not data.endswith(_EOI) and data.rfind(_EOI, pos) < 0:
         raise BadImageError(origin, "truncated JPEG: the end-of-image marker is missing, part of the "
-                            "picture would be grey", "re-download it, or skip it with --on-error skip")
+                            "picture would be grey", _REFETCH)
     if orientation >= 5:
         height, width = width, height
     return ImageInfo("JPEG", height, width, orientation, components)
@@ -188,14 +189,14 @@ def _exif_orientation(tiff: bytes) -> int:
 def _probe_png(data: bytes, origin: str) -> ImageInfo:
     if len(data) < _IHDR_AT + _IHDR.size or data[12:16] != b"IHDR":
         raise BadImageError(origin, "corrupt or truncated PNG: no IHDR header",
-                            "re-download it, or skip it with --on-error skip")
+                            _REFETCH)
     width, height, _, colour = _IHDR.unpack_from(data, _IHDR_AT)
     if height == 0 or width == 0:
         raise BadImageError(origin, f"corrupt PNG: IHDR gives {width}x{height}",
-                            "re-download it, or skip it with --on-error skip")
+                            _REFETCH)
     if data.rfind(_PNG_IEND) < 0:
         raise BadImageError(origin, "truncated PNG: the IEND chunk is missing",
-                            "re-download it, or skip it with --on-error skip")
+                            _REFETCH)
     # Colour types: 0 gray, 2 RGB, 3 palette, 4 gray+alpha, 6 RGBA.
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour, 0)
     return ImageInfo("PNG", height, width, 1, channels)
@@ -215,7 +216,7 @@ def _probe_pillow(data: bytes, origin: str, fmt: str) -> ImageInfo:
                                      "files this large on its own)") from e
     except Exception as e:  # Pillow raises many types for a damaged header
         raise BadImageError(origin, f"corrupt {fmt}: {e}",
-                            "re-download it, or skip it with --on-error skip") from e
+                            _REFETCH) from e
     orientation = orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
     if orientation >= 5:
         height, width = width, height
@@ -251,12 +252,12 @@ def decode(data: bytes, info: ImageInfo, origin: str, gray: bool = False, reduce
         img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
         if img is None:
             raise BadImageError(origin, "corrupt JPEG: libjpeg could not decode it",
-                                "re-download it, or skip it with --on-error skip")
+                                _REFETCH)
     elif info.format == "PNG":
         img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
         if img is None:
             raise BadImageError(origin, "corrupt PNG: libpng could not decode it",
-                                "re-download it, or skip it with --on-error skip")
+                                _REFETCH)
         img = _to_8bit_bgr(img, gray)
     else:
         img = _decode_pillow(data, info, origin, gray)
@@ -303,8 +304,7 @@ def _to_8bit_bgr(img: np.ndarray, gray: bool) -> np.ndarray:
     import cv2
 
     if img.dtype == np.uint16:
-        # Round to nearest: 65535 -> 255 and 257*v -> v exactly (a shift would bias everything down).
-        img = ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+        img = _scale_16_to_8(img)
     elif img.dtype != np.uint8:
         img = np.clip(img, 0, 255).astype(np.uint8)
     if img.ndim == 3 and img.shape[2] == 4:
@@ -312,6 +312,11 @@ def _to_8bit_bgr(img: np.ndarray, gray: bool) -> np.ndarray:
     if gray:
         return img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
     return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 else img
+
+
+def _scale_16_to_8(img: np.ndarray) -> np.ndarray:
+    # Round to nearest: 65535 -> 255 and 257*v -> v exactly (a shift would bias everything down).
+    return ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
 
 
 def composite_on_white(bgra: np.ndarray) -> np.ndarray:
@@ -332,8 +337,7 @@ def _decode_pillow(data: bytes, info: ImageInfo, origin: str, gray: bool) -> np.
             im.seek(0)
             im.load()
             if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-                arr = np.asarray(im, dtype=np.uint32)
-                arr = ((arr * 255 + 32767) // 65535).clip(0, 255).astype(np.uint8)
+                arr = _scale_16_to_8(np.asarray(im, dtype=np.uint32).clip(0, 65535))
                 return arr if gray else np.repeat(arr[..., None], 3, axis=2)
             if im.mode == "P":
                 im = im.convert("RGBA" if "transparency" in im.info else "RGB")
@@ -349,7 +353,7 @@ def _decode_pillow(data: bytes, info: ImageInfo, origin: str, gray: bool) -> np.
                                      "raise --max-pixels if the image is genuine") from e
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for damaged data
         raise BadImageError(origin, f"corrupt {info.format}: {e}",
-                            "re-download it, or skip it with --on-error skip") from e
+                            _REFETCH) from e
     import cv2
 
     bgr = np.ascontiguousarray(bgr)

@@ -155,7 +155,9 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
 
     Image files are decoded once, transformed and encoded per ``options``; inline HWC uint8 RGB arrays
     (CIFAR) take the same transforms; inline 1-D integer arrays (PTB) become ``kind="tokens"``. When
-    ``stats`` is given it is updated with the stored pixels before encoding (no second decode).
+    ``stats`` is given it is updated with the stored pixels before encoding (no second decode); with
+    ``encode="pass"`` nothing is decoded in full, so ``stats`` is left alone: use
+    :meth:`ChannelStats.update_from_sample` on the result.
     Raises :class:`~gpufeed.errors.BadImageError`, :class:`~gpufeed.errors.DecompressionBombError` or
     :class:`~gpufeed.errors.InputError`, each naming ``item.origin``.
     """

@@ -284,3 +284,12 @@ def test_speed_bench_runs_in_a_tiny_configuration(tmp_path):
     assert all(r["img_per_s"] > 0 for r in result["loops"].values())
     rows = load_results(str(tmp_path / "rows.jsonl"))
     assert [r["params"]["loop"] for r in rows] == ["limit", "cv2", "make_sample", "pillow"]
+
+
+def test_pass_through_leaves_stats_to_update_from_sample(tmp_path):
+    item = jpeg_file(tmp_path, "s.jpg", photo(30, 40))
+    stats = ChannelStats()
+    sample = make_sample(item, ImageOptions(encode="pass"), 0, stats=stats)
+    assert stats.images == 0
+    stats.update_from_sample(sample)
+    assert stats.images == 1 and stats.pixels == 30 * 40
