@@ -34,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize)")
     geo.add_argument("--size", default=None, metavar="HxW",
                      help="resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)")
-    geo.add_argument("--max-size", type=int, default=None, metavar="N",
-                     help="shrink so that the longer side is at most N pixels")
+    p.add_argument("--max-size", type=int, default=None, metavar="N",
+                   help="then cap the longer side at N pixels (combines with --resize/--size)")
     p.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing (im2rec)")
     p.add_argument("--encode", choices=ENCODINGS, default=None,
                    help="how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked "

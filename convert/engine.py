@@ -227,7 +227,7 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     if options.resume:
         done = manifest_mod.load_if_complete(out, options.output_key())
         if done is not None:
-            return Summary(out, done["samples"], [tuple(s) for s in done["skipped"]], done["bytes_written"], 0.0,
+            return Summary(out, done["splits"], [tuple(s) for s in done["skipped"]], done["bytes_written"], 0.0,
                            note="already complete; nothing to do (add --no-resume to convert again)")
     manifest_mod.remove(out)
     state_dir = state_dir_for(out)

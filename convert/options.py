@@ -82,8 +82,8 @@ class ConvertOptions:
             raise ConfigError(f"--quality must be within 1..100, not {self.quality}")
         geometry = [n for n, v in (("--resize", self.resize), ("--size", self.size),
                                    ("--max-size", self.max_size)) if v is not None]
-        if len(geometry) > 1:
-            raise ConfigError(f"{' and '.join(geometry)} cannot be combined; give one of --resize, --size, --max-size")
+        if self.resize is not None and self.size is not None:
+            raise ConfigError("--resize (shorter side) and --size (exact HxW) exclude each other; give one")
         for name, value in (("--resize", self.resize), ("--max-size", self.max_size)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be a positive number of pixels, not {value}")

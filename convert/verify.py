@@ -87,6 +87,8 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
     from gpufeed.formats import get_format
     from gpufeed.pipelines.transforms import decode_image
 
+    if o.format == "lmdb" and not io.is_local(o.path):
+        return _check_remote_lmdb(o, decode)
     counts = collections.Counter()
     n = decoded = 0
     reader = get_format(o.format).reader(o.path)
@@ -100,6 +102,21 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
     finally:
         reader.close()
     return n, decoded, dict(counts)
+
+
+def _check_remote_lmdb(o: _Output, decode: bool) -> tuple[int, int, dict]:
+    """LMDB is memory-mapped, so a remote environment is read from a local copy."""
+    import tempfile
+
+    import fsspec
+
+    fs, remote = fsspec.core.url_to_fs(o.path)
+    with tempfile.TemporaryDirectory(prefix="gpufeed-verify-") as tmp:
+        local = os.path.join(tmp, os.path.basename(remote.rstrip("/")))
+        os.mkdir(local)
+        for name in fs.ls(remote, detail=False):
+            fs.get(name, os.path.join(local, os.path.basename(name)))
+        return _check_output(dataclasses.replace(o, path=local), decode)
 
 
 def _list_labels(path: str) -> collections.Counter:

@@ -1,0 +1,56 @@
+"""Helpers shared by the conversion tests: a tiny synthetic ImageNet, output comparison, CLI runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from gpufeed.convert.options import ConvertOptions
+
+CLASSES, PER_CLASS, VAL_PER_CLASS = 3, 8, 2
+#: Small shards so that a tiny split still makes several shards (and a single .rec of several fragments).
+SHARD_SIZE = 5
+
+
+def synth_source(root) -> str:
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    src = os.path.join(str(root), "imagenet")
+    if not os.path.exists(os.path.join(src, "synth.json")):
+        synth_imagenet(src, classes=CLASSES, per_class=PER_CLASS, val_per_class=VAL_PER_CLASS, seed=7,
+                       layout="tree", bad_files=True)
+    return src
+
+
+def options(src, out, **kw) -> ConvertOptions:
+    base = dict(dataset="imagenet", src=str(src), formats=("lmdb", "recordio", "tfrecord"), out=str(out),
+                workers=2, resize=48, on_error="skip", shard_size=SHARD_SIZE, progress=False)
+    base.update(kw)
+    return ConvertOptions(**base)
+
+
+def tree_bytes(out) -> dict[str, bytes]:
+    """Every file under ``out`` except the manifest (which records timings), by relative path."""
+    files = {}
+    for dirpath, _, names in os.walk(out):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            rel = os.path.relpath(p, out)
+            if rel != "manifest.json":
+                with open(p, "rb") as f:
+                    files[rel] = f.read()
+    return files
+
+
+def cli(args, address=None, **kw) -> subprocess.Popen:
+    """``gpufeed convert ...`` in a child process, joined to the session's Ray cluster when given."""
+    cmd = [sys.executable, "-m", "gpufeed", "convert", *map(str, args), "--no-progress"]
+    if address:
+        cmd += ["--address", address]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def cli_args(src, out, *extra):
+    return ["imagenet", src, "--to", "lmdb,recordio,tfrecord", "--out", out, "--workers", "2", "--resize", "48",
+            "--on-error", "skip", "--shard-size", str(SHARD_SIZE), *extra]

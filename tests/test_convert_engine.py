@@ -1,0 +1,162 @@
+"""Conversion end to end on real files with a real local Ray: determinism, policies, outputs, verify."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from convert_fixtures import options, synth_source, tree_bytes
+from gpufeed.convert.engine import convert
+from gpufeed.convert.options import ConvertOptions
+from gpufeed.convert.plan import plan_split
+from gpufeed.convert.verify import verify
+from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return synth_source(tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module")
+def reference(src, tmp_path_factory, ray_local):
+    """One conversion with 2 workers, shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("ref") / "out"
+    summary = convert(options(src, out, workers=2))
+    return out, summary
+
+
+def test_plan_is_a_seeded_permutation_cut_into_contiguous_shards():
+    keys = [f"k{i}" for i in range(103)]
+    a = plan_split("train", keys, seed=3, shuffle=True, shards=None, shard_size=25)
+    b = plan_split("train", keys, seed=3, shuffle=True, shards=None, shard_size=25)
+    assert np.array_equal(a.order, b.order) and a.digest == b.digest
+    assert sorted(a.order.tolist()) == list(range(103)) and a.order.tolist() != list(range(103))
+    assert [(s.start, s.stop) for s in a.shards] == [(0, 25), (25, 51), (51, 77), (77, 103)]
+    assert plan_split("val", keys, 3, True, None).order.tolist() != a.order.tolist()
+    assert plan_split("train", keys, 3, False, 2).order.tolist() == list(range(103))
+
+
+def test_options_name_the_valid_values():
+    with pytest.raises(ConfigError, match="recordio, lmdb, tfrecord"):
+        ConvertOptions("imagenet", "s", ("parquet",), "o")
+    with pytest.raises(ConfigError, match="fail, skip"):
+        ConvertOptions("imagenet", "s", ("lmdb",), "o", on_error="ignore")
+    with pytest.raises(ConfigError, match="--encode pass"):
+        ConvertOptions("imagenet", "s", ("lmdb",), "o", encode="pass", resize=256)
+
+
+def test_help_explains_every_option_without_importing_ray():
+    code = ("import sys; from gpufeed.convert.cli import build_parser; p = build_parser(); "
+            "assert 'ray' not in sys.modules and 'cv2' not in sys.modules, sorted(sys.modules); "
+            "p.parse_args(['convert', '--help'])")
+    text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for opt in ("--to", "--out", "--workers", "--split", "--resize", "--size", "--max-size", "--center-crop",
+                "--encode", "--quality", "--gray", "--normalize", "--shards", "--shuffle", "--seed",
+                "--on-error", "--address", "--resume", "--dry-run"):
+        assert opt in text, opt
+    assert "(default: 95)" in text and "(default: fail)" in text
+
+
+def test_same_bytes_with_one_and_two_workers(src, reference, tmp_path):
+    ref_out, ref = reference
+    one = convert(options(src, tmp_path / "one", workers=1))
+    assert tree_bytes(tmp_path / "one") == tree_bytes(ref_out)
+    assert one.samples == ref.samples
+    assert ref.samples["train"]["shards"] > 2  # several fragments were assembled into one .rec
+
+
+def test_outputs_verify_and_skipped_inputs_are_reported(src, reference):
+    out, summary = reference
+    report = verify(str(out), workers=1)
+    written = summary.samples["train"]["written"]
+    assert report.records[("train", "lmdb")] == report.records[("train", "tfrecord")] == written
+    doc = json.loads((out / "manifest.json").read_text())
+    assert doc["skipped"] and any("truncated" in reason for _, reason in doc["skipped"])
+    planned = summary.samples["train"]["planned"]
+    assert written == planned - summary.samples["train"]["skipped"]
+    assert (out / "recordio" / "train.rec").exists() and (out / "lmdb" / "train_lmdb" / "data.mdb").exists()
+    assert sorted(os.listdir(out / "tfrecord"))[0] == "train-00000-of-00005"
+    assert not (out / ".gpufeed").exists()
+    assert (out / "classes.txt").read_text().count("\n") == 3
+
+
+def test_skipped_input_leaves_its_index_unused_in_every_format(reference):
+    from gpufeed.formats import get_format
+
+    out, summary = reference
+    lst = [line.split("\t") for line in (out / "recordio" / "train.lst").read_text().splitlines()]
+    indices = [int(f[0]) for f in lst]
+    assert indices == sorted(indices) and len(indices) == summary.samples["train"]["written"]
+    assert max(indices) == summary.samples["train"]["planned"] - 1 or len(indices) < max(indices) + 1
+    lmdb_indices = [s.index for s in get_format("lmdb").reader(str(out / "lmdb" / "train_lmdb"))]
+    assert lmdb_indices == indices
+
+
+def test_fail_policy_names_the_bad_file(src, tmp_path, ray_local):
+    with pytest.raises(InputError) as err:
+        convert(options(src, tmp_path / "o", on_error="fail", formats=("tfrecord",)))
+    assert "truncated" in str(err.value) and ".JPEG" in str(err.value)
+    assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_sharded_recordio_and_normalisation(src, tmp_path, ray_local):
+    out = tmp_path / "o"
+    convert(options(src, out, formats=("recordio",), shards=2, resize=None, size=(32, 32), normalize=True, splits=("val",)))
+    names = sorted(os.listdir(out / "recordio"))
+    assert "val-00000-of-00002.rec" in names and "val-00001-of-00002.idx" in names
+    stats = json.loads((out / "mean_std.json").read_text())
+    assert 0 < stats["mean_r"] < 255 and (out / "mean.binaryproto").exists()
+    verify(str(out))
+
+
+def test_remote_like_destination_builds_lmdb_locally_and_copies_it(src, reference, tmp_path, ray_local):
+    ref_out, _ = reference
+    out = tmp_path / "remote"
+    convert(options(src, f"local://{out}", workers=2))
+    assert tree_bytes(out) == tree_bytes(ref_out)
+    verify(f"local://{out}")
+    with pytest.raises(ConfigError, match="memory://"):
+        convert(options(src, "memory://gpufeed-test/out"))
+
+
+def test_rerun_of_a_finished_conversion_does_nothing(src, reference):
+    out, _ = reference
+    again = convert(options(src, out))
+    assert "already complete" in again.note
+
+
+def test_dry_run_writes_nothing(src, tmp_path):
+    summary = convert(options(src, tmp_path / "o", dry_run=True))
+    assert summary.samples["train"]["planned"] == 24 and not (tmp_path / "o").exists()
+
+
+def test_verify_catches_a_flipped_byte(reference, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(reference[0], out)
+    shard = out / "tfrecord" / "train-00001-of-00005"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IncompleteOutputError, match="train-00001-of-00005: SHA-256"):
+        verify(str(out))
+    # With the manifest made to agree, the reader's own CRC check still finds it.
+    doc = json.loads((out / "manifest.json").read_text())
+    import hashlib
+
+    for f in doc["files"]:
+        if f["path"] == "tfrecord/train-00001-of-00005":
+            f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(CorruptRecordError, match="train-00001-of-00005"):
+        verify(str(out))
+    (out / "manifest.json").unlink()
+    with pytest.raises(IncompleteOutputError, match="did not finish"):
+        verify(str(out))
