@@ -263,6 +263,7 @@ def normalise(rgb: np.ndarray, mean, std, dtype: str = "float32") -> np.ndarray:
 
 _VALUES = np.arange(256, dtype=np.int64)
 _SQUARES = _VALUES * _VALUES
+_EXACT_FLOAT32 = 1 << 24
 
 
 class ChannelStats:
@@ -296,13 +297,20 @@ class ChannelStats:
         elif c != self.channels:
             raise ConfigError(f"an image with {c} channels among images with {self.channels}; convert all "
                               "to colour or all to gray (ImageOptions.gray)")
-        # Histogram per channel: exact integer counts, and far cheaper than squaring every pixel.
-        flat = img.reshape(-1, c)
+        # A 256-bin histogram per channel gives exact sums and sums of squares far cheaper than squaring
+        # every pixel. cv2.calcHist counts in float32, exact below 2**24, so tall images go in row bands.
+        import cv2
+
+        height, width = pixels.shape[:2]
+        band = max(1, _EXACT_FLOAT32 // width)
         for ch, src in enumerate(order):
-            counts = np.bincount(flat[:, src], minlength=256)
+            counts = np.zeros(256, np.int64)
+            for top in range(0, height, band):
+                part = pixels[top:top + band]
+                counts += cv2.calcHist([part], [src], None, [256], (0, 256)).ravel().astype(np.int64)
             self._sum[ch] += int(counts @ _VALUES)
             self._sumsq[ch] += int(counts @ _SQUARES)
-        self.pixels += flat.shape[0]
+        self.pixels += height * width
         if bgr and c == 3:
             img = img[..., ::-1]
         if self.same_shape:

@@ -279,7 +279,7 @@ def test_speed_bench_runs_in_a_tiny_configuration(tmp_path):
     from gpufeed.bench.results import load_results
     from gpufeed.bench.transform_speed import run
 
-    result = run(n=6, repeats=1, out_path=str(tmp_path / "rows.jsonl"))
+    result = run(n=3, repeats=1, out_path=str(tmp_path / "rows.jsonl"))
     assert set(result["loops"]) == {"limit", "cv2", "make_sample", "pillow"}
     assert all(r["img_per_s"] > 0 for r in result["loops"].values())
     rows = load_results(str(tmp_path / "rows.jsonl"))
@@ -293,3 +293,14 @@ def test_pass_through_leaves_stats_to_update_from_sample(tmp_path):
     assert stats.images == 0
     stats.update_from_sample(sample)
     assert stats.images == 1 and stats.pixels == 30 * 40
+
+
+def test_stats_stay_exact_beyond_float32_counts():
+    # 4097 x 4096 = 16,781,312 pixels of one value: more than float32 counts exactly (2**24).
+    img = np.full((4097, 4096), 3, np.uint8)
+    img[0, 0] = 250
+    stats = ChannelStats()
+    stats.update(img)
+    n = img.size
+    assert stats.pixels == n and stats.mean[0] == (3 * (n - 1) + 250) / n
+    assert stats.std[0] == pytest.approx(np.std(img.astype(np.float64)), rel=1e-12)
