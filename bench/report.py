@@ -1,0 +1,1004 @@
+"""``gpufeed report RESULTS.jsonl -o report.html|report.md``: a storage-tier comparison people can act on.
+
+The report answers, in plain words first: for this model and accelerator, which format and tier keep it at
+>= 90% accelerator utilisation (AU, MLPerf Storage's pass mark), how many CPU cores the decoding needs, what
+storing images smaller changes, and whether our numbers confirm the published finding in shared/TIERS.md.
+Then the evidence: tables (median and spread of every row, ratios against a baseline tier), plots (images/s per
+format x tier, AU per tier, conversion time per tier, latency distributions), which rows were emulated, and the
+machines. HTML embeds its plots as base64 PNG, so the report is one self-contained file; Markdown writes them
+beside it in ``<name>_files/``.
+
+The building blocks are public so ``notebooks/storage_tiers.ipynb`` reuses them: :func:`train_table`,
+:func:`plot_throughput`, :func:`plot_au`, :func:`finding_checks`, :func:`answer` ... each takes the rows of
+:func:`gpufeed.bench.results.load_results`.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import math
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, Union
+
+from gpufeed.errors import ConfigError
+
+#: MLPerf Storage's pass mark for ResNet-50.
+AU_TARGET = 0.90
+#: Tier tried first as the baseline of ratios, when present (the fastest of the published tiers).
+PREFERRED_BASELINE = "nvme"
+#: Tier name of synthetic-data rows (see gpufeed.bench.train): not storage, so never a baseline.
+MEMORY_TIER = "memory"
+#: "Insensitive to the disk" is confirmed when tiers differ by at most this much (TIERS.md says ~1%; runs on a
+#: shared machine move by a few percent).
+INSENSITIVE_TOLERANCE = 0.03
+MB = 1e6
+
+#: The published finding of shared/TIERS.md, claim by claim: (bench, task, faster tier, slower tier, how much
+#: faster the first is, in words).
+PUBLISHED = (
+    ("convert", None, "nvme", "ssd", 0.25, "Preprocessing: local NVMe ~25% faster than SSD cloud disk"),
+    ("convert", None, "ssd", "ultra", 0.10, "Preprocessing: SSD cloud disk ~10% faster than ultra"),
+    ("train", "train", "nvme", "ultra", 0.01, "Training: insensitive to the disk (~1%)"),
+    ("train", "infer", "nvme", "ultra", 0.15, "Inference: ~15% slower on ultra disk"),
+)
+
+
+# ---------------------------------------------------------------------------------------------- reading rows
+
+
+def params(row: dict) -> dict:
+    return row.get("params") or {}
+
+
+def figure(row: dict, name: str) -> float | None:
+    """The median of ``name``: the row's primary metric or one of its ``metrics``; None when absent."""
+    if row.get("metric") == name:
+        return row.get("median")
+    block = (row.get("metrics") or {}).get(name)
+    return block.get("median") if isinstance(block, dict) else None
+
+
+def spread(row: dict, name: str | None = None) -> float | None:
+    if name is None or row.get("metric") == name:
+        return row.get("spread")
+    block = (row.get("metrics") or {}).get(name)
+    return block.get("spread") if isinstance(block, dict) else None
+
+
+def of_bench(rows: Iterable[dict], bench: str) -> list[dict]:
+    return [r for r in rows if r.get("bench") == bench]
+
+
+def is_synthetic(row: dict) -> bool:
+    return row.get("tier") == MEMORY_TIER or row.get("format") == "synthetic"
+
+
+def accelerator_emulated(row: dict) -> bool:
+    return params(row).get("accelerator_mode") == "emulated"
+
+
+def tier_label(row: dict) -> str:
+    tier = row.get("tier") or "?"
+    return f"{tier}*" if row.get("mode") == "emulated" else tier
+
+
+def storage_tiers(rows: Iterable[dict]) -> list[str]:
+    """Tier names in the rows, fastest published first, synthetic 'memory' left out."""
+    order = ["nvme", "essd-pl1", "ssd", "essd-pl0", "pd-balanced", "gp3", "ultra"]
+    names = {r.get("tier") for r in rows if r.get("tier") and not is_synthetic(r)}
+    return sorted(names, key=lambda t: (order.index(t) if t in order else -1, t))
+
+
+def choose_baseline(rows: Sequence[dict], requested: str | None = None) -> str | None:
+    """``requested`` if given (it must appear in the rows); else nvme when present; else the tier with the
+    highest median throughput over the read and train rows it has."""
+    tiers = storage_tiers(rows)
+    if requested:
+        if requested not in tiers:
+            raise ConfigError(f"--baseline {requested!r} is not a tier in these results; they have "
+                              f"{', '.join(tiers) or 'no storage tiers'}")
+        return requested
+    if PREFERRED_BASELINE in tiers:
+        return PREFERRED_BASELINE
+    speed = defaultdict(list)
+    for r in rows:
+        if r.get("bench") in ("read", "train") and not is_synthetic(r) and r.get("median"):
+            speed[r["tier"]].append(r["median"])
+    if speed:
+        return max(speed, key=lambda t: statistics.median(speed[t]))
+    return tiers[0] if tiers else None
+
+
+def _config_key(row: dict) -> tuple:
+    """Everything that identifies a configuration except its tier, for matching rows across tiers."""
+    p = {k: v for k, v in params(row).items() if k not in ("tier_path",)}
+    return (row.get("bench"), row.get("format"), row.get("metric"), repr(sorted(p.items(), key=str)))
+
+
+def ratio_to_baseline(rows: Sequence[dict], baseline: str | None) -> dict[int, float]:
+    """``{id(row): row median / the same configuration's median on the baseline tier}`` (time metrics too:
+    a ratio above 1 on seconds means slower)."""
+    if baseline is None:
+        return {}
+    base = {_config_key(r): r.get("median") for r in rows if r.get("tier") == baseline}
+    out = {}
+    for r in rows:
+        b = base.get(_config_key(r))
+        if b and r.get("median") is not None:
+            out[id(r)] = r["median"] / b
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- formatting
+
+
+def fmt_num(value: float | None, digits: int = 3) -> str:
+    """A readable number: thousands separators, ``digits`` significant digits for small values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
+    return f"{value:,.{decimals}f}"
+
+
+def fmt_pct(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+@dataclasses.dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Plot:
+    title: str
+    png: bytes
+    caption: str = ""
+
+
+Block = Union[str, Table, Plot, list]
+
+
+@dataclasses.dataclass
+class Section:
+    """A heading and its blocks in order: paragraphs (str), bullet lists (list of str), tables, plots."""
+
+    title: str
+    blocks: list[Block] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Report:
+    title: str
+    subtitle: str
+    sections: list[Section]
+
+
+# ------------------------------------------------------------------------------------------------ demand
+
+
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """What one accelerator asks of the pipeline for one task: images/s when it never waits for data."""
+
+    accelerator: str
+    emulated: bool
+    task: str
+    images_per_s: float
+    batch: int | None
+
+
+def demands(rows: Sequence[dict]) -> list[Demand]:
+    """From the synthetic-baseline train rows: one per accelerator and task, the median over every synthetic
+    run of it in the results (each `gpufeed bench train` call measures its own)."""
+    found: dict[tuple, list[dict]] = defaultdict(list)
+    for r in of_bench(rows, "train"):
+        if is_synthetic(r) and r.get("median") is not None:
+            found[(params(r).get("accelerator"), params(r).get("task"))].append(r)
+    return [Demand(str(acc), accelerator_emulated(rs[0]), str(task), statistics.median(r["median"] for r in rs),
+                   params(rs[0]).get("batch_size")) for (acc, task), rs in found.items()]
+
+
+def train_rows_for(rows: Sequence[dict], demand: Demand) -> list[dict]:
+    return [r for r in of_bench(rows, "train") if not is_synthetic(r)
+            and params(r).get("accelerator") == demand.accelerator and params(r).get("task") == demand.task]
+
+
+def _describe_config(row: dict) -> str:
+    p = params(row)
+    decode = p.get("decode")
+    text = f"{row.get('format')} on {tier_label(row)}"
+    return f"{text} ({decode} decode)" if decode else text
+
+
+# --------------------------------------------------------------------------------------------- the answers
+
+
+def bytes_per_image(rows: Sequence[dict]) -> dict[Any, float]:
+    """Mean stored bytes per image, by the dataset's stored size (``params.resize``; None = as captured)."""
+    sizes = defaultdict(list)
+    for r in rows:
+        b = r.get("sample_bytes")
+        if b:
+            sizes[params(r).get("resize")].append(b)
+    return {k: statistics.median(v) for k, v in sizes.items()}
+
+
+def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int | None = None
+                         ) -> tuple[float, str] | None:
+    """Images/s one CPU core decodes and augments images stored at ``resize`` (None: as captured), and where
+    the figure comes from.
+
+    Preferred: the read benchmark with decode + augmentation, per worker, at its largest worker count (what
+    cores deliver when all are busy). Otherwise: CPU-decode loops on a measured tier that were starved
+    (AU < target), whose images/s per worker is then the workers' own rate.
+    """
+    best = None
+    for r in of_bench(rows, "read"):
+        p = params(r)
+        if not p.get("decode") or is_synthetic(r) or not r.get("median") or p.get("resize") != resize:
+            continue
+        workers = max(1, int(p.get("workers") or 1))
+        if best is None or workers > best[0]:
+            best = (workers, r["median"] / workers, f"read benchmark, {r.get('format')} with decode + augment, "
+                                                   f"{workers} workers")
+    if best:
+        return best[1], best[2]
+    starved = []
+    for r in of_bench(rows, "train"):
+        p = params(r)
+        au = figure(r, "au")
+        if p.get("decode") == "cpu" and p.get("task") == task and au is not None and au < AU_TARGET \
+                and p.get("workers") and r.get("median") and r.get("mode") == "measured" \
+                and p.get("resize") == resize:
+            starved.append((r["median"] / p["workers"], r))
+    if not starved:
+        return None
+    rate, r = max(starved, key=lambda x: x[0])
+    return rate, (f"{task} loop fed by {r.get('format')} on {tier_label(r)}, CPU-bound at "
+                  f"{fmt_num(r['median'])} img/s with {params(r)['workers']} workers")
+
+
+def tier_caps(rows: Sequence[dict]) -> dict[str, tuple[float, str]]:
+    """Read MB/s each tier can give: the emulated profile's cap, else the best read-benchmark MB/s measured."""
+    from gpufeed.bench import tiers as tier_profiles
+
+    caps: dict[str, tuple[float, str]] = {}
+    for r in rows:
+        lim = r.get("tier_limits")
+        if r.get("mode") == "emulated" and lim and lim.get("mb_per_s"):
+            caps[r["tier"]] = (lim["mb_per_s"], "profile cap")
+    for r in of_bench(rows, "read"):
+        mbps = figure(r, "mb_per_s")
+        if r.get("mode") == "measured" and mbps and mbps > caps.get(r["tier"], (0, ""))[0]:
+            caps[r["tier"]] = (mbps, "measured read")
+    for name in ("nvme", "ssd", "ultra"):
+        if name not in caps and name in tier_profiles.PROFILES:
+            caps[name] = (tier_profiles.PROFILES[name].limits().bytes_per_s / MB, "published profile")
+    return caps
+
+
+def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
+    """The plain-language answer, as paragraphs and bullet lists."""
+    blocks: list[Block] = []
+    ds = demands(rows)
+    if not ds:
+        blocks.append("These results hold no training benchmark (`gpufeed bench train`), so they cannot say "
+                      "whether storage keeps an accelerator busy; only the read and conversion figures below apply.")
+    for d in ds:
+        tr = train_rows_for(rows, d)
+        kind = "an emulated" if d.emulated else "a measured"
+        head = (f"**ResNet-50 {d.task} on {d.accelerator}** ({kind} accelerator): it consumes "
+                f"{fmt_num(d.images_per_s)} img/s when it never waits for data.")
+        if not tr:
+            blocks.append(head + " No format was fed to it in these results.")
+            continue
+        passing = sorted((r for r in tr if (figure(r, "au") or 0) >= AU_TARGET), key=lambda r: -figure(r, "au"))
+        best = max(tr, key=lambda r: figure(r, "au") or 0)
+        if passing:
+            blocks.append(head + f" {len(passing)} of {len(tr)} configurations keep it at >= {AU_TARGET:.0%} AU:")
+            blocks.append([f"{_describe_config(r)}: AU {fmt_pct(figure(r, 'au'))}, {fmt_num(r['median'])} img/s"
+                           for r in passing])
+        else:
+            blocks.append(head + f" None of the {len(tr)} configurations reaches {AU_TARGET:.0%} AU; the best is "
+                          f"{_describe_config(best)} at {fmt_pct(figure(best, 'au'))} ({fmt_num(best['median'])} "
+                          "img/s).")
+        failing = [r for r in tr if (figure(r, "au") or 0) < AU_TARGET]
+        if passing and failing:
+            blocks.append([f"below the mark: {_describe_config(r)}: AU {fmt_pct(figure(r, 'au'))}"
+                           for r in sorted(failing, key=lambda r: -(figure(r, "au") or 0))])
+        blocks.extend(_cores_answer(rows, d, resize_to))
+    blocks.extend(_bandwidth_answer(rows, ds, resize_to))
+    return blocks
+
+
+def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block]:
+    rate = decode_rate_per_core(rows, d.task)
+    if rate is None:
+        return [f"CPU cores for {d.task}: no CPU-bound measurement in these results (every CPU-decode run kept "
+                "up, or none ran), so the cores needed cannot be derived; run `gpufeed bench read` with decode."]
+    per_core, source = rate
+    need = math.ceil(AU_TARGET * d.images_per_s / per_core)
+    gpu = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "gpu"]
+    text = (f"CPU cores for {d.task}: one core decodes and augments about {fmt_num(per_core)} img/s ({source}), so "
+            f"{AU_TARGET:.0%} of this demand needs about **{need} cores** for decoding alone, plus one for the "
+            "process driving the accelerator.")
+    small = decode_rate_per_core(rows, d.task, resize_to)
+    if small:
+        text += (f" Stored at --resize {resize_to}, a core manages {fmt_num(small[0])} img/s, so about "
+                 f"{math.ceil(AU_TARGET * d.images_per_s / small[0])} cores.")
+    if gpu:
+        best = max(gpu, key=lambda r: figure(r, "au") or 0)
+        text += (f" Decoding on the GPU instead reached AU {fmt_pct(figure(best, 'au'))} "
+                 f"({_describe_config(best)}); its workers only read bytes.")
+    return [text]
+
+
+def _bandwidth_answer(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> list[Block]:
+    sizes = bytes_per_image(rows)
+    if not sizes or not ds:
+        return []
+    as_captured = sizes.get(None) or max(sizes.values())
+    small = sizes.get(resize_to)
+    if small:
+        small_note = f"measured on a dataset stored with --resize {resize_to}"
+    else:
+        stored_side = _stored_side(rows)
+        small = as_captured * (resize_to / stored_side) ** 2
+        small_note = (f"estimated: JPEG bytes scale roughly with pixel count, ({resize_to}/{stored_side})^2 of "
+                      "the stored images; build one with --resize to measure it")
+    caps = tier_caps(rows)
+    blocks: list[Block] = [
+        f"Storage bandwidth: images here average {fmt_bytes(as_captured)}; stored with --resize {resize_to} "
+        f"about {fmt_bytes(small)} ({small_note}). Each tier's read bandwidth caps the images/s it can serve, "
+        "and so the AU it allows (before any CPU limit):"]
+    table = Table("Storage bandwidth needed and AU ceiling per tier",
+                  ["tier", "read MB/s", "source"] + [f"{d.task} on {d.accelerator}: needs MB/s (full / {resize_to})"
+                                                      for d in ds]
+                  + [f"AU ceiling {d.task} (full / {resize_to})" for d in ds], [])
+    for tier, (mbps, source) in sorted(caps.items(), key=lambda kv: -kv[1][0]):
+        cells = [tier, fmt_num(mbps), source]
+        cells += [f"{fmt_num(d.images_per_s * as_captured / MB)} / {fmt_num(d.images_per_s * small / MB)}"
+                  for d in ds]
+        cells += [f"{fmt_pct(min(1.0, mbps * MB / as_captured / d.images_per_s))} / "
+                  f"{fmt_pct(min(1.0, mbps * MB / small / d.images_per_s))}" for d in ds]
+        table.rows.append(cells)
+    blocks.append(table)
+    compared = _resize_comparison(rows)
+    if compared:
+        blocks.append("Measured with the smaller stored images (same loop, format, tier and decoding):")
+        blocks.append(compared)
+    return blocks
+
+
+def _resize_comparison(rows: Sequence[dict]) -> list[str]:
+    """One line per training row on resized images that has an as-captured twin."""
+    def key(r):
+        p = params(r)
+        return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("accelerator")
+
+    full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not params(r).get("resize")}
+    lines = []
+    for r in of_bench(rows, "train"):
+        twin = full.get(key(r))
+        size = params(r).get("resize")
+        if size and twin is not None and twin.get("median") and r.get("median"):
+            task, fmt, decode, tier, _ = key(r)
+            lines.append(f"{task}, {fmt} on {tier_label(r)}, {decode} decode: {fmt_num(r['median'])} img/s stored at "
+                         f"--resize {size} vs {fmt_num(twin['median'])} as captured "
+                         f"({fmt_ratio(r['median'] / twin['median'])}); AU {fmt_pct(figure(twin, 'au'))} -> "
+                         f"{fmt_pct(figure(r, 'au'))}; {fmt_bytes(r.get('sample_bytes'))} vs "
+                         f"{fmt_bytes(twin.get('sample_bytes'))} per image")
+    return lines
+
+
+def _stored_side(rows: Sequence[dict]) -> int:
+    """Shorter side of the stored images: the dataset's --resize, else ImageNet's typical 375-500 px (375)."""
+    for r in rows:
+        if params(r).get("resize"):
+            return int(params(r)["resize"])
+    return 375
+
+
+# ----------------------------------------------------------------------------------- the published finding
+
+
+@dataclasses.dataclass
+class Check:
+    claim: str
+    verdict: str  # "confirmed", "refuted", "no data"
+    measured: str
+    detail: str
+
+
+def _speed(row: dict) -> float | None:
+    """Work per second of a row, whatever its primary metric (time metrics are inverted)."""
+    m = row.get("median")
+    if not m:
+        return None
+    unit = (row.get("unit") or "").lower()
+    return 1.0 / m if unit in ("s", "seconds", "ms") else m
+
+
+def _stand_in(rows: Sequence[dict], bench: str, tier: str) -> tuple[str, str]:
+    """``(tier to use, note)``: ``tier`` itself when the rows have it; for a missing ``nvme``, the fastest
+    measured tier of ``bench`` (a local disk is the NVMe of the published finding), said so in the note."""
+    have = {r.get("tier") for r in of_bench(rows, bench)}
+    if tier in have or tier != PREFERRED_BASELINE:
+        return tier, ""
+    measured = [r for r in of_bench(rows, bench) if r.get("mode") == "measured" and not is_synthetic(r)]
+    if not measured:
+        return tier, ""
+    speed = defaultdict(list)
+    for r in measured:
+        if _speed(r):
+            speed[r["tier"]].append(_speed(r))
+    if not speed:
+        return tier, ""
+    best = max(speed, key=lambda t: statistics.median(speed[t]))
+    return best, f" The measured tier '{best}' (a real local disk) stands in for NVMe."
+
+
+def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slow: str) -> list[tuple[str, float]]:
+    """``[(configuration, speed(fast) / speed(slow) - 1)]`` over configurations measured on both tiers."""
+    by_tier: dict[str, dict[tuple, dict]] = {fast: {}, slow: {}}
+    for r in of_bench(rows, bench):
+        if r.get("tier") in by_tier and (task is None or params(r).get("task") == task) and r.get("valid", True):
+            by_tier[r["tier"]][_config_key(r)] = r
+    gaps = []
+    for key, rf in by_tier[fast].items():
+        rs = by_tier[slow].get(key)
+        if rs and _speed(rf) and _speed(rs):
+            gaps.append((_describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1))
+    return gaps
+
+
+def finding_checks(rows: Sequence[dict]) -> list[Check]:
+    """Each claim of TIERS.md's published finding against our rows.
+
+    A "~X% faster" claim is confirmed when our median gap over matching configurations lies within half to
+    twice X (same direction, same order of magnitude), refuted otherwise; "insensitive (~1%)" is confirmed when
+    the gap is within 3%. Tiers absent from the rows give "no data".
+    """
+    checks = []
+    for bench, task, fast, slow, claimed, claim in PUBLISHED:
+        fast, note = _stand_in(rows, bench, fast)
+        gaps = _tier_gap(rows, bench, task, fast, slow)
+        if not gaps:
+            have = sorted({r.get("tier") for r in of_bench(rows, bench)
+                           if task is None or params(r).get("task") == task} - {MEMORY_TIER, None})
+            checks.append(Check(claim, "no data", "n/a",
+                                f"needs `gpufeed bench {bench}` rows on both {fast} and {slow}"
+                                + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"))
+            continue
+        med = statistics.median(g for _, g in gaps)
+        if claimed <= 0.02:
+            ok = abs(med) <= INSENSITIVE_TOLERANCE
+            rule = f"within {INSENSITIVE_TOLERANCE:.0%}"
+        else:
+            ok = claimed / 2 <= med <= claimed * 2
+            rule = f"between {claimed / 2:.0%} and {claimed * 2:.0%}"
+        each = "; ".join(f"{name}: {fmt_pct(g, signed=True)}" for name, g in gaps)
+        direction = "faster" if med >= 0 else "slower"
+        detail = (f"{fast} is {fmt_pct(abs(med))} {direction} than {slow} (median of {len(gaps)} configuration(s): "
+                  f"{each}); the claim holds if the gap is {rule}.")
+        if not ok and med > claimed * 2:
+            detail += " The gap is far larger than published: the disk matters much more here."
+        detail += note
+        checks.append(Check(claim, "confirmed" if ok else "refuted", fmt_pct(med, signed=True), detail))
+    return checks
+
+
+# ------------------------------------------------------------------------------------------------- tables
+
+
+def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
+    ratios = ratio_to_baseline(of_bench(rows, "train"), baseline)
+    t = Table("Training and inference loop", ["task", "format", "stored", "tier", "decode", "accelerator",
+                                              "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
+                                              "wait p50 ms", "wait p99 ms", "workers", "batch"], [])
+    for r in sorted(of_bench(rows, "train"), key=lambda r: (str(params(r).get("task")), not is_synthetic(r),
+                                                              str(r.get("format")), str(params(r).get("resize")),
+                                                              str(r.get("tier")), str(params(r).get("decode")))):
+        p = params(r)
+        au = figure(r, "au")
+        acc = f"{p.get('accelerator')}{' (emulated)' if accelerator_emulated(r) else ''}"
+        stored = "-" if is_synthetic(r) else (f"--resize {p['resize']}" if p.get("resize") else "as captured")
+        t.rows.append([str(p.get("task")), str(r.get("format")), stored, tier_label(r), str(p.get("decode") or "-"),
+                       acc,
+                       fmt_num(r.get("median")), fmt_pct(r.get("spread")),
+                       f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
+                       fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
+                       fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", ""))])
+    t.note = (f"AU = compute time / wall time, compute time from the synthetic-data loop (format 'synthetic', tier "
+              f"'memory') or the emulated profile; ** marks AU >= {AU_TARGET:.0%}. Tiers marked * are emulated. "
+              "spread = (max - min) / median over repeats.")
+    return t
+
+
+def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | None,
+                  extra: Sequence[str] = ()) -> Table:
+    """One line per row of ``bench``: its parameters, primary metric, chosen secondary metrics, the ratio."""
+    rows = of_bench(rows, bench)
+    ratios = ratio_to_baseline(rows, baseline)
+    keys = sorted({k for r in rows for k in params(r)} - {"tier_path"})
+    t = Table(title, ["format", "tier", *keys, "metric", "median", "spread", *extra,
+                      f"vs {baseline or 'baseline'}"], [])
+    for r in sorted(rows, key=lambda r: (str(r.get("format")), str(r.get("tier")), repr(params(r)))):
+        p = params(r)
+        t.rows.append([str(r.get("format")), tier_label(r), *[_cell(p.get(k)) for k in keys],
+                       f"{r.get('metric')} ({r.get('unit')})", fmt_num(r.get("median")), fmt_pct(r.get("spread")),
+                       *[fmt_num(figure(r, name)) for name in extra], fmt_ratio(ratios.get(id(r)))])
+    return t
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return fmt_num(v)
+    return "-" if v is None else str(v)
+
+
+def emulated_table(rows: Sequence[dict]) -> Table:
+    t = Table("Emulated rows", ["bench", "format", "tier", "storage", "accelerator", "valid"], [])
+    for r in rows:
+        tier_emul = r.get("mode") == "emulated"
+        if not (tier_emul or accelerator_emulated(r)):
+            continue
+        lim = r.get("tier_limits") or {}
+        storage = (f"emulated {r.get('profile')}: {fmt_num(lim.get('iops'))} IOPS, {fmt_num(lim.get('mb_per_s'))} "
+                   f"MB/s, {fmt_num(lim.get('latency_ms'))} ms") if tier_emul else "measured"
+        p = params(r)
+        accel = (f"emulated {p.get('accelerator')} ({fmt_num(p.get('emulated_step_s'))} s/step)"
+                 if accelerator_emulated(r) else (p.get("accelerator") or "-"))
+        valid = "yes" if r.get("valid", True) else f"no: {r.get('invalid_reason', '')}"
+        t.rows.append([str(r.get("bench")), str(r.get("format")), str(r.get("tier")), storage, str(accel), valid])
+    return t
+
+
+def machine_table(rows: Sequence[dict]) -> Table:
+    t = Table("Machines", ["host", "CPU", "cores", "RAM", "GPU", "disk", "filesystem", "rows"], [])
+    seen: dict[tuple, list] = {}
+    for r in rows:
+        m = r.get("machine") or {}
+        disk = m.get("disk") or {}
+        gpus = ", ".join(g.get("name", "?") for g in m.get("gpus") or []) or "none"
+        key = (m.get("hostname"), m.get("cpu"), str(m.get("logical_cores")), fmt_bytes(m.get("ram_bytes")), gpus,
+               str(disk.get("model") or disk.get("device") or "-"), str(disk.get("fstype") or "-"))
+        seen.setdefault(key, []).append(r)
+    for key, rs in seen.items():
+        t.rows.append([str(k) for k in key] + [str(len(rs))])
+    return t
+
+
+# -------------------------------------------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float | None]], ylabel: str):
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [v or 0 for v in values], width, label=name)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=20, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def plot_throughput(rows: Sequence[dict], task: str | None = None):
+    """Images/s per format x tier (one bar per tier) for the train rows of ``task`` (all tasks: one panel
+    each); the synthetic baseline is a dashed line. Returns a matplotlib Figure, or None without train rows."""
+    plt = _pyplot()
+    tasks = [task] if task else sorted({params(r).get("task") for r in of_bench(rows, "train")} - {None})
+    if not tasks:
+        return None
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        tr = [r for r in of_bench(rows, "train") if params(r).get("task") == t]
+        def config(r):
+            return r["format"], params(r).get("decode"), params(r).get("resize")
+
+        configs = sorted({config(r) for r in tr if not is_synthetic(r)}, key=str)
+        tiers = sorted({tier_label(r) for r in tr if not is_synthetic(r)})
+        series = {tier: [next((r["median"] for r in tr if not is_synthetic(r) and config(r) == c
+                               and tier_label(r) == tier), None) for c in configs] for tier in tiers}
+        _grouped_bars(ax, [f"{f}\n{d} decode{f' @{z}' if z else ''}" for f, d, z in configs], series, "images/s")
+        for d in demands(tr):
+            ax.axhline(d.images_per_s, ls="--", color="k", lw=1)
+            ax.text(0.01, d.images_per_s, f" synthetic data ({d.accelerator})", va="bottom",
+                    transform=ax.get_yaxis_transform(), fontsize=8)
+        ax.set_title(f"ResNet-50 {t}: images/s per format and tier")
+    fig.tight_layout()
+    return fig
+
+
+def plot_au(rows: Sequence[dict]):
+    """Accelerator utilisation per tier and configuration, with the 90% pass mark."""
+    plt = _pyplot()
+    tr = [r for r in of_bench(rows, "train") if not is_synthetic(r) and figure(r, "au") is not None]
+    if not tr:
+        return None
+    tiers = sorted({tier_label(r) for r in tr})
+    def config(r):
+        p = params(r)
+        return p.get("task"), r["format"], p.get("decode"), p.get("resize")
+
+    configs = sorted({config(r) for r in tr}, key=str)
+    series = {f"{t} {f} {d}{f' @{z}' if z else ''}": [next((figure(r, "au") for r in tr if tier_label(r) == tier
+                                                            and config(r) == c), None) for tier in tiers]
+              for c in configs for t, f, d, z in [c]}
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(tiers) + 0.25 * len(series)), 4))
+    _grouped_bars(ax, tiers, series, "AU (compute / wall)")
+    ax.axhline(AU_TARGET, color="r", ls="--", lw=1)
+    ax.text(0.01, AU_TARGET, f" {AU_TARGET:.0%} pass mark", color="r", va="bottom",
+            transform=ax.get_yaxis_transform(), fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_title("Accelerator utilisation per tier (task, format, decode)")
+    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_convert_time(rows: Sequence[dict]):
+    """Conversion wall time per tier and format (lower is better)."""
+    plt = _pyplot()
+    cr = of_bench(rows, "convert")
+    if not cr:
+        return None
+    tiers = storage_tiers(cr)
+    formats = sorted({r["format"] for r in cr})
+
+    def seconds(r):
+        wall = figure(r, "wall_s")
+        if wall is not None:
+            return wall
+        return r["median"] if (r.get("unit") or "") == "s" else None
+
+    series = {tier: [statistics.median([s for r in cr if r["format"] == f and r["tier"] == tier
+                                        if (s := seconds(r)) is not None] or [0]) for f in formats]
+              for tier in tiers}
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    _grouped_bars(ax, formats, series, "conversion wall time (s)")
+    ax.set_title("Conversion time per tier (median over worker counts)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency(rows: Sequence[dict]):
+    """Latency distributions: per-step data wait of the training loops (CDF), and read latency p50/p99."""
+    plt = _pyplot()
+    tr = [r for r in of_bench(rows, "train") if (r.get("samples") or {}).get("data_wait_ms")
+          and not is_synthetic(r)]
+    rd = [r for r in of_bench(rows, "read") if figure(r, "latency_p50_ms") is not None]
+    panels = [p for p in (tr, rd) if p]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4), squeeze=False)
+    i = 0
+    if tr:
+        ax = axes[0][i]
+        i += 1
+        for r in tr:
+            waits = sorted(max(w, 1e-3) for w in r["samples"]["data_wait_ms"])
+            ys = [(k + 1) / len(waits) for k in range(len(waits))]
+            p = params(r)
+            ax.step(waits, ys, where="post", label=f"{p.get('task')} {r['format']} {tier_label(r)} {p.get('decode')}"
+                                                   f"{' @' + str(p['resize']) if p.get('resize') else ''}")
+        ax.set_xscale("log")
+        ax.set_xlabel("wait for the next batch (ms, log)")
+        ax.set_ylabel("fraction of steps")
+        ax.set_title("Data wait per training step (CDF)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    if rd:
+        ax = axes[0][i]
+        labels = [f"{r['format']} {tier_label(r)} w{params(r).get('workers', '')}"
+                  f"{' cold' if params(r).get('cold') else ''}" for r in rd]
+        p50 = [figure(r, "latency_p50_ms") or 0 for r in rd]
+        p99 = [figure(r, "latency_p99_ms") or 0 for r in rd]
+        xs = range(len(rd))
+        ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
+        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
+        ax.set_yscale("log")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
+        ax.set_ylabel("read latency (ms, log)")
+        ax.set_title("Read latency per record")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_read_throughput(rows: Sequence[dict]):
+    """Read samples/s per format x tier (best worker count), the read benchmark's headline."""
+    plt = _pyplot()
+    rd = [r for r in of_bench(rows, "read") if r.get("median")]
+    if not rd:
+        return None
+    kinds = sorted({(r["format"], bool(params(r).get("decode")), bool(params(r).get("cold"))) for r in rd}, key=str)
+    tiers = sorted({tier_label(r) for r in rd})
+    series = {tier: [max((r["median"] for r in rd if tier_label(r) == tier
+                          and (r["format"], bool(params(r).get("decode")), bool(params(r).get("cold"))) == k),
+                         default=None) for k in kinds] for tier in tiers}
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(kinds)), 4))
+    _grouped_bars(ax, [f"{f}\n{'decode' if d else 'bytes'} {'cold' if c else 'warm'}" for f, d, c in kinds],
+                  series, "samples/s (best worker count)")
+    ax.set_title("Read throughput per format and tier")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ assembly
+
+
+def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Sequence[str] = (),
+                 resize_to: int = 160) -> Report:
+    if not rows:
+        raise ConfigError("no result rows to report; run `gpufeed bench convert|read|train ... --results FILE` "
+                          "first")
+    base = choose_baseline(rows, baseline)
+    sections = [Section("The answer", answer(rows, resize_to))]
+
+    checks = finding_checks(rows)
+    finding = Section("The published finding, checked", [
+        "shared/TIERS.md reports (from P100-era GPUs): preprocessing is IO-bound, local NVMe ~25% faster than SSD "
+        "cloud disk and SSD ~10% faster than ultra; training is insensitive to the disk (~1%); inference is ~15% "
+        "slower on ultra. Our numbers, claim by claim:",
+        Table("Published finding vs these results", ["claim", "verdict", "measured gap", "detail"],
+              [[c.claim, c.verdict.upper(), c.measured, c.detail] for c in checks])])
+    confirmed = [c.claim for c in checks if c.verdict == "confirmed"]
+    refuted = [c.claim for c in checks if c.verdict == "refuted"]
+    missing = [c.claim for c in checks if c.verdict == "no data"]
+    finding.blocks.append([f"Our data confirm: {'; '.join(confirmed) if confirmed else 'none of the claims'}.",
+                           f"Our data refute: {'; '.join(refuted) if refuted else 'none of the claims'}.",
+                           f"No data for: {'; '.join(missing) if missing else 'nothing, every claim was tested'}."])
+    ds = demands(rows)
+    if any(not d.emulated for d in ds):
+        gpu = next(d for d in ds if not d.emulated)
+        finding.blocks.append(
+            f"Why it can differ: a P100 trained ResNet-50 at a few hundred images/s, which even an ultra disk "
+            f"(140 MB/s, about 1,200 images/s of ~114 KB) could feed. {gpu.accelerator} consumes "
+            f"{fmt_num(gpu.images_per_s)} img/s ({gpu.task}), so the same disks now starve it.")
+    sections.append(finding)
+
+    train = Section("Training and inference")
+    if of_bench(rows, "train"):
+        train.blocks.append(train_table(rows, base))
+        for maker, title in ((plot_throughput, "Images/s per format and tier"),
+                             (plot_au, "Accelerator utilisation per tier"),
+                             (plot_latency, "Latency distributions")):
+            fig = maker(rows)
+            if fig is not None:
+                train.blocks.append(Plot(title, _png(fig)))
+    else:
+        train.blocks.append("No training rows.")
+    sections.append(train)
+
+    read = Section("Reading")
+    if of_bench(rows, "read"):
+        read.blocks.append(generic_table(rows, "read", "Read benchmark", base,
+                                         extra=("mb_per_s", "latency_p50_ms", "latency_p99_ms", "iops")))
+        fig = plot_read_throughput(rows)
+        if fig is not None:
+            read.blocks.append(Plot("Read throughput per format and tier", _png(fig)))
+    else:
+        read.blocks.append("No read rows.")
+    sections.append(read)
+
+    conv = Section("Conversion")
+    if of_bench(rows, "convert"):
+        conv.blocks.append(generic_table(rows, "convert", "Conversion benchmark", base,
+                                         extra=("wall_s", "cpu_user_s", "cpu_sys_s", "iowait_share", "write_mb_per_s")))
+        fig = plot_convert_time(rows)
+        if fig is not None:
+            conv.blocks.append(Plot("Conversion time per tier", _png(fig)))
+    else:
+        conv.blocks.append("No conversion rows.")
+    sections.append(conv)
+
+    emul = emulated_table(rows)
+    sections.append(Section("Which rows were emulated", [
+        "Emulated storage applies a tier's published IOPS, MB/s and latency inside gpufeed's own I/O on a faster "
+        "host disk; an emulated accelerator replaces the model step by a sleep of a measured step time (MLPerf "
+        "Storage / DLIO). Everything else was measured.",
+        emul if emul.rows else "None: every row was measured."]))
+    sections.append(Section("Machines and versions", [machine_table(rows), _versions_text(rows)]))
+
+    subtitle = (f"{len(rows)} result rows from {', '.join(os.path.basename(s) for s in sources) or 'memory'}; "
+                f"baseline tier for ratios: {base or 'none'}; generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return Report("gpufeed storage-tier report", subtitle, sections)
+
+
+def _versions_text(rows: Sequence[dict]) -> str:
+    versions: dict[str, set] = defaultdict(set)
+    for r in rows:
+        for k, v in (r.get("versions") or {}).items():
+            if v:
+                versions[k].add(str(v))
+    return "Versions: " + (", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in sorted(versions.items())) or "n/a")
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1150px;color:#222;
+line-height:1.45;padding:0 1em}
+h1{margin-bottom:.1em}.sub{color:#666;margin-top:0}
+h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.86em;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
+caption{text-align:left;font-weight:600;padding:.3em 0}
+.note{color:#555;font-size:.85em;margin-top:-.8em}
+.verdict-confirmed{color:#17692b;font-weight:700}.verdict-refuted{color:#a11;font-weight:700}
+.verdict-no{color:#777;font-weight:700}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.85em}
+"""
+
+
+def _inline(text: str) -> str:
+    """Escape, then render **bold** and `code` (the only inline markup the report's sentences use)."""
+    out = html.escape(text)
+    parts = out.split("**")
+    out = "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
+    parts = out.split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def table_html(t: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
+    body = []
+    for row in t.rows:
+        cells = []
+        for c in row:
+            cls = ""
+            if c in ("CONFIRMED", "REFUTED", "NO DATA"):
+                cls = f' class="verdict-{c.split()[0].lower()}"'
+            cells.append(f"<td{cls}>{_inline(c)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    note = f'<p class="note">{_inline(t.note)}</p>' if t.note else ""
+    return (f"<table><caption>{html.escape(t.title)}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>{note}")
+
+
+def render_html(report: Report) -> str:
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(report.title)}"
+             f"</title><style>{_CSS}</style></head><body><h1>{html.escape(report.title)}</h1>"
+             f"<p class=\"sub\">{html.escape(report.subtitle)}</p>"]
+    for s in report.sections:
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        for b in s.blocks:
+            if isinstance(b, str):
+                parts.append(f"<p>{_inline(b)}</p>")
+            elif isinstance(b, list):
+                parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b) + "</ul>")
+            elif isinstance(b, Table):
+                parts.append(table_html(b))
+            elif isinstance(b, Plot):
+                data = base64.b64encode(b.png).decode("ascii")
+                parts.append(f"<figure><img alt=\"{html.escape(b.title)}\" src=\"data:image/png;base64,{data}\">"
+                             f"<figcaption>{html.escape(b.title)}</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Report, asset_dir: str, asset_url: str) -> str:
+    """Markdown with each plot written as a PNG in ``asset_dir`` and linked as ``asset_url/<name>.png``."""
+    lines = [f"# {report.title}", "", f"_{report.subtitle}_", ""]
+    n = 0
+    for s in report.sections:
+        lines += [f"## {s.title}", ""]
+        for b in s.blocks:
+            if isinstance(b, str):
+                lines += [b, ""]
+            elif isinstance(b, list):
+                lines += [f"- {x}" for x in b] + [""]
+            elif isinstance(b, Table):
+                lines += [f"**{b.title}**", "", "| " + " | ".join(map(_md_cell, b.columns)) + " |",
+                          "|" + "---|" * len(b.columns)]
+                lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b.rows]
+                lines += ["", f"_{b.note}_", ""] if b.note else [""]
+            elif isinstance(b, Plot):
+                n += 1
+                name = f"plot{n}.png"
+                os.makedirs(asset_dir, exist_ok=True)
+                with open(os.path.join(asset_dir, name), "wb") as f:
+                    f.write(b.png)
+                lines += [f"![{b.title}]({asset_url}/{name})", ""]
+    return "\n".join(lines)
+
+
+def write_report(rows: Sequence[dict], out: str, baseline: str | None = None, sources: Sequence[str] = (),
+                 resize_to: int = 160) -> str:
+    """Build and write the report to ``out`` (.html or .md); returns the path written."""
+    report = build_report(rows, baseline, sources, resize_to)
+    ext = os.path.splitext(out)[1].lower()
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    if ext in (".html", ".htm"):
+        text = render_html(report)
+    elif ext == ".md":
+        stem = os.path.splitext(os.path.basename(out))[0]
+        text = render_markdown(report, os.path.join(parent, f"{stem}_files"), f"{stem}_files")
+    else:
+        raise ConfigError(f"-o {out}: the report is written as .html or .md; name the file report.html or report.md")
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, out)
+    return out
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("results", nargs="+", help="JSON-lines results file(s) written by `gpufeed bench`")
+    parser.add_argument("-o", "--output", default="report.html", help="report file: .html (self-contained) or .md")
+    parser.add_argument("--baseline", default=None,
+                        help="tier the ratios are taken against (default: nvme if present, else the fastest)")
+    parser.add_argument("--resize", type=int, default=160,
+                        help="the smaller stored image size (shorter side, px) whose bandwidth the answer estimates")
+
+
+def run(args) -> int:
+    from gpufeed.bench.results import load_results
+
+    for path in args.results:
+        if not os.path.exists(path):
+            raise ConfigError(f"{path}: results file not found; write one with `gpufeed bench ... --results {path}`")
+    rows = load_results(args.results)
+    out = write_report(rows, args.output, args.baseline, args.results, args.resize)
+    print(f"wrote {out} from {len(rows)} rows")
+    return 0

@@ -1,0 +1,626 @@
+"""``gpufeed bench train``: how well each format, read from each tier, keeps an accelerator busy.
+
+A real input pipeline (a format's :class:`gpufeed.formats.torch.MapDataset`, a torch ``DataLoader`` with
+worker processes, decode + ``RandomResizedCrop(224)`` + flip for training, centre crop for inference) feeds a
+step of ResNet-50. The step is either real, on CUDA (torchvision ResNet-50, bf16 autocast, channels_last, SGD
+for training, ``inference_mode`` for inference), or emulated where there is no GPU: a sleep of the step's
+compute time from a measured profile (:mod:`gpufeed.bench.accelerator`), as DLIO / MLPerf Storage do.
+
+The same loop first runs on synthetic tensors already in accelerator memory: that is the step's compute time,
+and for every format and tier
+
+    AU = steps x compute step time / wall time        (accelerator utilisation, MLPerf Storage)
+
+so AU is images/s relative to a loop that never waits for data. Each step's wait for its batch is recorded
+(p50/p99). ``--decode gpu`` ships the undecoded JPEG bytes to the GPU and decodes them there with
+``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), cropping and resizing on the GPU, one batch ahead on
+a side stream so decoding overlaps the previous step's compute.
+
+Nothing here imports Ray; torch and torchvision are imported only when a benchmark runs, and the emulated
+accelerator needs no torchvision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import itertools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from gpufeed.errors import ConfigError
+
+TASKS = ("train", "infer")
+DECODES = ("cpu", "gpu")
+#: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
+DEFAULT_BATCH = {"train": 256, "infer": 512}
+#: Format name of the rows measured on synthetic tensors (no storage, no decoding).
+SYNTHETIC = "synthetic"
+#: Tier name of those rows: the data sits in accelerator memory.
+SYNTHETIC_TIER = "memory"
+#: ImageNet channel statistics (RGB, 0-255 scale) that torchvision's ResNet-50 is trained with.
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+#: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
+CENTER_FRACTION = 224 / 256
+#: MLPerf Storage's pass mark for ResNet-50.
+AU_TARGET = 0.90
+_UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
+          "data_wait_share": "fraction", "step_ms": "ms"}
+
+
+def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of the square centre crop that resize-256-then-crop-224 keeps, in source pixels."""
+    side = max(1, int(round(min(height, width) * fraction)))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuDecode:
+    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (train) or centre crop (infer).
+
+    The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
+    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch.
+    """
+
+    task: str
+    size: int = 224
+    seed: int = 0
+
+    def __call__(self, sample):
+        import cv2
+
+        from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
+
+        img = decode_image(sample.payload, sample.key)
+        if self.task == "train":
+            out = random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
+        else:
+            top, left, h, w = center_box(*img.shape[:2])
+            out = cv2.resize(img[top:top + h, left:left + w], (self.size, self.size),
+                             interpolation=cv2.INTER_LINEAR)
+        return out, int(sample.labels[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedBytes:
+    """Runs in DataLoader workers for ``--decode gpu``: the record's JPEG bytes, undecoded, and the label."""
+
+    def __call__(self, sample):
+        if not isinstance(sample.payload, (bytes, bytearray, memoryview)):
+            raise ConfigError(f"--decode gpu needs encoded images, but {sample.key} is stored as raw pixels; "
+                              "convert with --encode jpeg or use --decode cpu")
+        return bytes(sample.payload), int(sample.labels[0])
+
+
+def collate_encoded(batch):
+    """``[(jpeg bytes, label)]`` -> (list of 1-D uint8 tensors, int64 labels), as ``decode_jpeg`` takes them."""
+    import torch
+
+    datas = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in batch]
+    return datas, torch.tensor([label for _, label in batch], dtype=torch.int64)
+
+
+def _cycle(loader) -> Iterator:
+    """Endless batches: a run may span epochs (the next epoch of a persistent-worker loader starts at once)."""
+    while True:
+        yield from loader
+
+
+# --------------------------------------------------------------------------------------------------- accelerators
+
+
+class EmulatedAccelerator:
+    """The step is a sleep of the profile's compute time for this batch size (DLIO / MLPerf Storage)."""
+
+    kind = "emulated"
+
+    def __init__(self, profile_name: str, task: str, batch: int):
+        from gpufeed.bench.accelerator import get_profile
+
+        self.profile = get_profile(profile_name)
+        self.step_s = self.profile.task(task).step_time(batch)
+        self.name = self.profile.name
+        self.device = None
+
+    def step(self, x, y) -> None:
+        time.sleep(self.step_s)
+
+    def synchronize(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"accelerator": self.name, "accelerator_mode": "emulated", "device": self.profile.device,
+                "accelerator_source": self.profile.source, "emulated_step_s": self.step_s}
+
+
+class CudaResNet:
+    """torchvision ResNet-50 on the current CUDA device, bf16 autocast, channels_last.
+
+    ``step`` takes an NHWC uint8 batch already on the GPU: permuting it to NCHW gives channels_last strides
+    for free, and normalisation runs on the GPU, as every real pipeline fed by DataLoader or DALI does.
+    Training is forward + cross-entropy + backward + SGD step; inference is a forward under inference_mode.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, task: str, model: str = "resnet50", seed: int = 0):
+        import torch
+        import torchvision
+
+        torch.manual_seed(seed)
+        torch.backends.cudnn.benchmark = True
+        self.torch, self.task = torch, task
+        self.device = torch.device("cuda")
+        self.name = torch.cuda.get_device_name(self.device)
+        self.model_name = model
+        net = getattr(torchvision.models, model)(weights=None)
+        self.model = net.to(self.device, memory_format=torch.channels_last)
+        self.mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
+        if task == "train":
+            self.model.train()
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+            self.loss = torch.nn.CrossEntropyLoss()
+        else:
+            self.model.eval()
+
+    def normalise(self, x_nhwc_u8):
+        return x_nhwc_u8.permute(0, 3, 1, 2).float().sub_(self.mean).div_(self.std)
+
+    def step(self, x, y) -> None:
+        torch = self.torch
+        x = self.normalise(x)
+        if self.task == "train":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = self.loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+                self.model(x)
+
+    def synchronize(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def describe(self) -> dict:
+        torch = self.torch
+        return {"accelerator": self.name, "accelerator_mode": "measured", "device": self.name,
+                "model": self.model_name, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+
+
+def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int):
+    if kind == "emulated":
+        return EmulatedAccelerator(profile, task, batch)
+    return CudaResNet(task, model=model, seed=seed)
+
+
+def resolve_accelerator(choice: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU and torchvision is installed, else ``emulated``."""
+    if choice == "emulated":
+        return "emulated"
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    has_gpu = torch is not None and torch.cuda.is_available()
+    try:
+        import torchvision  # noqa: F401
+        has_vision = True
+    except ImportError:
+        has_vision = False
+    if choice == "cuda" and not (has_gpu and has_vision):
+        why = "torch sees no CUDA GPU" if not has_gpu else "torchvision is not installed"
+        raise ConfigError(f"--accelerator cuda: {why}; install gpufeed[gpu] on a GPU machine, or use "
+                          "--accelerator emulated --profile h200")
+    return "cuda" if has_gpu and has_vision else "emulated"
+
+
+# ------------------------------------------------------------------------------------------------ batch streams
+
+
+def synthetic_batches(accel, batch: int, size: int, seed: int) -> Iterator:
+    """The same uint8 batch forever, already on the accelerator: the loop's no-data-wait baseline."""
+    if accel.kind == "emulated":
+        return itertools.repeat((None, None))
+    torch = accel.torch
+    gen = torch.Generator(device=accel.device).manual_seed(seed)
+    x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=accel.device, generator=gen)
+    y = torch.randint(0, 1000, (batch,), dtype=torch.int64, device=accel.device, generator=gen)
+    return itertools.repeat((x, y))
+
+
+def host_batches(loader, accel) -> Iterator:
+    """CPU-decoded NHWC uint8 batches, copied to the accelerator (pinned memory, asynchronous copy)."""
+    if accel.kind == "emulated":
+        yield from _cycle(loader)
+        return
+    for x, y in _cycle(loader):
+        yield x.to(accel.device, non_blocking=True), y.to(accel.device, non_blocking=True)
+
+
+class GpuJpegDecoder:
+    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``, then crop + bilinear resize on the GPU.
+
+    Training crops are drawn by :func:`gpufeed.pipelines.transforms.random_resized_crop_params` (torchvision's
+    RandomResizedCrop: scale 0.08-1, ratio 3/4-4/3), flipped with p=0.5; inference takes :func:`center_box`.
+    Output: NHWC uint8 on the GPU, as the CPU path gives after its copy.
+    """
+
+    def __init__(self, accel, task: str, size: int = 224, seed: int = 0):
+        import torch
+        import torchvision
+
+        self.torch, self.tv = torch, torchvision
+        self.device, self.task, self.size = accel.device, task, size
+        self.stream = torch.cuda.Stream(device=self.device)
+        self.rng = np.random.default_rng(seed)
+
+    def _box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        if self.task == "train":
+            from gpufeed.pipelines.transforms import random_resized_crop_params
+
+            return random_resized_crop_params(height, width, self.rng)
+        return center_box(height, width)
+
+    def decode(self, datas, labels):
+        torch, F = self.torch, self.torch.nn.functional
+        images = self.tv.io.decode_jpeg(datas, mode=self.tv.io.ImageReadMode.RGB, device=self.device)
+        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
+        for i, img in enumerate(images):
+            top, left, h, w = self._box(img.shape[-2], img.shape[-1])
+            crop = img[None, :, top:top + h, left:left + w].float()
+            out[i:i + 1] = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", align_corners=False)
+        if self.task == "train":
+            flip = torch.from_numpy(np.flatnonzero(self.rng.random(len(images)) < 0.5)).to(self.device)
+            out[flip] = out[flip].flip(-1)
+        x = out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        return x, labels.to(self.device, non_blocking=True)
+
+
+def gpu_decoded_batches(loader, decoder: GpuJpegDecoder) -> Iterator:
+    """Batches decoded on the GPU, one ahead: batch k+1 is decoded on a side stream while step k computes
+    (the generator resumes only after step k has been queued), as DALI pipelines overlap decoding."""
+    torch = decoder.torch
+    main = torch.cuda.current_stream(decoder.device)
+    batches = _cycle(loader)
+
+    def launch():
+        datas, labels = next(batches)
+        with torch.cuda.stream(decoder.stream):
+            x, y = decoder.decode(datas, labels)
+            done = torch.cuda.Event()
+            done.record(decoder.stream)
+        return x, y, done
+
+    pending = launch()
+    while True:
+        x, y, done = pending
+        main.wait_event(done)
+        x.record_stream(main)
+        y.record_stream(main)
+        yield x, y
+        pending = launch()
+
+
+# ---------------------------------------------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class LoopRun:
+    """One timed run: ``steps`` steps of ``batch`` images after a warm-up."""
+
+    batch: int
+    steps: int
+    wall_s: float
+    waits_s: list[float]
+
+    @property
+    def images_per_s(self) -> float:
+        return self.batch * self.steps / self.wall_s
+
+    def figures(self, compute_step_s: float) -> dict[str, float]:
+        waits_ms = np.asarray(self.waits_s) * 1e3
+        return {"images_per_s": self.images_per_s,
+                "au": compute_step_s * self.steps / self.wall_s,
+                "data_wait_p50_ms": float(np.percentile(waits_ms, 50)),
+                "data_wait_p99_ms": float(np.percentile(waits_ms, 99)),
+                "data_wait_share": float(sum(self.waits_s) / self.wall_s),
+                "step_ms": self.wall_s / self.steps * 1e3}
+
+
+def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
+               warmup: int) -> LoopRun:
+    """``warmup`` untimed steps (worker start-up, cuDNN autotuning), then ``steps`` timed ones.
+
+    The wait for each batch is the time spent in ``next(batches)``: zero when the pipeline is ahead of the
+    accelerator. The device is synchronised before the clock starts and before it stops, never per step, so
+    host and device overlap as in real training.
+    """
+    it = iter(batches)
+    for _ in range(warmup):
+        step(*next(it))
+    synchronize()
+    waits = []
+    start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        x, y = next(it)
+        waits.append(time.perf_counter() - t0)
+        step(x, y)
+    synchronize()
+    return LoopRun(batch=batch, steps=steps, wall_s=time.perf_counter() - start, waits_s=waits)
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    tasks: tuple[str, ...] = TASKS
+    decodes: tuple[str, ...] = ("cpu",)
+    accelerator: str = "auto"
+    profile: str = "h200"
+    model: str = "resnet50"
+    batch_size: int | None = None
+    steps: int = 50
+    warmup_steps: int = 10
+    repeats: int = 3
+    warmup_runs: int = 0
+    workers: int = 0
+    image_size: int = 224
+    cold: bool = True
+    allow_invalid: bool = False
+    seed: int = 0
+
+    def batch(self, task: str) -> int:
+        return self.batch_size or DEFAULT_BATCH[task]
+
+    def params(self, task: str, decode: str | None, accel) -> dict:
+        return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
+                "warmup_steps": self.warmup_steps, "workers": self.workers, "image_size": self.image_size,
+                "cold": self.cold if decode else None, **accel.describe()}
+
+
+def default_workers() -> int:
+    """One DataLoader worker per usable core, at most 16 (the H200 machine's core count)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(16, cores))
+
+
+def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, pin: bool):
+    import torch
+
+    from gpufeed.formats.torch import MapDataset
+
+    transform = CpuDecode(task, opts.image_size, opts.seed) if decode == "cpu" else EncodedBytes()
+    dataset = MapDataset(fmt, paths, transform=transform)
+    batch = opts.batch(task)
+    if len(dataset) < batch:
+        raise ConfigError(f"{paths[0]}: {len(dataset)} samples is fewer than one batch of {batch}; "
+                          "build a larger dataset or pass --batch-size")
+    # The length came from readers opened here; workers open their own, and an LMDB map left open in this
+    # process would keep the file's pages from being evicted before the next cold run.
+    dataset.close()
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch, shuffle=task == "train", num_workers=opts.workers, drop_last=True,
+        collate_fn=collate_encoded if decode == "gpu" else None, pin_memory=pin,
+        persistent_workers=opts.workers > 0, generator=torch.Generator().manual_seed(opts.seed))
+
+
+def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
+    from gpufeed.bench.results import repeat
+
+    batch = opts.batch(task)
+    runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed),
+                                                accel.step, accel.synchronize, batch, opts.steps,
+                                                opts.warmup_steps)},
+                  opts.repeats, warmup=opts.warmup_runs)
+    return [r["run"] for r in runs]
+
+
+def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions) -> list[LoopRun]:
+    """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
+    page cache first (the previous run's workers and readers are gone by then: mapped pages would stay)."""
+    from gpufeed.bench.cache import evict
+    from gpufeed.bench.results import repeat
+
+    def one(_i):
+        loader = make_loader(fmt, paths, task, decode, opts, pin=accel.kind == "cuda")
+        if decode == "gpu":
+            batches = gpu_decoded_batches(loader, GpuJpegDecoder(accel, task, opts.image_size, opts.seed))
+        else:
+            batches = host_batches(loader, accel)
+        try:
+            return {"run": timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps,
+                                      opts.warmup_steps)}
+        finally:
+            batches.close()
+            del batches, loader
+            gc.collect()
+
+    runs = repeat(one, opts.repeats, warmup=opts.warmup_runs,
+                  before_each=(lambda: evict(*paths)) if opts.cold else None)
+    return [r["run"] for r in runs]
+
+
+def summarize_runs(runs: list[LoopRun], compute_step_s: float) -> dict:
+    """Row fields: images/s as the primary metric, AU and data-wait figures under ``metrics``, the per-step
+    waits of every run under ``samples`` (for latency distributions)."""
+    from gpufeed.bench.results import metrics_block, summarize
+
+    figures = [r.figures(compute_step_s) for r in runs]
+    return {**summarize("images_per_s", "img/s", [f["images_per_s"] for f in figures]),
+            "metrics": metrics_block(figures, _UNITS),
+            "compute_step_s": compute_step_s,
+            "samples": {"data_wait_ms": [round(w * 1e3, 3) for r in runs for w in r.waits_s]}}
+
+
+def compute_step_time(synthetic_runs: list[LoopRun]) -> float:
+    """Seconds of compute per step: the synthetic loop's median, real or emulated alike, so its own overhead
+    (and a sleep's overshoot) counts as compute and the synthetic loop itself sits at AU = 1."""
+    return statistics.median(r.wall_s / r.steps for r in synthetic_runs)
+
+
+@contextlib.contextmanager
+def tier_scope(tier, data_dir: str, allow_invalid: bool):
+    """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
+    under ``data_dir`` outruns it, then throttle this process and its DataLoader workers. Yields the reason the
+    rows are invalid (``--allow-invalid``), or None."""
+    if tier.limits is None:
+        yield None
+        return
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.hostdisk import measure_host, require_valid
+
+    reason = require_valid(tier, measure_host(data_dir), allow_invalid)
+    with Throttle.emulate(tier.limits):
+        yield reason
+
+
+def dataset_fields(info: dict, fmt: str) -> dict:
+    """The dataset part of a row, from ``bench_dataset.json``."""
+    from gpufeed.bench.results import dataset_ram_ratio
+
+    f = info["formats"][fmt]
+    return {"n_samples": info["n"], "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
+            "total_bytes": f["total_bytes"], "dataset_ram_ratio": dataset_ram_ratio(f["total_bytes"])}
+
+
+def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions, writer=None,
+                  log: Callable[[str], None] = print) -> list[dict]:
+    """The whole grid: per task, the synthetic baseline, then every tier x decode x format. Returns the rows,
+    appending each to ``writer`` as soon as it is measured, so a run cut short keeps what it finished."""
+    from gpufeed.bench.dataset import load_dataset_info
+
+    kind = resolve_accelerator(opts.accelerator)
+    if "gpu" in opts.decodes and kind != "cuda":
+        raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
+                          "--decode cpu (the accelerator is emulated here)")
+    infos = {tier.name: load_dataset_info(tier.data_dir(dst)) for tier in tiers}
+    for tier in tiers:
+        missing = [f for f in formats if f not in infos[tier.name]["formats"]]
+        if missing:
+            raise ConfigError(f"{tier.data_dir(dst)} has no {', '.join(missing)} dataset; build it with "
+                              f"`gpufeed bench dataset {tier.data_dir(dst)} --formats {','.join(formats)}`")
+    rows = []
+
+    def emit(row):
+        row = writer.write(row) if writer is not None else row
+        rows.append(row)
+        log(_one_line(row))
+
+    for task in opts.tasks:
+        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed)
+        synthetic = measure_synthetic(accel, task, opts)
+        compute_s = compute_step_time(synthetic)
+        emit({"bench": "train", "tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
+              "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s)})
+        for tier in tiers:
+            data_dir = tier.data_dir(dst)
+            info = infos[tier.name]
+            with tier_scope(tier, data_dir, opts.allow_invalid) as invalid:
+                for decode in opts.decodes:
+                    for fmt in formats:
+                        runs = measure_format(accel, fmt, info["formats"][fmt]["paths"], task, decode, opts)
+                        emit({"bench": "train", **tier.row_fields(), "format": fmt,
+                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
+                                         "image": info.get("image")},
+                              **dataset_fields(info, fmt), "valid": invalid is None, "invalid_reason": invalid,
+                              **summarize_runs(runs, compute_s)})
+        del accel
+        gc.collect()
+    return rows
+
+
+def _one_line(row: dict) -> str:
+    p, m = row["params"], row["metrics"]
+    return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
+            f"{row['median']:9.1f} img/s  AU {m['au']['median']:.3f}  wait p50 {m['data_wait_p50_ms']['median']:.1f}"
+            f" ms p99 {m['data_wait_p99_ms']['median']:.1f} ms  ({p['accelerator_mode']} {p['accelerator']})")
+
+
+# ------------------------------------------------------------------------------------------------------ the CLI
+
+
+def _csv(choices: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(t.strip() for t in text.split(",") if t.strip())
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
+        return items
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpufeed.bench.cli import add_tier_arguments
+    from gpufeed.formats import FORMATS
+
+    parser.add_argument("dst", help="dataset directory holding <format>/ outputs (gpufeed convert or "
+                                    "gpufeed bench dataset)")
+    add_tier_arguments(parser)
+    parser.add_argument("--formats", type=_csv(FORMATS), default=FORMATS, help="formats to feed from")
+    parser.add_argument("--task", type=_csv(TASKS), default=TASKS, help="train, infer or both")
+    parser.add_argument("--decode", type=_csv(DECODES), default=("cpu",),
+                        help="where JPEGs are decoded: cpu (DataLoader workers), gpu (nvJPEG), or both")
+    parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",
+                        help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
+    parser.add_argument("--profile", default="h200",
+                        help="emulated accelerator profile (gpufeed.bench.accelerator.PROFILES)")
+    parser.add_argument("--model", default="resnet50", help="torchvision model on CUDA")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="images per step (default 256 for train, 512 for infer)")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per run")
+    parser.add_argument("--warmup-steps", type=int, default=10,
+                        help="untimed steps at the start of every run (worker start-up, cuDNN autotuning)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="DataLoader worker processes (default: usable cores, at most 16)")
+    parser.add_argument("--image-size", type=int, default=224, help="crop size fed to the model")
+    parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                        help="evict the dataset from the page cache before every run")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def options_from_args(args) -> TrainOptions:
+    for name in ("steps", "repeats"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.warmup_steps < 0 or args.warmup < 0:
+        raise ConfigError("--warmup-steps and --warmup must be >= 0")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, not {args.batch_size}")
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < 0:
+        raise ConfigError(f"--workers must be >= 0, not {workers}")
+    if args.accelerator != "cuda":
+        from gpufeed.bench.accelerator import get_profile
+
+        get_profile(args.profile)
+    return TrainOptions(tasks=tuple(args.task), decodes=tuple(args.decode), accelerator=args.accelerator,
+                        profile=args.profile, model=args.model, batch_size=args.batch_size, steps=args.steps,
+                        warmup_steps=args.warmup_steps, repeats=args.repeats, warmup_runs=args.warmup,
+                        workers=workers, image_size=args.image_size, cold=args.cold,
+                        allow_invalid=args.allow_invalid, seed=args.seed)
+
+
+def run(args) -> int:
+    from gpufeed.bench.cli import tiers_from_args
+    from gpufeed.bench.results import ResultWriter
+
+    opts = options_from_args(args)
+    tiers = tiers_from_args(args, args.dst)
+    writer = ResultWriter(args.results, data_path=args.dst)
+    run_benchmark(args.dst, list(args.formats), tiers, opts, writer=writer,
+                  log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"results appended to {args.results}; turn them into a report with: gpufeed report {args.results} "
+          "-o report.html")
+    return 0

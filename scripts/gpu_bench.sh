@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU run of `gpufeed bench train` (issue 5): what runs on the H200 machine, without Ray.
+#
+#   OUT=/path/for/results bash scripts/gpu_bench.sh          # the full run (~6 min on one H200, 16 cores)
+#   SMOKE=1 OUT=... bash scripts/gpu_bench.sh                # versions, install, a tiny run of every path
+#   STAGES="local tiers" bash scripts/gpu_bench.sh           # a subset of: build local tiers resize
+#
+# Builds an ImageNet-like JPEG dataset on the local disk (gpufeed bench dataset: multiprocessing, every
+# format), then measures ResNet-50 training (batch 256) and inference (batch 512) fed from each format, with
+# CPU decoding in 16 DataLoader workers and with GPU decoding (nvJPEG), against the synthetic-data baseline;
+# then two emulated cloud disks (ultra, ssd) under the same loop, and images stored at --resize 160. Every
+# stage appends to $OUT/$RESULTS_NAME as it goes, so a run cut short keeps what it measured.
+# Packages the machine lacks (lmdb, crc32c, tfrecord) travel as wheels in .whl/ (see docs/reports.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+DATA=${DATA:-/tmp/gpufeed-data}
+RESULTS=$OUT/${RESULTS_NAME:-gpu-h200.jsonl}
+STAGES=${STAGES:-build local tiers resize}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$DATA"
+
+if [ "${SMOKE:-0}" = 1 ]; then
+  N=1200; N160=600; TRAIN_STEPS=3; INFER_STEPS=2; WARM=2; REPEATS=1; TIER_REPEATS=1
+else
+  N=${N:-20000}; N160=${N160:-8000}; TRAIN_STEPS=${TRAIN_STEPS:-40}; INFER_STEPS=${INFER_STEPS:-25}
+  WARM=${WARM:-8}; REPEATS=${REPEATS:-2}; TIER_REPEATS=${TIER_REPEATS:-1}
+fi
+WORKERS=${WORKERS:-16}
+DECODES=${DECODES:-cpu,gpu}   # a dry run without a GPU sets DECODES=cpu
+EXTRA=(${EXTRA:-})            # e.g. EXTRA="--batch-size 32" for a dry run on a small machine
+
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+
+PY=${PY:-python3}
+if [ "${INSTALL:-1}" = 1 ]; then
+  stamp "installing the carried wheels and gpufeed into /tmp/site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+  if ! "$PY" -c "import google.protobuf.internal.builder" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/extra/protobuf-*.whl
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
+    --target /tmp/site . >/dev/null
+fi
+GPUFEED=("$PY" -m gpufeed)
+
+stamp "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
+nproc; free -g | head -2; df -h "$DATA" | tail -1
+"$PY" - <<'EOF'
+import cv2, google.protobuf, lmdb, numpy, torch
+import gpufeed.formats.proto.caffe_pb2  # noqa: F401  (its generated code must suit this protobuf)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(),
+      "numpy", numpy.__version__, "cv2", cv2.__version__, "lmdb", lmdb.__version__,
+      "protobuf", google.protobuf.__version__)
+if torch.cuda.is_available():
+    import torchvision
+    print("torchvision", torchvision.__version__, "gpu", torch.cuda.get_device_name(0))
+else:
+    print("no CUDA GPU: the accelerator is emulated (a dry run)")
+EOF
+
+TRAIN=("${GPUFEED[@]}" bench train --results "$RESULTS" --warmup 0 --warmup-steps "$WARM" --workers "$WORKERS"
+       "${EXTRA[@]}")
+
+run_grid() {  # run_grid DATASET REPEATS [extra args]: train and inference, one call each (steps differ)
+  local ds=$1 repeats=$2; shift 2
+  "${TRAIN[@]}" "$ds" --task train --steps "$TRAIN_STEPS" --repeats "$repeats" "$@"
+  "${TRAIN[@]}" "$ds" --task infer --steps "$INFER_STEPS" --repeats "$repeats" "$@"
+}
+
+for stage in $STAGES; do
+  case $stage in
+    build)
+      stamp "building $N images (as captured) and $N160 stored at --resize 160"
+      "${GPUFEED[@]}" bench dataset "$DATA/full" -n "$N" --workers "$WORKERS"
+      "${GPUFEED[@]}" bench dataset "$DATA/r160" -n "$N160" --resize 160 --workers "$WORKERS"
+      ;;
+    local)
+      stamp "local disk: every format, CPU and GPU decoding, training and inference"
+      run_grid "$DATA/full" "$REPEATS" --tier "local=$DATA/full" --decode "$DECODES"
+      ;;
+    tiers)
+      stamp "emulated cloud disks (ultra, ssd) on the local disk: tfrecord, CPU decoding"
+      run_grid "$DATA/full" "$TIER_REPEATS" --tier ultra --tier ssd --formats tfrecord --decode cpu
+      ;;
+    resize)
+      stamp "images stored at --resize 160: tfrecord, CPU and GPU decoding"
+      run_grid "$DATA/r160" "$TIER_REPEATS" --tier "local=$DATA/r160" --formats tfrecord --decode "$DECODES"
+      ;;
+    *) echo "unknown stage $stage (choose from: build local tiers resize)" >&2; exit 2 ;;
+  esac
+done
+stamp "done: $(wc -l < "$RESULTS") rows in $RESULTS"
