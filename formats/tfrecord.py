@@ -71,6 +71,34 @@ def iter_frames(fileobj, path: str) -> Iterator[tuple[int, bytes]]:
         yield offset, payload
 
 
+def _scan_view(mv, path, verify=True):
+    """:func:`_scan` over a whole memory-mapped file: the same checks, written as one tight loop over offsets
+    (no cursor calls, payloads are zero-copy slices) because per-record Python overhead decides how many
+    small records a second a reader can deliver."""
+    crc, unpack_from, size = crc32c.crc32c, _HEAD.unpack_from, len(mv)
+    pos = i = 0
+    while pos < size:
+        if pos + 12 > size:
+            raise CorruptRecordError(path, i, pos, f"file ends {size - pos} bytes into a record header")
+        length, length_crc = unpack_from(mv, pos)
+        c = crc(mv[pos:pos + 8])
+        if (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32 != length_crc:
+            raise CorruptRecordError(path, i, pos, "the length's CRC does not match (not a TFRecord file, "
+                                                   "or damaged)")
+        end = pos + 12 + length
+        if end + 4 > size:
+            raise CorruptRecordError(path, i, pos, f"the record says {length} bytes but the file ends "
+                                                   f"{size - pos - 12} bytes later (truncated?)")
+        payload = mv[pos + 12:end]
+        if verify:
+            c = crc(payload)
+            if (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32 != _CRC.unpack_from(mv, end)[0]:
+                raise CorruptRecordError(path, i, pos, "the payload's CRC does not match")
+        yield i, pos, payload
+        pos = end + 4
+        i += 1
+
+
 def _scan(cur, path, first_index=0, limit=None, verify=True):
     """``(record_index, byte_offset, payload)`` from the cursor; raises CorruptRecordError on any defect."""
     i = first_index
@@ -392,7 +420,10 @@ class TFRecordReader(Reader):
 
     def _scan_all(self):
         count = 0
-        for rec in _scan(self._src.cursor(0), self.path, verify=self.verify):
+        view = self._src.view()
+        records = (_scan_view(view, self.path, self.verify) if view is not None
+                   else _scan(self._src.cursor(0), self.path, verify=self.verify))
+        for rec in records:
             count += 1
             yield rec
         if self._has_idx:
