@@ -1,0 +1,39 @@
+"""A tiny `gpufeed bench convert`: the real converter in a subprocess, on the session's Ray, on an emulated tier
+(whose state must reach the Ray workers through runtime_env, so their source reads are charged) and on a
+measured "mount"."""
+
+from __future__ import annotations
+
+from gpufeed.bench.results import load_results
+from gpufeed.convert.cli import main
+
+
+def test_bench_convert_emulated_and_measured(ray_local, tmp_path):
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    src = tmp_path / "imagenet"
+    synth_imagenet(str(src), classes=2, per_class=4, val_per_class=1, bad_files=False)
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    results = tmp_path / "convert.jsonl"
+    rc = main(["bench", "convert", str(src), "--tier", "ultra", "--tier", f"local={mount}", "--results",
+               str(results), "--formats", "tfrecord", "--workers", "1", "--repeats", "1", "--warmup", "0",
+               "--address", ray_local.get_runtime_context().gcs_address, "--out", str(tmp_path / "out"),
+               "--host-seconds", "0.1", "--allow-invalid", "--resize", "64"])
+    assert rc == 0
+    emulated, measured = load_results(str(results))
+    for r in (emulated, measured):
+        assert r["bench"] == "convert" and r["format"] == "tfrecord"
+        assert r["n_samples"] == 10 and r["median"] > 0 and r["unit"] == "images/s"
+        m = r["metrics"]
+        assert m["cpu_user_s"]["median"] > 0 and 0 <= m["machine_iowait_share"]["median"] <= 1
+        assert r["params"]["workers"] == 1 and "--resize 64" in r["params"]["command"]
+    assert emulated["mode"] == "emulated" and emulated["profile"] == "ultra"
+    m = emulated["metrics"]
+    # The source was evicted and only Ray workers read the images: charged bytes covering them prove the
+    # workers saw the tier.
+    images = sum(p.stat().st_size for p in src.rglob("*.JPEG"))
+    assert m["device_read_bytes"]["median"] >= 0.9 * images and m["device_written_bytes"]["median"] > 0
+    assert m["emulated_wait_share"]["median"] >= 0
+    assert measured["mode"] == "measured" and measured["tier_path"] == str(mount) and measured["profile"] is None
+    assert (mount / "gpufeed-bench-src").is_dir()  # the source was copied onto the measured mount

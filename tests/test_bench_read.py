@@ -1,0 +1,100 @@
+"""A tiny `gpufeed bench read` on every format, emulated and measured, cold and warm, with and without
+decoding, through torch's DataLoader and the no-torch pool; plus the Ray-free dataset builder."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from gpufeed.bench.dataset import build_dataset, load_dataset_info
+from gpufeed.bench.results import load_results
+from gpufeed.convert.cli import main
+from gpufeed.formats import FORMATS, get_format
+
+
+@pytest.fixture(scope="module")
+def imagenet_like(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "ds"
+    build_dataset(str(out), FORMATS, n=24, image="imagenet", workers=2)
+    return str(out)
+
+
+def test_build_dataset_writes_every_format(imagenet_like, tmp_path):
+    info = load_dataset_info(imagenet_like)
+    assert info["n"] == 24 and 50_000 < info["sample_bytes"] < 400_000
+    for fmt in FORMATS:
+        d = info["formats"][fmt]
+        reader = get_format(fmt).reader(d["paths"][0])
+        samples = list(reader)
+        assert len(samples) == 24 and samples[5].labels[0] == 5
+        assert bytes(samples[0].payload[:2]) == b"\xff\xd8"  # JPEG as stored
+        assert d["record_bytes"] >= info["sample_bytes"]
+        if hasattr(reader, "close"):
+            reader.close()
+    cifar = build_dataset(str(tmp_path / "c"), ["tfrecord", "lmdb"], n=10, image="cifar", workers=1, shards=2)
+    assert cifar["sample_bytes"] == 3072 and len(cifar["formats"]["lmdb"]["paths"]) == 2
+    again = build_dataset(str(tmp_path / "c2"), ["tfrecord"], n=10, image="cifar", workers=2, shards=2)
+    for a, b in zip(cifar["formats"]["tfrecord"]["files"], again["formats"]["tfrecord"]["files"]):
+        assert a["sha256"] == b["sha256"]  # deterministic whatever the worker count
+
+
+def test_bench_read_emulated_and_measured(imagenet_like, tmp_path):
+    results = tmp_path / "read.jsonl"
+    rc = main(["bench", "read", imagenet_like, "--tier", "ultra", "--tier", f"host={os.path.dirname(imagenet_like)}",
+               "--results", str(results), "--samples", "12", "--batch-size", "4", "--workers", "0,1",
+               "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"])
+    assert rc == 0
+    rows = load_results(str(results))
+    assert len(rows) == 2 * 3 * 2 * 2 * 2  # tiers x formats x modes x workers x cache
+    for r in rows:
+        assert r["bench"] == "read" and r["format"] in FORMATS and r["n_samples"] == 24
+        assert r["mode"] == ("emulated" if r["tier"] == "ultra" else "measured")
+        assert r["profile"] == ("ultra" if r["tier"] == "ultra" else None)
+        assert r["median"] > 0 and r["metric"] == "samples_per_s" and r["record_bytes"] > 0
+        m = r["metrics"]
+        assert m["read_p99_ms"]["median"] >= m["read_p50_ms"]["median"] >= 0
+        if r["params"]["cache"] == "cold":
+            assert r["cold_verified"], r
+            assert m["device_fraction"]["median"] >= 0.9
+        else:
+            assert r["warm_verified"], r
+        if r["mode"] == "emulated" and r["params"]["cache"] == "cold":
+            assert m["iops"]["median"] > 0 and m["mean_request_kib"]["median"] > 0
+    assert "tier_limits" in rows[0] and rows[0]["machine"]["cpu"]
+
+
+def test_build_and_read_without_torch_or_ray(tmp_path):
+    """The GPU machine has no Ray and a CPU box may have no torch: both paths must work with neither."""
+    import json
+    import subprocess
+
+    results = tmp_path / "read.jsonl"
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch / import ray now raise ImportError
+sys.modules["ray"] = None
+from gpufeed.bench.dataset import build_dataset
+from gpufeed.convert.cli import main
+build_dataset({str(tmp_path / "ds")!r}, ["recordio", "lmdb"], n=8, workers=2)
+sys.exit(main(["bench", "read", {str(tmp_path / "ds")!r}, "--results", {str(results)!r}, "--samples", "8",
+               "--workers", "2", "--modes", "decode", "--cache", "cold", "--repeats", "1", "--warmup", "0"]))
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    rows = load_results(str(results))
+    assert len(rows) == 2
+    for row in rows:
+        assert row["params"]["loader"] == "pool" and row["params"]["crop"] == 224 and row["cold_verified"]
+        assert row["tier"] == "host" and row["mode"] == "measured"
+        assert row["versions"]["python"] and json.dumps(row)
+
+
+def test_bench_modules_do_not_import_ray_or_torch(tmp_path):
+    import subprocess
+
+    code = ("import sys; import gpufeed.bench.cli, gpufeed.bench.read, gpufeed.bench.dataset, "
+            "gpufeed.bench.convert_bench, gpufeed.bench.emulate, gpufeed.bench.results, gpufeed.bench.hostdisk; "
+            "print('ray' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

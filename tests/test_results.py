@@ -1,0 +1,74 @@
+"""The results schema: rows carry machine, versions, tier and statistics; files round-trip; damage is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufeed.bench.results import (REQUIRED, ResultWriter, load_results, machine_info, metrics_block, repeat, stat,
+                                   summarize, versions)
+from gpufeed.errors import ConfigError, CorruptRecordError
+
+
+def _row(**kw):
+    return {"bench": "read", "tier": "ssd", "mode": "emulated", "profile": "ssd", "format": "lmdb",
+            "params": {"workers": 2}, **summarize("samples_per_s", "samples/s", [10.0, 12.0, 11.0]), **kw}
+
+
+def test_summary_statistics():
+    s = stat([10.0, 12.0, 11.0])
+    assert s["median"] == 11.0 and s["spread"] == pytest.approx(2 / 11) and s["values"] == [10.0, 12.0, 11.0]
+    assert stat([])["median"] is None
+    m = metrics_block([{"a": 1.0, "b": 2.0}, {"a": 3.0}], {"a": "s", "b": "MB/s", "c": "x"})
+    assert m["a"]["median"] == 2.0 and m["b"]["values"] == [2.0] and "c" not in m
+
+
+def test_repeat_discards_warmup_and_runs_before_each():
+    calls, prepared = [], []
+    runs = repeat(lambda i: calls.append(i) or {"i": i}, repeats=3, warmup=2, before_each=lambda: prepared.append(1))
+    assert calls == [0, 1, 2, 3, 4] and [r["i"] for r in runs] == [2, 3, 4] and len(prepared) == 5
+    with pytest.raises(ConfigError):
+        repeat(lambda i: {}, repeats=0)
+
+
+def test_machine_and_versions(tmp_path):
+    info = machine_info(str(tmp_path))
+    assert info["logical_cores"] >= 1 and info["ram_bytes"] > 0 and info["cpu"]
+    assert info["disk"]["fstype"] and info["disk"]["mount"]
+    assert isinstance(info["gpus"], list)
+    v = versions()
+    assert v["python"] and v["numpy"] and "ray" in v and "torch" in v
+
+
+def test_writer_round_trip(tmp_path):
+    path = tmp_path / "r" / "results.jsonl"
+    w = ResultWriter(str(path), data_path=str(tmp_path))
+    full = w.write(_row(n_samples=100, total_bytes=1000))
+    w.write(_row(format="tfrecord", valid=False, invalid_reason="host too slow"))
+    rows = load_results(str(path))
+    assert len(rows) == 2 and rows[0] == json.loads(json.dumps(full))
+    for key in (*REQUIRED, "machine", "versions", "time", "schema", "valid", "dataset_ram_ratio"):
+        assert key in rows[0]
+    assert rows[0]["median"] == 11.0 and rows[0]["repeats"] == 3 and rows[0]["valid"] is True
+    assert rows[1]["valid"] is False and rows[0]["machine"]["disk"]["path"] == str(tmp_path)
+    assert load_results([str(path), str(path)])[2:] == rows
+
+
+def test_writer_rejects_incomplete_rows(tmp_path):
+    w = ResultWriter(str(tmp_path / "r.jsonl"))
+    bad = _row()
+    del bad["spread"]
+    with pytest.raises(ConfigError, match="spread"):
+        w.write(bad)
+    with pytest.raises(ConfigError, match="mode"):
+        w.write(_row(mode="guessed"))
+
+
+def test_damaged_line_is_named(tmp_path):
+    path = tmp_path / "r.jsonl"
+    ResultWriter(str(path)).write(_row())
+    with open(path, "a") as f:
+        f.write('{"bench": "read", trunc\n')
+    with pytest.raises(CorruptRecordError, match="record 1"):
+        load_results(str(path))
