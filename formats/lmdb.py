@@ -54,8 +54,10 @@ MAX_KEY_BYTES = 511
 MAX_TOKEN_ID = 1 << 24
 #: Key prefix width: ``convert_imageset`` uses ``caffe::format_int(line_id, 8)``.
 KEY_DIGITS = 8
-#: One CRC-32C per record, little-endian, so the file can be memory-mapped as a numpy array.
-_CRC_DTYPE = np.dtype("<u4")
+#: Per record, in key order: CRC-32C of key + value, and the value's length. Little-endian, packed, so the
+#: file reads straight into a numpy array. The length is checked before the value is touched: a damaged
+#: node header could otherwise point a read past the end of the map.
+_CHECK_DTYPE = np.dtype([("crc", "<u4"), ("size", "<u8")])
 
 _DEFAULT_INITIAL_MAP = 64 << 20
 _DEFAULT_BATCH_RECORDS = 1000
@@ -173,8 +175,10 @@ def encode_datum(sample: Sample) -> bytes:
 
 
 def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
-                 byte_offset: int | None = None) -> Sample:
-    """Parse one LMDB value back into a :class:`Sample`; raise :class:`CorruptRecordError` if it is not a Datum."""
+                 byte_offset: int | None = None, float_dtype: str | None = None) -> Sample:
+    """Parse one LMDB value back into a :class:`Sample`; raise :class:`CorruptRecordError` if it is not a Datum.
+
+    Float pixels come back as ``float_dtype`` (what the writer recorded), float32 by default."""
     from google.protobuf.message import DecodeError
 
     datum = _pb2().Datum()
@@ -203,7 +207,7 @@ def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | 
         return Sample(name, datum.label, np.asarray(floats, np.float32).astype(np.int32), "tokens",
                       index or 0, meta)
     elif len(floats) == c * h * w and c:
-        pixels = _hwc_rgb(np.asarray(floats, np.float32).reshape(c, h, w))
+        pixels = _hwc_rgb(np.asarray(floats, np.float32).reshape(c, h, w)).astype(float_dtype or np.float32)
         label = datum.label
     else:
         raise corrupt(f"Datum of {c}x{h}x{w} with {len(datum.data)} data bytes and {len(floats)} floats")
@@ -260,6 +264,11 @@ def read_mean_binaryproto(path: str) -> np.ndarray:
     return data[0] if data.ndim == 4 and data.shape[0] == 1 else data
 
 
+def _check(key, value) -> int:
+    """CRC-32C of key then value: the key names the record, so damage there must be caught too."""
+    return crc32c.crc32c(value, crc32c.crc32c(key))
+
+
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -293,6 +302,10 @@ class WriterOptions:
     batch_records: int = _DEFAULT_BATCH_RECORDS
     batch_bytes: int = _DEFAULT_BATCH_BYTES
     compact: bool = True
+    #: dtype of normalised pixels ("float16"/"float32"). Datum.float_data is float32 whatever was stored, so
+    #: readers cast back to this. :meth:`LMDBWriter.write` learns it from the samples; a caller that only
+    #: hands over encoded records (:meth:`LMDBWriter.write_encoded`) passes it.
+    raw_float_dtype: str | None = None
 
 
 class LMDBWriter(Writer):
@@ -303,6 +316,9 @@ class LMDBWriter(Writer):
         self.format = fmt
         self.path = _require_local(path, "writing Caffe LMDB")
         self.options = WriterOptions(**options)
+        self._float_dtype = self.options.raw_float_dtype
+        if self._float_dtype not in (None, "float16", "float32"):
+            raise ConfigError(f"{path}: raw_float_dtype must be 'float16' or 'float32', not {self._float_dtype!r}")
         if self.options.initial_map_size < (1 << 16) or self.options.batch_records < 1:
             raise ConfigError(f"{path}: initial_map_size must be >= 64 KiB and batch_records >= 1")
         parent = os.path.dirname(self.path)
@@ -323,6 +339,7 @@ class LMDBWriter(Writer):
                               metasync=False)
         self._map_size = self._env.info()["map_size"]
         self._crc = array.array("I")
+        self._sizes = array.array("Q")
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
         self._data_bytes = 0
@@ -360,12 +377,13 @@ class LMDBWriter(Writer):
         """Reload what a resumed writer needs: last key, sizes, and the CRCs its batches saved (any tail a
         crash left unsaved is recomputed from the values)."""
         path = os.path.join(self._work, CHECKSUMS)
-        saved = np.fromfile(path, _CRC_DTYPE) if os.path.exists(path) else np.zeros(0, _CRC_DTYPE)
+        saved = np.fromfile(path, _CHECK_DTYPE) if os.path.exists(path) else np.zeros(0, _CHECK_DTYPE)
         with self._env.begin(buffers=True) as txn:
             for i, (key, value) in enumerate(txn.cursor()):
                 # len() of a buffer reads only the node header, not the value's pages.
                 self._data_bytes += len(key) + len(value)
-                self._crc.append(int(saved[i]) if i < saved.size else crc32c.crc32c(value))
+                self._crc.append(int(saved["crc"][i]) if i < saved.size else _check(key, value))
+                self._sizes.append(len(value))
                 self._last_key = key
             self._last_key = bytes(self._last_key)
         self._committed_key = self._last_key
@@ -379,10 +397,16 @@ class LMDBWriter(Writer):
         path = os.path.join(self._work, CHECKSUMS)
         done = self.committed_records
         with open(path, "r+b" if os.path.exists(path) else "wb") as f:
-            start = 0 if truncate else f.seek(0, os.SEEK_END) // _CRC_DTYPE.itemsize
-            f.seek(start * _CRC_DTYPE.itemsize)
-            f.write(np.asarray(self._crc[start:done], _CRC_DTYPE).tobytes())
+            start = 0 if truncate else f.seek(0, os.SEEK_END) // _CHECK_DTYPE.itemsize
+            f.seek(start * _CHECK_DTYPE.itemsize)
+            f.write(self._checks(start, done).tobytes())
             f.truncate()
+
+    def _checks(self, start: int, stop: int) -> np.ndarray:
+        checks = np.empty(max(stop - start, 0), _CHECK_DTYPE)
+        checks["crc"] = self._crc[start:stop]
+        checks["size"] = self._sizes[start:stop]
+        return checks
 
     @property
     def committed_records(self) -> int:
@@ -394,6 +418,16 @@ class LMDBWriter(Writer):
         """The key of the last committed record (``%08d_<path>``), or ``None`` before the first commit."""
         return self._committed_key or None
 
+    def write(self, sample: Sample) -> None:
+        if sample.kind == "raw":
+            dtype = np.asarray(sample.payload).dtype
+            if dtype.kind == "f":
+                if self._float_dtype not in (None, dtype.name):
+                    raise ConfigError(f"{self.path}: sample {sample.key!r} has {dtype.name} pixels after "
+                                      f"{self._float_dtype} ones; one LMDB holds one pixel dtype")
+                self._float_dtype = dtype.name
+        super().write(sample)
+
     def write_encoded(self, record: EncodedRecord) -> None:
         if self._closed:
             raise ConfigError(f"{self.path}: the writer is closed")
@@ -402,7 +436,8 @@ class LMDBWriter(Writer):
                               "LMDB records must be written in increasing index order so keys sort as written")
         self._last_index, self._last_key = record.index, record.key
         self._pending.append((record.key, record.value))
-        self._crc.append(crc32c.crc32c(record.value))
+        self._crc.append(_check(record.key, record.value))
+        self._sizes.append(len(record.value))
         self._pending_bytes += len(record.key) + len(record.value)
         if len(self._pending) >= self.options.batch_records or self._pending_bytes >= self.options.batch_bytes:
             self._commit()
@@ -453,13 +488,13 @@ class LMDBWriter(Writer):
             data = os.path.join(final_tmp, DATA)
             with open(data, "rb+") as f:
                 os.fsync(f.fileno())
-            crc = np.frombuffer(self._crc, np.uint32).astype(_CRC_DTYPE)
             with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
-                f.write(crc.tobytes())
+                f.write(self._checks(0, len(self._crc)).tobytes())
             stats["file_bytes"] = os.path.getsize(data)
             sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
                        "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
-                       "options": dataclasses.asdict(self.options), "stats": stats}
+                       "options": dataclasses.asdict(self.options), "raw_float_dtype": self._float_dtype,
+                       "stats": stats}
             with open(os.path.join(final_tmp, SIDECAR), "w") as f:
                 json.dump(sidecar, f, indent=1, sort_keys=True)
             self._replace(final_tmp)
@@ -559,10 +594,11 @@ class LMDBReader(Reader):
         if self.meta and self.meta.get("state") != "complete":
             raise IncompleteOutputError(f"{self.path}: an unfinished LMDB; rerun the conversion with --resume")
         self.verify = verify
+        self._float_dtype = (self.meta or {}).get("raw_float_dtype")
         self._pid = None
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k in ("path", "data_path", "meta", "verify")} | {
+        return {k: v for k, v in self.__dict__.items() if k in ("path", "data_path", "meta", "verify", "_float_dtype")} | {
             "_pid": None}
 
     def _open(self):
@@ -573,11 +609,34 @@ class LMDBReader(Reader):
         self._errors = lmdb.Error
         try:
             self._env_key, env = _shared_env(self.path)
-            self._txn = env.begin(buffers=True)
-            self._cursor = self._txn.cursor()
-            self._len = env.stat()["entries"]
         except lmdb.Error as e:
             raise CorruptRecordError(self.data_path, None, None, f"LMDB cannot open it ({e})") from e
+        try:
+            self._txn = env.begin(buffers=True)
+            self._cursor = self._txn.cursor()
+            self._check_environment(env)
+        except BaseException as e:
+            txn = self.__dict__.pop("_txn", None)
+            if txn is not None:
+                txn.abort()
+            self.__dict__.pop("_cursor", None)
+            _release_env(self._env_key)
+            if isinstance(e, lmdb.Error):
+                raise CorruptRecordError(self.data_path, None, None, f"LMDB error ({e})") from e
+            raise
+        self._pid = os.getpid()
+
+    def _check_environment(self, env) -> None:
+        """Sizes, record count and key shape, checked once per process before any record is touched."""
+        self._len = env.stat()["entries"]
+        used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        size = os.path.getsize(self.data_path)
+        expected = (self.meta or {}).get("stats", {}).get("file_bytes")
+        # A short file would be mapped past its end, and touching those pages kills the process (SIGBUS).
+        if size < used or expected is not None and size != expected:
+            raise CorruptRecordError(self.data_path, None, size, f"the file is {size} bytes but its pages "
+                                     f"need {used}" + (f" and {SIDECAR} says {expected}" if expected else "")
+                                     + ": it was truncated or damaged")
         self._keys = None
         self._crcs = None
         if self.meta:
@@ -585,15 +644,15 @@ class LMDBReader(Reader):
                 raise IncompleteOutputError(f"{self.path}: holds {self._len} records but {SIDECAR} says "
                                             f"{self.meta.get('records')}; rewrite it with `gpufeed convert`")
             if self.verify and self.meta.get("checksums"):
-                crcs = np.fromfile(os.path.join(self.path, self.meta["checksums"]), _CRC_DTYPE)
-                if crcs.size != self._len:
-                    raise IncompleteOutputError(f"{self.path}: {CHECKSUMS} lists {crcs.size} records, the LMDB "
-                                                f"{self._len}; rewrite it with `gpufeed convert`")
-                self._crcs = crcs.tolist()
+                checks = np.fromfile(os.path.join(self.path, self.meta["checksums"]), _CHECK_DTYPE)
+                if checks.size != self._len:
+                    raise IncompleteOutputError(f"{self.path}: {CHECKSUMS} lists {checks.size} records, the "
+                                                f"LMDB {self._len}; rewrite it with `gpufeed convert`")
+                self._crcs, self._sizes = checks["crc"].tolist(), checks["size"].tolist()
         cur = self._cursor
-        self._seekable = self._len == 0 or (cur.first() and bytes(cur.key()).startswith(b"%08d_" % 0)
-                                            and cur.last() and bytes(cur.key()).startswith(b"%08d_" % (self._len - 1)))
-        self._pid = os.getpid()
+        self._seekable = self._len == 0 or (
+            cur.first() and bytes(cur.key()).startswith(b"%08d_" % 0)
+            and cur.last() and bytes(cur.key()).startswith(b"%08d_" % (self._len - 1)))
 
     def __len__(self) -> int:
         self._open()
@@ -619,29 +678,34 @@ class LMDBReader(Reader):
         except self._errors as e:
             raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
         gio.charge(len(value))
-        if self._crcs is not None and crc32c.crc32c(value) != self._crcs[i]:
-            raise self._crc_error(i)
+        if self._crcs is not None:
+            self._verify(i, key, value)
         return key, value
 
-    def _crc_error(self, i: int) -> CorruptRecordError:
-        return CorruptRecordError(self.data_path, i, None, f"CRC-32C of the value does not match {CHECKSUMS}")
+    def _verify(self, i: int, key, value) -> None:
+        if len(value) != self._sizes[i]:
+            raise CorruptRecordError(self.data_path, i, None, f"value of {len(value)} bytes where {CHECKSUMS} "
+                                     f"says {self._sizes[i]}")
+        if _check(key, value) != self._crcs[i]:
+            raise CorruptRecordError(self.data_path, i, None, f"CRC-32C of key and value does not match "
+                                     f"{CHECKSUMS}")
 
     def read_raw(self, i: int) -> memoryview:
         return self._key_value(i)[1]
 
     def __getitem__(self, i: int) -> Sample:
         key, value = self._key_value(i)
-        return decode_datum(bytes(key), value, self.data_path, i % self._len)
+        return decode_datum(bytes(key), value, self.data_path, i % self._len, float_dtype=self._float_dtype)
 
     def _scan(self) -> Iterator[tuple[int, memoryview, memoryview]]:
         self._open()
-        crcs, charge, crc = self._crcs, gio.charge, crc32c.crc32c
+        verify, charge = self._crcs is not None, gio.charge
         i = 0
         try:
             for key, value in self._txn.cursor():
                 charge(len(value))
-                if crcs is not None and crc(value) != crcs[i]:
-                    raise self._crc_error(i)
+                if verify:
+                    self._verify(i, key, value)
                 yield i, key, value
                 i += 1
         except self._errors as e:
@@ -653,11 +717,12 @@ class LMDBReader(Reader):
 
     def __iter__(self) -> Iterator[Sample]:
         for i, key, value in self._scan():
-            yield decode_datum(bytes(key), value, self.data_path, i)
+            yield decode_datum(bytes(key), value, self.data_path, i, float_dtype=self._float_dtype)
 
     def close(self) -> None:
         txn = self.__dict__.pop("_txn", None)
         self.__dict__.pop("_cursor", None)
+        # A transaction opened in a parent process is not ours to end (LMDB forbids it after fork).
         if txn is not None and self._pid == os.getpid():
             txn.abort()
             _release_env(self._env_key)

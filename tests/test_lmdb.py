@@ -218,8 +218,8 @@ def test_resume_after_a_crash(tmp_path):
     assert not (tmp_path / "db").exists()
     work, = [p for p in tmp_path.iterdir() if p.name.startswith(".db.tmp-")]
     saved = (work / CHECKSUMS).read_bytes()
-    assert len(saved) == 30 * 4
-    (work / CHECKSUMS).write_bytes(saved[:20 * 4])  # as if the crash came between a commit and its CRCs
+    assert len(saved) == 30 * 12
+    (work / CHECKSUMS).write_bytes(saved[:20 * 12])  # as if the crash came between a commit and its CRCs
     w = FMT.writer(str(tmp_path / "db"), resume=True, initial_map_size=1 << 16, batch_records=10)
     assert w.committed_records == 30
     assert w.last_committed_key.startswith(b"00000029_")
@@ -360,3 +360,24 @@ def test_empty_output(tmp_path):
     assert len(r) == 0 and list(r) == [] and list(r.shard(0, 2)) == []
     with pytest.raises(IndexError):
         r[0]
+
+
+def test_damaged_key_and_truncated_file_are_caught(tmp_path, rng):
+    write(tmp_path / "db", [Sample(f"dir/name_{i}.JPEG", i, jpeg(rng), "encoded", i) for i in range(3)])
+    data = tmp_path / "db" / "data.mdb"
+    whole = data.read_bytes()
+    _flip(data, whole.index(b"dir/name_1.JPEG") + 4)
+    with pytest.raises(CorruptRecordError, match="CRC-32C of key and value"):
+        list(FMT.reader(str(tmp_path / "db")))
+    data.write_bytes(whole[:-4096])
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        len(FMT.reader(str(tmp_path / "db")))
+
+
+def test_float16_pixels_come_back_as_float16(tmp_path, rng):
+    pixels = rng.standard_normal((4, 3, 3)).astype(np.float16)
+    write(tmp_path / "db", [Sample("a", 0, pixels, "raw", 0)])
+    got = FMT.reader(str(tmp_path / "db"))[0].payload
+    assert got.dtype == np.float16 and np.array_equal(got, pixels)
+    with pytest.raises(ConfigError, match="one pixel dtype"):
+        write(tmp_path / "mixed", [Sample("a", 0, pixels, "raw", 0), Sample("b", 0, pixels.astype(np.float32), "raw", 1)])
