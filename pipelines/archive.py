@@ -69,7 +69,7 @@ class _Budget:
 
 def has_undecodable(name: str) -> bool:
     """True when a name held bytes that were not UTF-8 (Python keeps them as lone surrogates)."""
-    return any("\udc80" <= c <= "\udcff" for c in name)
+    return not name.isascii() and any("\udc80" <= c <= "\udcff" for c in name)
 
 
 def printable(name: str) -> str:
@@ -105,37 +105,6 @@ def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     return clean
 
 
-class _Window(io.RawIOBase):
-    """A read-only view of ``length`` bytes at ``start`` of a seekable file (a tar inside a tar)."""
-
-    def __init__(self, f, start: int, length: int):
-        self._f, self._start, self._length, self._pos = f, start, length, 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._pos
-
-    def seek(self, pos, whence=io.SEEK_SET):
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def readinto(self, buf):
-        n = max(0, min(len(buf), self._length - self._pos))
-        if n == 0:
-            return 0
-        self._f.seek(self._start + self._pos)
-        data = self._f.read(n)
-        buf[:len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
 def _file_size(f) -> int:
     here = f.tell()
     size = f.seek(0, io.SEEK_END)
@@ -157,25 +126,30 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         size = _file_size(f)
         budget = _Budget(limits, url)
         out = []
-        for entry in _index(f, size, url, budget, on_problem):
+        for entry in _index(f, 0, size, url, budget, on_problem):
             inner = None
             if nested is not None and nested(entry):
-                view = _Window(f, entry.offset, entry.size)
-                inner = [dataclasses.replace(e, offset=e.offset + entry.offset)
-                         for e in _index(view, entry.size, f"{url}::{entry.name}", budget, on_problem)]
+                inner = list(_index(f, entry.offset, entry.offset + entry.size, f"{url}::{entry.name}", budget,
+                                    on_problem))
             out.append((entry, inner))
         return out
 
 
-def _check_end(f, offset: int, where: str) -> None:
+def _check_end(f, offset: int, end: int, where: str) -> None:
     """tarfile stops quietly at a damaged header past the first; a real end is zero blocks or end of file."""
     f.seek(offset)
-    if f.read(BLOCK).strip(b"\0"):
+    if offset < end and f.read(min(BLOCK, end - offset)).strip(b"\0"):
         raise InputError(where, f"has a damaged header at byte {offset}; members after it cannot be listed",
                          "download the archive again")
 
 
-def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
+def _index(f, start: int, end: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
+    """Regular members of the tar occupying bytes ``[start, end)`` of ``f``, offsets absolute in ``f``.
+
+    tarfile counts offsets from where the file stands when it is opened, so a tar inside a tar is read in
+    place; ``end`` keeps a hostile inner tar from reaching into the bytes after it.
+    """
+    f.seek(start)
     try:
         tar = tarfile.open(fileobj=f, mode="r:")
     except tarfile.TarError as e:
@@ -184,10 +158,10 @@ def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[Ta
         try:
             info = tar.next()
         except tarfile.TarError as e:
-            raise InputError(where, f"has a damaged header near byte {tar.offset} ({e})",
+            raise InputError(where, f"has a damaged header near byte {tar.offset} of the file ({e})",
                              "download the archive again") from e
-        if info is None:
-            _check_end(f, tar.offset, where)
+        if info is None or info.offset >= end:
+            _check_end(f, tar.offset if info is None else info.offset, end, where)
             return
         # Only headers are wanted: drop tarfile's member list so a million members cost no memory.
         tar.members = []
@@ -195,9 +169,9 @@ def _index(f, size: int, where: str, budget: _Budget, on_problem) -> Iterator[Ta
         if name is None:
             continue
         budget.add(name, info.size)
-        if info.offset_data + info.size > size:
+        if info.offset_data + info.size > end:
             raise InputError(where, f"member {name!r} runs past the end of the archive "
-                             f"({info.offset_data + info.size} > {size} bytes)",
+                             f"({info.offset_data + info.size - start} > {end - start} bytes)",
                              "the archive is truncated: download it again")
         yield TarEntry(name, info.offset_data, info.size)
 

@@ -70,8 +70,9 @@ class _ImageSource(BaseSource):
                 self.problem(LabelError(self.root.url(path), f"is a folder for the unknown class {cls!r}",
                                         "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
                 continue
+            meta = meta_of(cls)
             for rel in self.root.walk_files(path):
-                item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label_of[cls], meta_of(cls))
+                item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label_of[cls], meta)
                 if item is not None:
                     items.append(item)
         return items
@@ -86,7 +87,7 @@ class _ImageSource(BaseSource):
             self.problem(InputError(url, f"is not an image file (extensions read: {' '.join(IMAGE_EXTENSIONS)})",
                                     "delete it or give it an image extension"))
             return None
-        return Item(key, label, FileRef(url), {"source": url, **meta})
+        return Item(key, label, FileRef(url), meta)
 
 
 class ImageNetSource(_ImageSource):
@@ -130,6 +131,7 @@ class ImageNetSource(_ImageSource):
         self._classes: ClassInfo | None = None
         self._id_to_wnid: dict[int, str] | None = None
         self._devkit_files: dict[str, bytes] | None = None
+        self._class_meta: dict[str, dict] = {}
 
     def splits(self) -> list[str]:
         return [s for s in ("train", "val") if getattr(self, f"{s}_dir") or getattr(self, f"{s}_tar")]
@@ -197,8 +199,15 @@ class ImageNetSource(_ImageSource):
         return self._label_of
 
     def _meta_of(self, wnid: str) -> dict:
-        texts = self.classes().texts
-        return {"synset": wnid, "text": texts[self._label_of[wnid]]} if texts else {"synset": wnid}
+        """The class's metadata, one dict shared by its items (Item.origin already names each file).
+
+        A million items would otherwise carry a million copies; readers copy before adding to it.
+        """
+        if wnid not in self._class_meta:
+            texts = self.classes().texts
+            self._class_meta[wnid] = {"synset": wnid, "text": texts[self._label_of[wnid]]} if texts else \
+                {"synset": wnid}
+        return self._class_meta[wnid]
 
     # -- validation labels ------------------------------------------------------------------------------------
 
@@ -301,7 +310,7 @@ class ImageNetSource(_ImageSource):
                     self.problem(InputError(f"{url}::{member}", "is not an image file", "remove it from the archive"))
                     continue
                 items.append(Item(key, label_of[wnid], TarMemberRef(url, e.offset, e.size, member),
-                                  {"source": f"{url}::{member}", **self._meta_of(wnid)}))
+                                  self._meta_of(wnid)))
         return items
 
     def _val_tar_items(self, tar: str) -> list[Item]:
@@ -316,7 +325,7 @@ class ImageNetSource(_ImageSource):
             wnid = self._flat_label(e.name, origin, labels, where)
             if wnid is not None:
                 items.append(Item(e.name, self.labels()[wnid], TarMemberRef(url, e.offset, e.size, e.name),
-                                  {"source": origin, **self._meta_of(wnid)}))
+                                  self._meta_of(wnid)))
         return items
 
 

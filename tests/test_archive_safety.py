@@ -133,3 +133,15 @@ def test_damaged_header_names_the_archive(tmp_path):
     (tmp_path / "bad.tar").write_bytes(bytes(data))
     with pytest.raises(InputError, match="bad.tar: has a damaged header at byte 1024"):
         index_tar(str(tmp_path / "bad.tar"))
+
+
+def test_inner_tar_without_end_marker_stays_inside_its_bytes(tmp_path):
+    inner = io.BytesIO()
+    make_tar(inner, [member("n01_1.JPEG", JPEG)])
+    # Cut the inner tar right after its member: no end-of-archive blocks, so the next bytes in the outer
+    # tar are the header of the outer tar's next member, which must not be taken for one of n01's images.
+    cut = inner.getvalue()[:512 + -(-len(JPEG) // 512) * 512]
+    make_tar(tmp_path / "ILSVRC2012_img_train.tar", [member("n01.tar", cut), member("n02.tar", inner.getvalue())])
+    src = open_source("imagenet", str(tmp_path))
+    assert [it.key for it in src.items("train")] == ["n01/n01_1.JPEG", "n02/n01_1.JPEG"]
+    assert [read_ref(it.ref) for it in src.items("train")] == [JPEG, JPEG]
