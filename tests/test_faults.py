@@ -1,0 +1,159 @@
+"""Faults during conversion: the driver killed, a worker killed, a full disk, a node lost.
+
+Each ends in either a finished conversion or a clear error; the output never passes ``gpufeed verify``
+before it is complete, and rerunning the same command finishes it with the same bytes as a run that was
+never interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from convert_fixtures import cli, cli_args, options, synth_source, tree_bytes
+from gpufeed.convert.engine import convert
+from gpufeed.convert.verify import verify
+from gpufeed.errors import IncompleteOutputError
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return synth_source(tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module")
+def address(ray_local):
+    return ray_local.get_runtime_context().gcs_address
+
+
+def _journal_shards(out) -> int:
+    try:
+        with open(os.path.join(out, ".gpufeed", "journal.jsonl"), "rb") as f:
+            return f.read().count(b'"event":"shard"')
+    except FileNotFoundError:
+        return 0
+
+
+def _finish(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("kill_after", [1, 8])
+def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path, kill_after):
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
+    proc = cli(args, address)
+    deadline = time.time() + 120
+    while _journal_shards(out) < kill_after and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, _finish(proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(IncompleteOutputError):
+        verify(out)
+    # Other options must not mix with the partial output: the difference is shown.
+    code, _, err = _finish(cli([*args, "--quality", "90"], address))
+    assert code == 2 and "quality: journal 95, now 90" in err and "--no-resume" in err
+    code, stdout, err = _finish(cli(args, address))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(out)
+
+
+def _kill_one_worker_running(name: str, stop: threading.Event, killed: list) -> None:
+    """SIGKILL the first Ray worker of this test session seen running task ``name``."""
+    me = psutil.Process()
+    while not stop.is_set() and not killed:
+        for p in me.children(recursive=True):
+            try:
+                if any(name in part for part in p.cmdline()):
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+                    return
+            except psutil.Error:
+                continue
+        time.sleep(0.005)
+
+
+def test_worker_killed_mid_task_is_retried(src, ray_local, tmp_path):
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=2))
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_one_worker_running, args=("run_shard", stop, killed))
+    watcher.start()
+    try:
+        convert(options(src, tmp_path / "out", workers=2))
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed, "no worker was caught running a shard"
+    assert tree_bytes(tmp_path / "out") == tree_bytes(ref)
+
+
+def _limit_file_size(limit):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_disk_full_stops_with_a_clear_error_and_resumes(src, address, tmp_path):
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=2))
+    out = str(tmp_path / "out")
+    # RLIMIT_FSIZE makes every write past the limit fail (EFBIG) in the driver, where the ordered sinks
+    # (LMDB, single .rec) write: the same path a full disk (ENOSPC) takes.
+    code, _, err = _finish(cli(cli_args(src, out), address, preexec_fn=_limit_file_size(24 << 10)))
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpufeed: error: ") and "rerun the same command" in last and "Traceback" not in err
+    with pytest.raises(IncompleteOutputError):
+        verify(out)
+    code, _, err = _finish(cli(cli_args(src, out), address))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_two_node_cluster_finishes_when_a_node_dies(src, ray_local, tmp_path):
+    """Two emulated nodes; one is killed while shards run on it; the other finishes the job."""
+    from ray.cluster_utils import Cluster
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=2, shard_size=2))
+    # One Ray runtime at a time: the session's runtime makes way for the cluster, then comes back.
+    init_args = dict(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 << 20,
+                     runtime_env={"env_vars": {"PYTHONHASHSEED": "0"}})
+    ray_local.shutdown()
+    cluster = Cluster(initialize_head=True, connect=True,
+                      head_node_args={"num_cpus": 0, "object_store_memory": 256 << 20})
+    try:
+        nodes = [cluster.add_node(num_cpus=1, object_store_memory=128 << 20) for _ in range(2)]
+        cluster.wait_for_nodes()
+        out = str(tmp_path / "out")
+        removed = []
+
+        def kill_node():
+            deadline = time.time() + 120
+            while _journal_shards(out) < 4 and time.time() < deadline:
+                time.sleep(0.01)
+            cluster.remove_node(nodes[1], allow_graceful=False)
+            removed.append(True)
+
+        killer = threading.Thread(target=kill_node)
+        killer.start()
+        convert(options(src, out, workers=2, shard_size=2))
+        killer.join()
+        assert removed
+        assert tree_bytes(out) == tree_bytes(ref)
+    finally:
+        ray_local.shutdown()
+        cluster.shutdown()
+        ray_local.init(**init_args)
