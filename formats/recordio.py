@@ -54,6 +54,7 @@ _WHOLE, _FIRST, _MIDDLE, _LAST = 0, 1, 2, 3
 IRHEADER = struct.Struct("<IfQQ")
 _ID2_OFFSET = 16
 _ZERO_ID2 = bytes(8)
+_ID2 = struct.Struct("<Q")
 _ZEROS = bytes(4)
 
 _SIDECAR_FORMAT = "gpufeed.recordio"
@@ -119,7 +120,7 @@ def frame(value: bytes) -> bytes:
 
 
 def _checksum(value) -> int:
-    return crc32c.crc32c(value[IRHEADER.size:], crc32c.crc32c(bytes(value[:_ID2_OFFSET]) + _ZERO_ID2))
+    return crc32c.crc32c(value[IRHEADER.size:], crc32c.crc32c(_ZERO_ID2, crc32c.crc32c(value[:_ID2_OFFSET])))
 
 
 def _scan(cur, path: str, first_index: int = 0, limit: int | None = None) -> Iterator[tuple[int, int, object]]:
@@ -164,10 +165,36 @@ def _scan(cur, path: str, first_index: int = 0, limit: int | None = None) -> Ite
         i += 1
 
 
-def _scan_view(mv, path) -> Iterator[tuple[int, int, object]]:
-    """:func:`_scan` over a whole memory-mapped file, as one tight loop over offsets for unsplit records (the
-    common case; per-record Python overhead decides how many small records a second a reader delivers)."""
-    unpack_from, size = _PART.unpack_from, len(mv)
+def _check_value(value, path, i, offset) -> None:
+    if len(value) < IRHEADER.size:
+        raise CorruptRecordError(path, i, offset, f"a {len(value)}-byte record is shorter than the 24-byte IRHeader")
+    if _checksum(value) != IRHEADER.unpack_from(value)[3]:
+        raise CorruptRecordError(path, i, offset, "CRC-32C in the IRHeader's id2 does not match the record")
+
+
+def _count_check(path, count, expected) -> None:
+    if expected is not None and count != expected:
+        raise CorruptRecordError(path, count, None, f"the file holds {count} records but should hold {expected} "
+                                                    "(truncated?)")
+
+
+def _scan_checked(records, path, checksum: bool, expected: int | None):
+    """Records from :func:`_scan` with the CRC in id2 checked and the record count compared at the end."""
+    count = 0
+    for i, offset, value in records:
+        if checksum:
+            _check_value(value, path, i, offset)
+        count += 1
+        yield i, offset, value
+    _count_check(path, count, expected)
+
+
+def _scan_view(mv, path, checksum: bool = False, expected: int | None = None):
+    """:func:`_scan_checked` over a whole memory-mapped file, as one tight loop over offsets for unsplit records
+    (the common case): per-record Python overhead decides how many small records a second a reader delivers,
+    and values are zero-copy slices of the map, so the CRC is the only pass over their bytes."""
+    unpack_from, crc, size = _PART.unpack_from, crc32c.crc32c, len(mv)
+    head, id2_at, zero_id2 = IRHEADER.size, _ID2_OFFSET, _ZERO_ID2
     pos = i = 0
     while pos < size:
         if pos + 8 > size:
@@ -175,20 +202,28 @@ def _scan_view(mv, path) -> Iterator[tuple[int, int, object]]:
         magic, lrec = unpack_from(mv, pos)
         if magic != MAGIC or lrec >> _LENGTH_BITS:
             # A bad magic or a split record: the general scanner reports or reassembles it.
-            for rec in _scan(ViewCursor(mv, pos), path, i, 1):
+            for rec in _scan_checked(_scan(ViewCursor(mv, pos), path, i, 1), path, checksum, None):
                 yield rec
                 i, pos = i + 1, _end_of_record(mv, pos)
             continue
-        end = pos + 8 + lrec
+        start = pos + 8
+        end = start + lrec
         padded = (end + 3) & ~3
         if padded > size:
             raise CorruptRecordError(path, i, pos, f"the record says {lrec} bytes but the file ends "
-                                                   f"{size - pos - 8} bytes later (truncated?)")
+                                                   f"{size - start} bytes later (truncated?)")
         if padded != end and mv[end:padded] != _ZEROS[:padded - end]:
             raise CorruptRecordError(path, i, pos, "padding after the record is not zero bytes")
-        yield i, pos, mv[pos + 8:end]
+        if checksum:
+            if lrec < head:
+                raise CorruptRecordError(path, i, pos, f"a {lrec}-byte record is shorter than the IRHeader")
+            if crc(mv[start + head:end], crc(zero_id2, crc(mv[start:start + id2_at]))) != \
+                    _ID2.unpack_from(mv, start + id2_at)[0]:
+                raise CorruptRecordError(path, i, pos, "CRC-32C in the IRHeader's id2 does not match the record")
+        yield i, pos, mv[start:end]
         pos = padded
         i += 1
+    _count_check(path, i, expected)
 
 
 def _end_of_record(mv, pos: int) -> int:
@@ -464,16 +499,11 @@ class RecordIOReader(Reader):
         self._verify(i, offset, value, self._keys[i])
         return value
 
-    def _verify(self, i, offset, value, key=None):
-        if len(value) < IRHEADER.size:
-            raise CorruptRecordError(self.path, i, offset, "record shorter than the 24-byte IRHeader")
+    def _verify(self, i, offset, value, key):
         if self._check.checksum:
-            id_, id2 = struct.unpack_from("<QQ", value, 8)
-            if _checksum(value) != id2:
-                raise CorruptRecordError(self.path, i, offset, "CRC-32C in the IRHeader's id2 does not match")
-            if key is not None and key != b"%d" % id_:
-                raise CorruptRecordError(self.path, i, offset, f"the .idx key {key!r} is not the record's id "
-                                                               f"{id_}")
+            _check_value(value, self.path, i, offset)
+            if key != b"%d" % IRHEADER.unpack_from(value)[2]:
+                raise CorruptRecordError(self.path, i, offset, f"the .idx key {key!r} is not the record's id")
 
     def __getitem__(self, i: int) -> Sample:
         i, offset, value = self._record_at(i)
@@ -512,36 +542,23 @@ class RecordIOReader(Reader):
                             self._names[int(parts[0])] = parts[-1]
         return self._names
 
-    def _scan_all(self):
-        count = 0
-        view = self._src.view()
-        for rec in _scan_view(view, self.path) if view is not None else _scan(self._src.cursor(0), self.path):
-            count += 1
-            yield rec
+    def _records(self, checksum: bool):
         expected = self.layout.records
         if expected is None and self._offsets is not None:
             expected = len(self._offsets)
-        if expected is not None and count != expected:
-            raise CorruptRecordError(self.path, count, None, f"the file holds {count} records but should hold "
-                                                             f"{expected} (truncated?)")
+        view = self._src.view()
+        if view is not None:
+            return _scan_view(view, self.path, checksum, expected)
+        return _scan_checked(_scan(self._src.cursor(0), self.path), self.path, checksum, expected)
 
     def iter_raw(self) -> Iterator:
         """Every record value (IRHeader + payload) in file order, as zero-copy views where possible."""
-        if not self._check.checksum:
-            for _, _, value in self._scan_all():
-                yield value
-            return
-        crc, unpack, head = crc32c.crc32c, IRHEADER.unpack_from, IRHEADER.size
-        for i, offset, value in self._scan_all():
-            if len(value) < head:
-                raise CorruptRecordError(self.path, i, offset, "record shorter than the 24-byte IRHeader")
-            if crc(value[head:], crc(bytes(value[:_ID2_OFFSET]) + _ZERO_ID2)) != unpack(value)[3]:
-                raise CorruptRecordError(self.path, i, offset, "CRC-32C in the IRHeader's id2 does not match")
+        for _, _, value in self._records(self._check.checksum):
             yield value
 
     def __iter__(self) -> Iterator[Sample]:
-        for i, offset, value in self._scan_all():
-            yield self._decode(i, offset, value)
+        for i, offset, value in self._records(self._check.checksum):
+            yield self._decode(i, offset, value, layout=self._unchecked)
 
     def close(self) -> None:
         self._src.close()

@@ -71,11 +71,17 @@ def iter_frames(fileobj, path: str) -> Iterator[tuple[int, bytes]]:
         yield offset, payload
 
 
-def _scan_view(mv, path, verify=True):
+def _count_check(path, count, expected) -> None:
+    if expected is not None and count != expected:
+        raise CorruptRecordError(path, count, None, f"the file holds {count} records but its index lists "
+                                                    f"{expected} (truncated?)")
+
+
+def _scan_view(mv, path, verify=True, expected=None):
     """:func:`_scan` over a whole memory-mapped file: the same checks, written as one tight loop over offsets
     (no cursor calls, payloads are zero-copy slices) because per-record Python overhead decides how many
     small records a second a reader can deliver."""
-    crc, unpack_from, size = crc32c.crc32c, _HEAD.unpack_from, len(mv)
+    crc, unpack_from, crc_from, size = crc32c.crc32c, _HEAD.unpack_from, _CRC.unpack_from, len(mv)
     pos = i = 0
     while pos < size:
         if pos + 12 > size:
@@ -92,11 +98,20 @@ def _scan_view(mv, path, verify=True):
         payload = mv[pos + 12:end]
         if verify:
             c = crc(payload)
-            if (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32 != _CRC.unpack_from(mv, end)[0]:
+            if (((c >> 15) | (c << 17)) + _MASK_DELTA) & _U32 != crc_from(mv, end)[0]:
                 raise CorruptRecordError(path, i, pos, "the payload's CRC does not match")
         yield i, pos, payload
         pos = end + 4
         i += 1
+    _count_check(path, i, expected)
+
+
+def _scan_counted(records, path, expected):
+    count = 0
+    for rec in records:
+        count += 1
+        yield rec
+    _count_check(path, count, expected)
 
 
 def _scan(cur, path, first_index=0, limit=None, verify=True):
@@ -418,27 +433,20 @@ class TFRecordReader(Reader):
         i %= len(self)
         return _FORMAT.decode(b"", payload, self.path, i, self._entries()[i][0])
 
-    def _scan_all(self):
-        count = 0
+    def _records(self):
+        expected = len(self._entries()) if self._has_idx else None
         view = self._src.view()
-        records = (_scan_view(view, self.path, self.verify) if view is not None
-                   else _scan(self._src.cursor(0), self.path, verify=self.verify))
-        for rec in records:
-            count += 1
-            yield rec
-        if self._has_idx:
-            expected = len(self._entries())
-            if count != expected:
-                raise CorruptRecordError(self.path, count, None, f"the file holds {count} records but its index "
-                                                                 f"lists {expected} (truncated?)")
+        if view is not None:
+            return _scan_view(view, self.path, self.verify, expected)
+        return _scan_counted(_scan(self._src.cursor(0), self.path, verify=self.verify), self.path, expected)
 
     def iter_raw(self) -> Iterator:
         """Every payload (a serialized Example) in file order, CRC-checked, as zero-copy views where possible."""
-        for _, _, payload in self._scan_all():
+        for _, _, payload in self._records():
             yield payload
 
     def __iter__(self) -> Iterator[Sample]:
-        for i, offset, payload in self._scan_all():
+        for i, offset, payload in self._records():
             yield _FORMAT.decode(b"", payload, self.path, i, offset)
 
     def close(self) -> None:
