@@ -41,6 +41,11 @@ class AtomicFile:
         self.size += n
         return n
 
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of everything written so far."""
+        return self._sha.hexdigest()
+
     def flush(self) -> None:
         self._f.flush()
 

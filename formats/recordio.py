@@ -22,6 +22,7 @@ shape and dtype, the record count, the gpufeed version and the writer's paramete
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -73,6 +74,8 @@ class Layout:
     dtype: str | None = None
     checksum: bool = False
     records: int | None = None
+    #: SHA-256 of the ``.idx`` and ``.lst`` as written ("idx", "lst"); readers check them before trusting either.
+    sha256: dict | None = None
 
 
 _IM2REC = Layout()
@@ -408,7 +411,8 @@ class RecordIOWriter(Writer):
         kind, shape, dtype = self._layout or ("encoded", (), "")
         side = {"format": _SIDECAR_FORMAT, "version": _SIDECAR_VERSION, "gpufeed": gpufeed.__version__,
                 "kind": kind, "shape": list(shape) or None, "dtype": dtype or None, "checksum": _CHECKSUM,
-                "records": self._rec.records, "params": self.params}
+                "records": self._rec.records, "params": self.params,
+                "sha256": {"idx": self._idx.sha256, "lst": self._lst.sha256}}
         sc = self._open(sidecar_path(self.path), "sidecar")
         sc.write(json.dumps(side, indent=1, sort_keys=True).encode() + b"\n")
         sc.records = self._rec.records
@@ -447,8 +451,9 @@ def read_sidecar(path: str) -> Layout:
             dtype not in _DTYPES or not isinstance(shape, list) or len(shape) != 3)):
         raise CorruptRecordError(sc, None, 0, f"the sidecar's layout {kind} {shape} {dtype} is not one gpufeed "
                                               "writes")
+    hashes = side.get("sha256")
     return Layout(kind, tuple(shape) if shape else None, dtype, side.get("checksum") == _CHECKSUM,
-                  side.get("records"))
+                  side.get("records"), hashes if isinstance(hashes, dict) else None)
 
 
 class RecordIOReader(Reader):
@@ -474,12 +479,15 @@ class RecordIOReader(Reader):
         if self._offsets is None:
             if not self._has_idx:
                 raise TypeError(f"{self.path} has no .idx: iterate it sequentially instead")
-            self._keys, self._offsets = _read_idx(index_path(self.path))
+            self._keys, self._offsets = _read_idx(index_path(self.path), self._side_hash("idx"))
             if self.layout.records is not None and len(self._offsets) != self.layout.records:
                 raise CorruptRecordError(index_path(self.path), None, None,
                                          f"the index lists {len(self._offsets)} records, the sidecar "
                                          f"{self.layout.records}")
         return self._offsets
+
+    def _side_hash(self, name: str) -> str | None:
+        return (self.layout.sha256 or {}).get(name) if self.verify else None
 
     def __len__(self) -> int:
         return len(self._index())
@@ -535,11 +543,10 @@ class RecordIOReader(Reader):
             lst = list_path(self.path)
             self._names = {}
             if exists(lst):
-                with io.open_file(lst, "rb") as f:
-                    for line in f.read().decode("utf-8", "replace").splitlines():
-                        parts = line.split("\t")
-                        if len(parts) >= 2 and parts[0].strip().isdigit():
-                            self._names[int(parts[0])] = parts[-1]
+                for line in _read_side_file(lst, self._side_hash("lst")).decode("utf-8", "replace").splitlines():
+                    parts = line.split("\t")
+                    if len(parts) >= 2 and parts[0].strip().isdigit():
+                        self._names[int(parts[0])] = parts[-1]
         return self._names
 
     def _records(self, checksum: bool):
@@ -564,10 +571,18 @@ class RecordIOReader(Reader):
         self._src.close()
 
 
-def _read_idx(path: str) -> tuple[list[bytes], list[int]]:
-    """``.idx`` keys and offsets, sorted by offset (file order, as DALI reads it)."""
+def _read_side_file(path: str, sha256: str | None) -> bytes:
     with io.open_file(path, "rb") as f:
-        lines = f.read().splitlines()
+        data = f.read()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise CorruptRecordError(path, None, None, "the file does not match the SHA-256 its .rec.json sidecar "
+                                                   "recorded")
+    return data
+
+
+def _read_idx(path: str, sha256: str | None = None) -> tuple[list[bytes], list[int]]:
+    """``.idx`` keys and offsets, sorted by offset (file order, as DALI reads it)."""
+    lines = _read_side_file(path, sha256).splitlines()
     pairs = []
     for n, line in enumerate(lines):
         if not line.strip():

@@ -395,8 +395,23 @@ class TFRecordReader(Reader):
         if self._index is None:
             if self.compression:
                 raise TypeError(f"{self.path} is GZIP-compressed and cannot be read at random; iterate it")
-            self._index = _read_idx(index_path(self.path)) if self._has_idx else self._scan_index()
+            self._index = self._checked_idx() if self._has_idx else self._scan_index()
         return self._index
+
+    def _checked_idx(self):
+        """The DALI index, checked to tile the file exactly: records are contiguous, so an index whose
+        entries were reordered, dropped or altered is caught here rather than serving records out of place."""
+        entries, idx = _read_idx(index_path(self.path)), index_path(self.path)
+        pos = 0
+        for n, (offset, size) in enumerate(entries):
+            if offset != pos or size < FRAME_OVERHEAD:
+                raise CorruptRecordError(idx, n, offset, f"line {n + 1} does not start where the previous record "
+                                                         f"ends (byte {pos}); rewrite the index")
+            pos += size
+        if pos != self._src.size():
+            raise CorruptRecordError(idx, len(entries), pos, f"the index covers {pos} bytes of a "
+                                                             f"{self._src.size()}-byte file (truncated?)")
+        return entries
 
     def _scan_index(self):
         cur = self._src.cursor(0)

@@ -88,8 +88,16 @@ def test_index_that_disagrees_with_the_data_raises(tmp_path):
             w.write(Sample(f"k{i}", i, b"abcdefgh", index=i))
     idx = (tmp_path / "i.idx").read_text().splitlines()
     (tmp_path / "i.idx").write_text("\n".join(idx[:2]) + "\n")
+    with pytest.raises(CorruptRecordError, match="SHA-256 its .rec.json sidecar recorded"):
+        len(fmt.reader(path))
+    side = json.loads((tmp_path / "i.rec.json").read_text())
+    del side["sha256"]
+    (tmp_path / "i.rec.json").write_text(json.dumps(side))
     with pytest.raises(CorruptRecordError, match="index lists 2"):
         len(fmt.reader(path))
+    (tmp_path / "i.lst").write_text("0\t0.000000\tk0\n")
+    assert fmt.reader(path).layout.sha256 is None
+    (tmp_path / "i.rec.json").unlink()
     (tmp_path / "i.idx").write_text("0\t0\n1\t4\n2\t48\n")
     with pytest.raises(CorruptRecordError):
         fmt.reader(path)[1]
