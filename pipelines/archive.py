@@ -80,7 +80,7 @@ def printable(name: str) -> str:
 def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     """The member's safe relative name, ``None`` for a directory; raise for anything an extractor must not touch."""
     name = info.name
-    where = f"{archive}::{name!r}"
+    where = f"{archive}::{printable(name)}"
     if info.issym() or info.islnk():
         raise UnsafeArchiveError(where, f"is a {'symbolic' if info.issym() else 'hard'} link to "
                                  f"{info.linkname!r}; links are never followed", "remove it from the archive")
@@ -98,7 +98,7 @@ def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     if ".." in name.split("/"):
         raise UnsafeArchiveError(where, "climbs out of the archive with '..'", "remove it from the archive")
     if has_undecodable(name):
-        raise LabelError(printable(where), "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
+        raise LabelError(where, "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
     clean = posixpath.normpath(name)
     if clean in ("", "."):
         raise UnsafeArchiveError(where, "has an empty name", "remove it from the archive")

@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from gpufeed.errors import InputError, UnsafeArchiveError
+from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
 from gpufeed.pipelines import open_source
 from gpufeed.pipelines.archive import ArchiveLimits, index_tar, stream_tar
 from gpufeed.pipelines.sources import read_ref
@@ -69,7 +69,7 @@ def test_hostile_member_inside_an_inner_class_tar(tmp_path):
         for info, data in (member("n01_1.JPEG", JPEG), member("n01_2.JPEG", type_=tarfile.SYMTYPE, linkname="/")):
             tar.addfile(info, data)
     make_tar(tmp_path / "ILSVRC2012_img_train.tar", [member("n01.tar", inner.getvalue())])
-    with pytest.raises(UnsafeArchiveError, match=r"n01.tar::'n01_2.JPEG': is a symbolic link"):
+    with pytest.raises(UnsafeArchiveError, match=r"n01.tar::n01_2.JPEG: is a symbolic link"):
         open_source("imagenet", str(tmp_path)).items("train")
     src = open_source("imagenet", str(tmp_path), on_error="skip")
     assert [it.key for it in src.items("train")] == ["n01/n01_1.JPEG"]
@@ -145,3 +145,12 @@ def test_inner_tar_without_end_marker_stays_inside_its_bytes(tmp_path):
     src = open_source("imagenet", str(tmp_path))
     assert [it.key for it in src.items("train")] == ["n01/n01_1.JPEG", "n02/n01_1.JPEG"]
     assert [read_ref(it.ref) for it in src.items("train")] == [JPEG, JPEG]
+
+
+def test_non_utf8_member_name_is_a_label_error(tmp_path):
+    path = tmp_path / "ILSVRC2012_img_val.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="utf-8", errors="surrogateescape") as tar:
+        info, data = member("caf\udce9.JPEG", JPEG)  # the raw byte 0xE9 (Latin-1), invalid as UTF-8
+        tar.addfile(info, data)
+    with pytest.raises(LabelError, match=r"caf\\xe9.JPEG.*not UTF-8"):
+        index_tar(str(path))
