@@ -1,6 +1,6 @@
 """Per-core conversion speed: how close :func:`make_sample` gets to the best a tight loop can do.
 
-Three (four with Pillow) loops run over the same in-memory corpus on one core (``cv2.setNumThreads(1)``),
+Four loops (three with ``--no-pillow``) run over one in-memory corpus on one core (``cv2.setNumThreads(1)``),
 each doing decode -> resize shorter side to 256 -> JPEG q95, no I/O, no framework:
 
 * ``limit``: the per-core limit of PERFORMANCE.md: sizes known in advance, libjpeg DCT-domain downscale
@@ -36,38 +36,19 @@ LARGE_SHARE = 0.10
 SOURCE_QUALITY = 90
 
 
-def photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    """BGR content with photo statistics: smooth shading at several scales, edges and sensor-like grain,
-    so files have ImageNet-like sizes (~100 KB at 500x375, q90) and entropy-decoding cost."""
-    import cv2
-
-    img = np.zeros((height, width, 3), np.float32)
-    for cells, weight in ((3, 0.5), (12, 0.3), (60, 0.2)):
-        field = rng.random((cells, max(2, cells * width // height), 3), dtype=np.float32)
-        img += weight * cv2.resize(field, (width, height), interpolation=cv2.INTER_CUBIC)
-    img *= 255
-    for _ in range(6):
-        p1 = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-        p2 = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-        colour = tuple(float(c) for c in rng.integers(0, 256, 3))
-        cv2.rectangle(img, p1, p2, colour, int(rng.integers(1, 6)))
-    img += rng.normal(0, 7, img.shape).astype(np.float32)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
 def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
-    """``n`` JPEG files in memory as ``(bytes, height, width)``."""
-    import cv2
+    """``n`` photo-like JPEG files (:func:`gpufeed.pipelines.synth.synth_jpeg`) in memory as
+    ``(bytes, height, width)``."""
+    from gpufeed.pipelines.synth import synth_jpeg
 
     rng = np.random.default_rng(seed)
     corpus = []
-    for i in range(n):
+    for _ in range(n):
         if rng.random() < LARGE_SHARE:
             h, w = 1200, 1600
         else:
             h, w = (375, 500) if rng.random() < 0.75 else (500, 375)
-        ok, buf = cv2.imencode(".jpg", photo_like(rng, h, w), (cv2.IMWRITE_JPEG_QUALITY, SOURCE_QUALITY))
-        corpus.append((buf.tobytes(), h, w))
+        corpus.append((synth_jpeg(rng, h, w, quality=SOURCE_QUALITY), h, w))
     return corpus
 
 
