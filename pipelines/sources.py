@@ -25,7 +25,7 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from gpufeed.errors import ConfigError, InputError
+from gpufeed.errors import ConfigError, InputError, LabelError
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
 
@@ -218,8 +218,6 @@ class BaseSource:
 
     def unique(self, items: list[Item]) -> list[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
-        from gpufeed.errors import LabelError
-
         out: list[Item] = []
         for it in items:
             if out and out[-1].key == it.key:

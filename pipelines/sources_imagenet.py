@@ -60,14 +60,12 @@ class _ImageSource(BaseSource):
         for cls, is_dir in self.root.listdir(top):
             path = self.root.join(top, cls)
             if not is_dir:
-                item = flat_file(cls) if flat_file else self.problem(LabelError(
-                    self.root.url(path), "is a file outside any class folder, so it has no label",
-                    f"move it into a class folder or delete it"))
+                item = flat_file(cls) if flat_file else self._unlabelled(path)
                 if item is not None:
                     items.append(item)
                 continue
             if cls not in label_of:
-                self.problem(LabelError(self.root.url(path), f"is a folder for the unknown class {cls!r}",
+                self.problem(LabelError(printable(self.root.url(path)), f"is a folder for the unknown class {cls!r}",
                                         "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
                 continue
             meta = meta_of(cls)
@@ -76,6 +74,10 @@ class _ImageSource(BaseSource):
                 if item is not None:
                     items.append(item)
         return items
+
+    def _unlabelled(self, path: str) -> None:
+        self.problem(LabelError(printable(self.root.url(path)), "is a file outside any class folder, so it has no "
+                                "label", "move it into a class folder or delete it"))
 
     def _file_item(self, path: str, key: str, label, meta: dict) -> Item | None:
         url = self.root.url(path)
@@ -145,20 +147,21 @@ class ImageNetSource(_ImageSource):
                 return path
         return None
 
-    def _devkit(self) -> dict[str, bytes]:
-        """``meta.mat`` and the validation ground truth, from a devkit folder or its ``.tar.gz``, if present."""
+    def _devkit(self) -> dict[str, tuple[bytes, str]]:
+        """``{file: (bytes, where)}`` of ``meta.mat`` and the validation ground truth, from a devkit folder or
+        its ``.tar.gz``, when present."""
         if self._devkit_files is None:
             found = {}
             for fname in (META_MAT, GROUND_TRUTH):
                 path = self._find(f"{DEVKIT_DIR}/data/{fname}", f"data/{fname}", fname)
                 if path is not None:
-                    found[fname] = self.root.read(path)
+                    found[fname] = (self.root.read(path), self.root.url(path))
             tar = self._find(DEVKIT_TAR)
             if len(found) < 2 and tar is not None:
+                url = self.root.url(tar)
                 wanted = {f"{DEVKIT_DIR}/data/{META_MAT}": META_MAT, f"{DEVKIT_DIR}/data/{GROUND_TRUTH}": GROUND_TRUTH}
-                for name, data in stream_tar(self.root.url(tar), lambda n: n in wanted, limits=self.limits,
-                                             on_problem=self.problem):
-                    found.setdefault(wanted[name], data)
+                for name, data in stream_tar(url, lambda n: n in wanted, limits=self.limits, on_problem=self.problem):
+                    found.setdefault(wanted[name], (data, f"{url}::{name}"))
             self._devkit_files = found
         return self._devkit_files
 
@@ -171,8 +174,7 @@ class ImageNetSource(_ImageSource):
     def _load_classes(self) -> ClassInfo:
         meta = self._devkit().get(META_MAT)
         if meta is not None:
-            wnids, texts, self._id_to_wnid = _read_meta_mat(meta, self.root.url(self._find(
-                f"{DEVKIT_DIR}/data/{META_MAT}", f"data/{META_MAT}", META_MAT) or self._find(DEVKIT_TAR)))
+            wnids, texts, self._id_to_wnid = _read_meta_mat(*meta)
             return ClassInfo(names=wnids, synsets=wnids, texts=texts)
         mapping = self._find(SYNSET_MAPPING)
         if mapping is not None:
@@ -182,13 +184,16 @@ class ImageNetSource(_ImageSource):
         if self.train_dir:
             wnids = [n for n, is_dir in self.root.listdir(self.train_dir) if is_dir]
         elif self.train_tar:
-            index = index_tar(self.root.url(self.train_tar), limits=self.limits, on_problem=self.problem)
+            # Outer headers only; refused members are reported when the train split itself is listed.
+            index = index_tar(self.root.url(self.train_tar), limits=self.limits, on_problem=lambda e: None)
             wnids = sorted(_stem(e.name) for e, _ in index if e.name.endswith(".tar"))
         elif self.val_dir and any(is_dir for _, is_dir in self.root.listdir(self.val_dir)):
             wnids = [n for n, is_dir in self.root.listdir(self.val_dir) if is_dir]
         else:
             labels = set(self._val_labels()[0].values())
-            wnids = sorted(str(v) for v in labels)
+            if labels and all(v.isdigit() for v in labels):
+                return ClassInfo(names=[str(i) for i in range(max(int(v) for v in labels) + 1)])
+            wnids = sorted(labels)
         if not wnids:
             raise SourceNotFound(self.root, "any ImageNet class (train/<wnid>/ folders or per-class tars)")
         return ClassInfo(names=wnids, synsets=wnids)
@@ -213,10 +218,10 @@ class ImageNetSource(_ImageSource):
 
     def _val_labels(self) -> tuple[dict[str, str], str]:
         """``{file stem: wnid}`` for flat validation files, and where it came from."""
-        truth = self._devkit().get(GROUND_TRUTH)
-        if truth is not None:
+        found = self._devkit().get(GROUND_TRUTH)
+        if found is not None:
+            truth, where = found
             self.classes()
-            where = f"{DEVKIT_DIR}/data/{GROUND_TRUTH}"
             if self._id_to_wnid is None:
                 raise SourceNotFound(self.root, f"{DEVKIT_DIR}/data/{META_MAT}",
                                      f"{GROUND_TRUTH} holds devkit ILSVRC2012_IDs, which only meta.mat maps to wnids")
@@ -246,7 +251,7 @@ class ImageNetSource(_ImageSource):
         if wnid is None:
             self.problem(LabelError(origin, f"has no label in {where}", "add it there or remove the file"))
             return None
-        if isinstance(wnid, int) or wnid.isdigit():
+        if wnid.isdigit():
             index = int(wnid)
             if not 0 <= index < len(self.classes().names):
                 self.problem(LabelError(origin, f"has label {index} in {where}, outside 0..{len(self.classes().names) - 1}",
