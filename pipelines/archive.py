@@ -35,6 +35,9 @@ class ArchiveLimits:
     max_members: int = 5_000_000
     max_total_size: int = 2 ** 40
     max_member_size: int = 2 ** 32
+    #: Members of a streamed ``.tar.gz`` are read into memory; the largest real one (CIFAR-100's ``train``
+    #: pickle) is 155 MB, so a member claiming more than this is refused before it is inflated.
+    max_read_size: int = 2 ** 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +211,10 @@ def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits
                         continue
                     budget.add(name, info.size)
                     if wanted(name):
+                        if info.size > limits.max_read_size:
+                            raise UnsafeArchiveError(f"{url}::{name}", f"declares {info.size} bytes, more than the "
+                                                     f"{limits.max_read_size} read into memory at most",
+                                                     "raise ArchiveLimits.max_read_size if the file is genuine")
                         data = tar.extractfile(info).read()
                         if len(data) != info.size:
                             raise InputError(f"{url}::{name}", f"holds {len(data)} of {info.size} bytes",

@@ -121,6 +121,8 @@ def test_gzip_stream_bomb_and_escape_are_refused(tmp_path):
         list(stream_tar(str(path), lambda n: True, limits=ArchiveLimits(max_total_size=100_000)))
     with pytest.raises(UnsafeArchiveError, match="climbs out"):
         list(stream_tar(str(path), lambda n: False))
+    with pytest.raises(UnsafeArchiveError, match="d/0: declares 10000 bytes, more than the 5000 read"):
+        list(stream_tar(str(path), lambda n: True, limits=ArchiveLimits(max_read_size=5000)))
     path.write_bytes(gzip.compress(raw.getvalue())[:-300])
     with pytest.raises(InputError, match="cannot be read to the end"):
         list(stream_tar(str(path), lambda n: True, on_problem=lambda e: None))
