@@ -16,20 +16,24 @@ import os
 
 from gpufeed import io
 
-#: Reads of unknown size (a length field not yet trusted) are made in pieces of this size, so a damaged
-#: length can never make a reader allocate more than the file really holds.
+#: Reads whose length comes from a field not yet verified start at _FIRST_PIECE and double up to _PIECE, so a
+#: damaged length can never make a reader allocate much more than the stream really holds (some streams,
+#: like gzip, preallocate the size they are asked for).
+_FIRST_PIECE = 1 << 20
 _PIECE = 64 << 20
 
 
 def read_fully(f, n: int) -> bytes:
     """Up to ``n`` bytes from ``f``; shorter only at end of file."""
-    data = f.read(min(n, _PIECE))
+    piece = min(n, _FIRST_PIECE)
+    data = f.read(piece)
     if data is None or len(data) == n or not data:
         return data or b""
     parts = [data]
     got = len(data)
     while got < n:
-        more = f.read(min(n - got, _PIECE))
+        piece = min(piece * 2, _PIECE)
+        more = f.read(min(n - got, piece))
         if not more:
             break
         parts.append(more)
