@@ -43,7 +43,8 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` (imagenet, folder, cifar10, cifar100, ptb).
 
     Options: imagenet ``layout="auto"|"tree"|"archives"`` (which to read when a folder holds both),
-    ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`, also for cifar and ptb archives); folder ``list_file``
+    ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`, also for cifar and ptb archives);
+    folder ``list_file``
     (im2rec ``.lst`` or Caffe ``path label`` list, relative paths from ``src``); ptb ``seq_len=35``,
     ``ptb_mode="window"|"sentence"``.
     """

@@ -252,12 +252,12 @@ class ImageNetSource(_ImageSource):
             self.problem(LabelError(origin, f"has no label in {where}", "add it there or remove the file"))
             return None
         if wnid.isdigit():
-            index = int(wnid)
-            if not 0 <= index < len(self.classes().names):
-                self.problem(LabelError(origin, f"has label {index} in {where}, outside 0..{len(self.classes().names) - 1}",
+            index, names = int(wnid), self.classes().names
+            if index >= len(names):
+                self.problem(LabelError(origin, f"has label {index} in {where}, outside 0..{len(names) - 1}",
                                         "fix the label file"))
                 return None
-            wnid = self.classes().names[index]
+            wnid = names[index]
         if wnid not in self.labels():
             self.problem(LabelError(origin, f"is labelled with the unknown synset {wnid!r} in {where}",
                                     "use a label file and class list of the same release"))
@@ -267,16 +267,11 @@ class ImageNetSource(_ImageSource):
     # -- listing ----------------------------------------------------------------------------------------------
 
     def _list(self, split: str) -> list[Item]:
-        label_of = self.labels()
         folder, tar = getattr(self, f"{split}_dir"), getattr(self, f"{split}_tar")
         if folder:
-            items = self._val_tree_items(folder) if split == "val" else self._tree_items(
-                folder, label_of, self._meta_of)
-        elif split == "train":
-            items = self._train_tar_items(tar)
-        else:
-            items = self._val_tar_items(tar)
-        return items
+            return self._val_tree_items(folder) if split == "val" else self._tree_items(
+                folder, self.labels(), self._meta_of)
+        return self._train_tar_items(tar) if split == "train" else self._val_tar_items(tar)
 
     def _val_tree_items(self, folder: str) -> list[Item]:
         found = {}

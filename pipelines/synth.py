@@ -62,6 +62,8 @@ SIZE_MIX = (
 TEXTURE_SIGMA = 22.0
 _TILE = 256
 
+MAT_HEADER = b"MATLAB 5.0 MAT-file, Platform: GLNXA64, Created on: Tue May  1 00:00:00 2012".ljust(116)
+
 _WORDS = ("red", "spotted", "common", "great", "lesser", "striped", "golden", "wild", "grey", "crested", "tench",
           "finch", "heron", "terrier", "beetle", "lizard", "kettle", "barrow", "lantern", "spaniel", "warbler",
           "jay", "otter", "cannon", "sloop", "teapot", "mantis", "gecko", "toucan", "canoe")
@@ -89,7 +91,8 @@ def photo_like(rng: np.random.Generator, height: int, width: int, texture: np.nd
     for _ in range(int(rng.integers(2, 6))):
         colour = tuple(float(c) for c in rng.uniform(0, 255, 3))
         centre = (int(rng.integers(0, width)), int(rng.integers(0, height)))
-        axes = (int(rng.integers(width // 16 + 1, width // 3 + 2)), int(rng.integers(height // 16 + 1, height // 3 + 2)))
+        axes = (int(rng.integers(width // 16 + 1, width // 3 + 2)),
+                int(rng.integers(height // 16 + 1, height // 3 + 2)))
         if rng.random() < 0.6:
             cv2.ellipse(img, centre, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1, cv2.LINE_AA)
         else:
@@ -137,7 +140,8 @@ def _bad_file(kind: str, rng: np.random.Generator, texture: np.ndarray) -> bytes
     if kind == "png":
         return cv2.imencode(".png", pixels)[1].tobytes()
     if kind == "gray":
-        return cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_BGR2GRAY), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+        gray = cv2.cvtColor(pixels, cv2.COLOR_BGR2GRAY)
+        return cv2.imencode(".jpg", gray, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
     if kind == "truncated":
         whole = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
         return whole[: len(whole) * 3 // 5]
@@ -214,7 +218,8 @@ def _meta_mat(wnids: list[str], texts: list[str], ids: dict[str, int], per_class
                          np.array([[ntrain]], np.uint16))
     out = io.BytesIO()
     scipy.io.savemat(out, {"synsets": synsets})
-    return out.getvalue()
+    # savemat stamps the current time into the 116-byte text header; a fixed one keeps the bytes seed-only.
+    return MAT_HEADER + out.getvalue()[len(MAT_HEADER):]
 
 
 def synth_imagenet(out: str, classes: int = 10, per_class: int = 20, val_per_class: int = 5, seed: int = 0,
@@ -255,7 +260,8 @@ def synth_imagenet(out: str, classes: int = 10, per_class: int = 20, val_per_cla
                         data = _bad_file(kind, img_rng, texture)
                         planted[f"{wnid}/{name}"] = kind
                     else:
-                        h, w = (1944, 2592) if (c, i) == (0, per_class - 1) and per_class >= 10 else _image_size(img_rng)
+                        huge = (c, i) == (0, per_class - 1) and per_class >= 10
+                        h, w = (1944, 2592) if huge else _image_size(img_rng)
                         data = synth_jpeg(img_rng, h, w, texture=texture)
                     total_bytes += len(data)
                     count += 1

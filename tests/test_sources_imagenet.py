@@ -105,7 +105,8 @@ def test_devkit_ids_are_mapped_to_sorted_wnid_index(tmp_path):
 def test_loc_solution_and_plain_label_files(tmp_path):
     (tmp_path / "LOC_synset_mapping.txt").write_text("n02\tb thing\nn01 a thing\n".replace("\t", " "))
     (tmp_path / "LOC_val_solution.csv").write_text(
-        "ImageId,PredictionString\nILSVRC2012_val_00000002,n01 1 2 3 4\nILSVRC2012_val_00000001,n02 1 2 3 4 n01 0 0 1 1\n")
+        "ImageId,PredictionString\nILSVRC2012_val_00000002,n01 1 2 3 4\n"
+        "ILSVRC2012_val_00000001,n02 1 2 3 4 n01 0 0 1 1\n")
     for j in (1, 2):
         write(str(tmp_path / f"val/ILSVRC2012_val_{j:08d}.JPEG"), jpeg(j))
     src = open_source("imagenet", str(tmp_path))
