@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenF
 VERSION = 1
 SIDECAR = "gpufeed.json"
 CHECKSUMS = "gpufeed.crc32c"
+PAGES = "gpufeed.pages"
 DATA = "data.mdb"
 #: LMDB's compile-time key limit (MDB_MAXKEYSIZE); a longer key fails at ``put``, so refuse it at encode.
 MAX_KEY_BYTES = 511
@@ -58,6 +60,14 @@ KEY_DIGITS = 8
 #: file reads straight into a numpy array. The length is checked before the value is touched: a damaged
 #: node header could otherwise point a read past the end of the map.
 _CHECK_DTYPE = np.dtype([("crc", "<u4"), ("size", "<u8")])
+#: Per B-tree page (meta, branch, leaf; not the overflow pages that hold large values, which the records'
+#: CRCs cover): page number and CRC-32C of the page. LMDB follows the pointers in these pages without
+#: checks, and a damaged one can send it past the end of the file (SIGBUS); readers verify them first.
+_PAGE_DTYPE = np.dtype([("pgno", "<u8"), ("crc", "<u4")])
+#: LMDB's page header (MDB_page, 64-bit build): page number, pad, flags, then lower/upper bounds of the
+#: free space, or for the first page of an overflow run the u32 count of pages in the run.
+_PAGE_HEADER = struct.Struct("<QHHI")
+_P_OVERFLOW = 0x04
 
 _DEFAULT_INITIAL_MAP = 64 << 20
 _DEFAULT_BATCH_RECORDS = 1000
@@ -267,6 +277,50 @@ def read_mean_binaryproto(path: str) -> np.ndarray:
 def _check(key, value) -> int:
     """CRC-32C of key then value: the key names the record, so damage there must be caught too."""
     return crc32c.crc32c(value, crc32c.crc32c(key))
+
+
+def _page_checks(data_path: str, psize: int) -> np.ndarray:
+    """CRC-32C of every meta/branch/leaf page of a compacted ``data.mdb``, which holds no free pages, so a
+    front-to-back walk meets only those and overflow runs (skipped by their page count)."""
+    out = []
+    size = os.path.getsize(data_path)
+    with open(data_path, "rb") as f:
+        pgno = 0
+        while pgno * psize < size:
+            f.seek(pgno * psize)
+            page = f.read(psize)
+            _, _, flags, count = _PAGE_HEADER.unpack_from(page)
+            if flags & _P_OVERFLOW:
+                pgno += max(count, 1)
+            else:
+                out.append((pgno, crc32c.crc32c(page)))
+                pgno += 1
+    return np.array(out, _PAGE_DTYPE)
+
+
+def _verify_pages(directory: str, meta: dict) -> None:
+    """Check the B-tree pages against ``gpufeed.pages`` before LMDB maps the file and follows them."""
+    data_path = os.path.join(directory, DATA)
+    pages = np.fromfile(os.path.join(directory, meta["pages"]), _PAGE_DTYPE)
+    psize = int(meta["page_size"])
+    with open(data_path, "rb") as f:
+        fd = f.fileno()
+        start = 0
+        # Consecutive pages are read in one call: for small records the tree is nearly the whole file.
+        while start < pages.size:
+            stop = start + 1
+            while stop < pages.size and stop - start < 256 and pages["pgno"][stop] == pages["pgno"][stop - 1] + 1:
+                stop += 1
+            first = int(pages["pgno"][start])
+            data = os.pread(fd, (stop - start) * psize, first * psize)
+            view = memoryview(data)
+            for k in range(start, stop):
+                off = (k - start) * psize
+                if len(data) < off + psize or crc32c.crc32c(view[off:off + psize]) != pages["crc"][k]:
+                    raise CorruptRecordError(data_path, None, int(pages["pgno"][k]) * psize,
+                                             f"LMDB page {int(pages['pgno'][k])} does not match {PAGES}")
+            gio.charge(len(data))
+            start = stop
 
 
 def _sha256(path: str) -> str:
@@ -481,8 +535,9 @@ class LMDBWriter(Writer):
             stats = self.stats
             final_tmp = self._final_tmp = naming.temp_name(self.path)
             os.mkdir(final_tmp)
+            psize = self._env.stat()["psize"]
             # The meta page records the map size; tie it to the data, not to the growth history.
-            self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * self._env.stat()["psize"])
+            self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * psize)
             self._env.copy(final_tmp, compact=self.options.compact)
             self._env.close()
             data = os.path.join(final_tmp, DATA)
@@ -490,11 +545,15 @@ class LMDBWriter(Writer):
                 os.fsync(f.fileno())
             with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
                 f.write(self._checks(0, len(self._crc)).tobytes())
-            stats["file_bytes"] = os.path.getsize(data)
             sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
                        "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
-                       "options": dataclasses.asdict(self.options), "raw_float_dtype": self._float_dtype,
-                       "stats": stats}
+                       "page_size": psize, "options": dataclasses.asdict(self.options),
+                       "raw_float_dtype": self._float_dtype, "stats": stats}
+            if self.options.compact:
+                with open(os.path.join(final_tmp, PAGES), "wb") as f:
+                    f.write(_page_checks(data, psize).tobytes())
+                sidecar["pages"] = PAGES
+            stats["file_bytes"] = os.path.getsize(data)
             with open(os.path.join(final_tmp, SIDECAR), "w") as f:
                 json.dump(sidecar, f, indent=1, sort_keys=True)
             self._replace(final_tmp)
@@ -506,8 +565,9 @@ class LMDBWriter(Writer):
             raise
         self._closed = True
         self._final_stats = stats
-        return [self._written(DATA, "data", len(self._crc)), self._written(CHECKSUMS, "sidecar", len(self._crc)),
-                self._written(SIDECAR, "sidecar", 0)]
+        side = [PAGES] if self.options.compact else []
+        return ([self._written(DATA, "data", len(self._crc)), self._written(CHECKSUMS, "sidecar", len(self._crc))]
+                + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
 
     def _written(self, name, role, records):
         p = os.path.join(self.path, name)
@@ -542,7 +602,7 @@ _ENVS: dict[str, list] = {}
 _ENVS_PID = None
 
 
-def _shared_env(path: str):
+def _shared_env(path: str, before_open=None):
     global _ENVS_PID
     if _ENVS_PID != os.getpid():
         # Inherited through fork: unusable here (LMDB forbids it), so close our copies and start afresh.
@@ -556,6 +616,8 @@ def _shared_env(path: str):
     if entry is None:
         import lmdb
 
+        if before_open is not None:
+            before_open()
         env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=True, max_readers=4096,
                         max_dbs=0)
         entry = _ENVS[key] = [env, 0]
@@ -608,7 +670,7 @@ class LMDBReader(Reader):
 
         self._errors = lmdb.Error
         try:
-            self._env_key, env = _shared_env(self.path)
+            self._env_key, env = _shared_env(self.path, self._before_open)
         except lmdb.Error as e:
             raise CorruptRecordError(self.data_path, None, None, f"LMDB cannot open it ({e})") from e
         try:
@@ -626,17 +688,25 @@ class LMDBReader(Reader):
             raise
         self._pid = os.getpid()
 
+    def _before_open(self) -> None:
+        """Checks that must pass before LMDB maps the file: its size, and its B-tree pages' CRCs."""
+        size = os.path.getsize(self.data_path)
+        expected = (self.meta or {}).get("stats", {}).get("file_bytes")
+        if expected is not None and size != expected:
+            raise CorruptRecordError(self.data_path, None, min(size, expected), f"the file is {size} bytes, "
+                                     f"{SIDECAR} says {expected}: it was truncated or damaged")
+        if self.verify and self.meta and self.meta.get("pages"):
+            _verify_pages(self.path, self.meta)
+
     def _check_environment(self, env) -> None:
         """Sizes, record count and key shape, checked once per process before any record is touched."""
         self._len = env.stat()["entries"]
         used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         size = os.path.getsize(self.data_path)
-        expected = (self.meta or {}).get("stats", {}).get("file_bytes")
         # A short file would be mapped past its end, and touching those pages kills the process (SIGBUS).
-        if size < used or expected is not None and size != expected:
+        if size < used:
             raise CorruptRecordError(self.data_path, None, size, f"the file is {size} bytes but its pages "
-                                     f"need {used}" + (f" and {SIDECAR} says {expected}" if expected else "")
-                                     + ": it was truncated or damaged")
+                                     f"need {used}: it was truncated")
         self._keys = None
         self._crcs = None
         if self.meta:
@@ -754,4 +824,4 @@ class LMDBFormat(Format):
         return LMDBReader(path, **options)
 
     def output_files(self, path: str) -> list[str]:
-        return [os.path.join(path, DATA), os.path.join(path, CHECKSUMS), os.path.join(path, SIDECAR)]
+        return [os.path.join(path, name) for name in (DATA, CHECKSUMS, PAGES, SIDECAR)]

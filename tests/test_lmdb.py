@@ -19,7 +19,7 @@ import pytest
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
 from gpufeed.formats import get_format
 from gpufeed.formats.base import Sample
-from gpufeed.formats.lmdb import (CHECKSUMS, SIDECAR, decode_datum, make_key, read_mean_binaryproto,
+from gpufeed.formats.lmdb import (CHECKSUMS, PAGES, SIDECAR, decode_datum, make_key, read_mean_binaryproto,
                                   write_mean_binaryproto)
 from gpufeed.formats.proto import caffe_pb2
 
@@ -103,7 +103,7 @@ def test_round_trip_all_kinds(tmp_path, rng):
                 Sample("multiraw", [1, 2], img, "raw", 25)]
     out = tmp_path / "train_lmdb"
     files = write(out, samples)
-    assert sorted(os.listdir(out)) == sorted([CHECKSUMS, SIDECAR, "data.mdb"])
+    assert sorted(os.listdir(out)) == sorted([CHECKSUMS, PAGES, SIDECAR, "data.mdb"])
     r = FMT.reader(str(out))
     assert len(r) == len(samples)
     for i, s in enumerate(samples):
@@ -366,9 +366,17 @@ def test_damaged_key_and_truncated_file_are_caught(tmp_path, rng):
     write(tmp_path / "db", [Sample(f"dir/name_{i}.JPEG", i, jpeg(rng), "encoded", i) for i in range(3)])
     data = tmp_path / "db" / "data.mdb"
     whole = data.read_bytes()
-    _flip(data, whole.index(b"dir/name_1.JPEG") + 4)
-    with pytest.raises(CorruptRecordError, match="CRC-32C of key and value"):
+    at = whole.index(b"dir/name_1.JPEG") + 4
+    _flip(data, at)
+    with pytest.raises(CorruptRecordError, match=f"LMDB page {at // 4096} does not match") as e:
         list(FMT.reader(str(tmp_path / "db")))
+    assert e.value.byte_offset == at // 4096 * 4096
+    # Without the page checks (an older sidecar), the record's own CRC covers its key.
+    sidecar = tmp_path / "db" / SIDECAR
+    sidecar.write_text(json.dumps({k: v for k, v in json.loads(sidecar.read_text()).items() if k != "pages"}))
+    with pytest.raises(CorruptRecordError, match="CRC-32C of key and value") as e:
+        list(FMT.reader(str(tmp_path / "db")))
+    assert e.value.record_index == 1
     data.write_bytes(whole[:-4096])
     with pytest.raises(CorruptRecordError, match="truncated"):
         len(FMT.reader(str(tmp_path / "db")))
