@@ -57,6 +57,11 @@ def params(row: dict) -> dict:
     return row.get("params") or {}
 
 
+def stored_size(row: dict) -> int | None:
+    """The dataset's stored shorter side (``--resize``), None when images are stored as captured."""
+    return params(row).get("resize", row.get("resize"))
+
+
 def figure(row: dict, name: str) -> float | None:
     """The median of ``name``: the row's primary metric or one of its ``metrics``; None when absent."""
     if row.get("metric") == name:
@@ -252,7 +257,7 @@ def bytes_per_image(rows: Sequence[dict]) -> dict[Any, float]:
     for r in rows:
         b = r.get("sample_bytes")
         if b:
-            sizes[params(r).get("resize")].append(b)
+            sizes[stored_size(r)].append(b)
     return {k: statistics.median(v) for k, v in sizes.items()}
 
 
@@ -266,10 +271,12 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
     (AU < target), whose images/s per worker is then the workers' own rate.
     """
     best = None
-    for r in of_bench(rows, "read"):
+    reads = [r for r in of_bench(rows, "read") if params(r).get("decode") and r.get("median")
+             and stored_size(r) == resize and r.get("valid", True)]
+    # Warm-cache reads measure the CPU, not the disk; use them when there are any.
+    warm = [r for r in reads if params(r).get("cache") == "warm"]
+    for r in warm or reads:
         p = params(r)
-        if not p.get("decode") or is_synthetic(r) or not r.get("median") or p.get("resize") != resize:
-            continue
         workers = max(1, int(p.get("workers") or 1))
         if best is None or workers > best[0]:
             best = (workers, r["median"] / workers, f"read benchmark, {r.get('format')} with decode + augment, "
@@ -282,7 +289,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
         au = figure(r, "au")
         if p.get("decode") == "cpu" and p.get("task") == task and au is not None and au < AU_TARGET \
                 and p.get("workers") and r.get("median") and r.get("mode") == "measured" \
-                and p.get("resize") == resize:
+                and stored_size(r) == resize:
             starved.append((r["median"] / p["workers"], r))
     if not starved:
         return None
@@ -409,11 +416,11 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
         p = params(r)
         return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("accelerator")
 
-    full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not params(r).get("resize")}
+    full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not stored_size(r)}
     lines = []
     for r in of_bench(rows, "train"):
         twin = full.get(key(r))
-        size = params(r).get("resize")
+        size = stored_size(r)
         if size and twin is not None and twin.get("median") and r.get("median"):
             task, fmt, decode, tier, _ = key(r)
             lines.append(f"{task}, {fmt} on {tier_label(r)}, {decode} decode: {fmt_num(r['median'])} img/s stored at "
@@ -427,8 +434,8 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
 def _stored_side(rows: Sequence[dict]) -> int:
     """Shorter side of the stored images: the dataset's --resize, else ImageNet's typical 375-500 px (375)."""
     for r in rows:
-        if params(r).get("resize"):
-            return int(params(r)["resize"])
+        if stored_size(r):
+            return int(stored_size(r))
     return 375
 
 
@@ -718,7 +725,7 @@ def plot_latency(rows: Sequence[dict]):
     plt = _pyplot()
     tr = [r for r in of_bench(rows, "train") if (r.get("samples") or {}).get("data_wait_ms")
           and not is_synthetic(r)]
-    rd = [r for r in of_bench(rows, "read") if figure(r, "latency_p50_ms") is not None]
+    rd = [r for r in of_bench(rows, "read") if figure(r, "read_p50_ms") is not None]
     panels = [p for p in (tr, rd) if p]
     if not panels:
         return None
@@ -741,10 +748,10 @@ def plot_latency(rows: Sequence[dict]):
         ax.legend(fontsize=6)
     if rd:
         ax = axes[0][i]
-        labels = [f"{r['format']} {tier_label(r)} w{params(r).get('workers', '')}"
-                  f"{' cold' if params(r).get('cold') else ''}" for r in rd]
-        p50 = [figure(r, "latency_p50_ms") or 0 for r in rd]
-        p99 = [figure(r, "latency_p99_ms") or 0 for r in rd]
+        labels = [f"{r['format']} {tier_label(r)} {params(r).get('mode', '')} w{params(r).get('workers', '')} "
+                  f"{params(r).get('cache', '')}" for r in rd]
+        p50 = [figure(r, "read_p50_ms") or 0 for r in rd]
+        p99 = [figure(r, "read_p99_ms") or 0 for r in rd]
         xs = range(len(rd))
         ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
         ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
@@ -764,11 +771,13 @@ def plot_read_throughput(rows: Sequence[dict]):
     rd = [r for r in of_bench(rows, "read") if r.get("median")]
     if not rd:
         return None
-    kinds = sorted({(r["format"], bool(params(r).get("decode")), bool(params(r).get("cold"))) for r in rd}, key=str)
+    def kind(r):
+        return r["format"], bool(params(r).get("decode")), params(r).get("cache") == "cold"
+
+    kinds = sorted({kind(r) for r in rd}, key=str)
     tiers = sorted({tier_label(r) for r in rd})
-    series = {tier: [max((r["median"] for r in rd if tier_label(r) == tier
-                          and (r["format"], bool(params(r).get("decode")), bool(params(r).get("cold"))) == k),
-                         default=None) for k in kinds] for tier in tiers}
+    series = {tier: [max((r["median"] for r in rd if tier_label(r) == tier and kind(r) == k), default=None)
+                     for k in kinds] for tier in tiers}
     fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(kinds)), 4))
     _grouped_bars(ax, [f"{f}\n{'decode' if d else 'bytes'} {'cold' if c else 'warm'}" for f, d, c in kinds],
                   series, "samples/s (best worker count)")
@@ -826,7 +835,8 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     read = Section("Reading")
     if of_bench(rows, "read"):
         read.blocks.append(generic_table(rows, "read", "Read benchmark", base,
-                                         extra=("mb_per_s", "latency_p50_ms", "latency_p99_ms", "iops")))
+                                         extra=("mb_per_s", "read_p50_ms", "read_p99_ms", "iops",
+                                                "device_fraction")))
         fig = plot_read_throughput(rows)
         if fig is not None:
             read.blocks.append(Plot("Read throughput per format and tier", _png(fig)))
@@ -837,7 +847,8 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     conv = Section("Conversion")
     if of_bench(rows, "convert"):
         conv.blocks.append(generic_table(rows, "convert", "Conversion benchmark", base,
-                                         extra=("wall_s", "cpu_user_s", "cpu_sys_s", "iowait_share", "write_mb_per_s")))
+                                         extra=("wall_s", "cpu_user_s", "cpu_sys_s", "machine_iowait_share",
+                                                "write_mb_per_s")))
         fig = plot_convert_time(rows)
         if fig is not None:
             conv.blocks.append(Plot("Conversion time per tier", _png(fig)))

@@ -101,11 +101,20 @@ class EncodedBytes:
 
 
 def collate_encoded(batch):
-    """``[(jpeg bytes, label)]`` -> (list of 1-D uint8 tensors, int64 labels), as ``decode_jpeg`` takes them."""
+    """``[(jpeg bytes, label)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels).
+
+    One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
+    splits it into per-image views for ``decode_jpeg``."""
     import torch
 
-    datas = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in batch]
-    return datas, torch.tensor([label for _, label in batch], dtype=torch.int64)
+    sizes = [len(data) for data, _ in batch]
+    flat = np.empty(sum(sizes), dtype=np.uint8)
+    offset = 0
+    for (data, _), n in zip(batch, sizes):
+        flat[offset:offset + n] = np.frombuffer(data, dtype=np.uint8)
+        offset += n
+    return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
+            torch.tensor([label for _, label in batch], dtype=torch.int64))
 
 
 def _cycle(loader) -> Iterator:
@@ -248,16 +257,19 @@ def host_batches(loader, accel) -> Iterator:
 
 
 class GpuJpegDecoder:
-    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``, then crop + bilinear resize on the GPU.
+    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``, then crop + resize on the GPU.
 
     Training crops are drawn by :func:`gpufeed.pipelines.transforms.random_resized_crop_params` (torchvision's
     RandomResizedCrop: scale 0.08-1, ratio 3/4-4/3), flipped with p=0.5; inference takes :func:`center_box`.
-    Output: NHWC uint8 on the GPU, as the CPU path gives after its copy.
+    Images of one shape are stacked and cropped + resized together by ``roi_align`` (bilinear, 2x2 samples per
+    output pixel), one launch per shape instead of several per image, as DALI's batched resize does; output
+    is NHWC uint8 on the GPU, what the CPU path gives after its copy.
     """
 
     def __init__(self, accel, task: str, size: int = 224, seed: int = 0):
         import torch
         import torchvision
+        import torchvision.ops
 
         self.torch, self.tv = torch, torchvision
         self.device, self.task, self.size = accel.device, task, size
@@ -271,14 +283,23 @@ class GpuJpegDecoder:
             return random_resized_crop_params(height, width, self.rng)
         return center_box(height, width)
 
-    def decode(self, datas, labels):
-        torch, F = self.torch, self.torch.nn.functional
+    def decode(self, flat, sizes, labels):
+        torch = self.torch
+        datas = list(torch.split(flat, sizes.tolist()))
         images = self.tv.io.decode_jpeg(datas, mode=self.tv.io.ImageReadMode.RGB, device=self.device)
-        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
+        by_shape: dict[tuple, list[int]] = {}
         for i, img in enumerate(images):
-            top, left, h, w = self._box(img.shape[-2], img.shape[-1])
-            crop = img[None, :, top:top + h, left:left + w].float()
-            out[i:i + 1] = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", align_corners=False)
+            by_shape.setdefault(tuple(img.shape), []).append(i)
+        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
+        for (_, height, width), members in by_shape.items():
+            rois = []
+            for k, _i in enumerate(members):
+                top, left, h, w = self._box(height, width)
+                rois.append((k, left, top, left + w, top + h))
+            stack = torch.stack([images[i] for i in members]).float()
+            crops = self.tv.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
+                                          output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
+            out.index_copy_(0, torch.tensor(members).to(self.device), crops)
         if self.task == "train":
             flip = torch.from_numpy(np.flatnonzero(self.rng.random(len(images)) < 0.5)).to(self.device)
             out[flip] = out[flip].flip(-1)
@@ -294,9 +315,9 @@ def gpu_decoded_batches(loader, decoder: GpuJpegDecoder) -> Iterator:
     batches = _cycle(loader)
 
     def launch():
-        datas, labels = next(batches)
+        flat, sizes, labels = next(batches)
         with torch.cuda.stream(decoder.stream):
-            x, y = decoder.decode(datas, labels)
+            x, y = decoder.decode(flat, sizes, labels)
             done = torch.cuda.Event()
             done.record(decoder.stream)
         return x, y, done
@@ -434,7 +455,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        loader = make_loader(fmt, paths, task, decode, opts, pin=accel.kind == "cuda")
+        # nvJPEG takes pageable host bytes; pinning is worth it only for the decoded batches' copy.
+        loader = make_loader(fmt, paths, task, decode, opts, pin=accel.kind == "cuda" and decode == "cpu")
         if decode == "gpu":
             batches = gpu_decoded_batches(loader, GpuJpegDecoder(accel, task, opts.image_size, opts.seed))
         else:
@@ -473,8 +495,8 @@ def compute_step_time(synthetic_runs: list[LoopRun]) -> float:
 @contextlib.contextmanager
 def tier_scope(tier, data_dir: str, allow_invalid: bool):
     """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
-    under ``data_dir`` outruns it, then throttle this process and its DataLoader workers. Yields the reason the
-    rows are invalid (``--allow-invalid``), or None."""
+    under ``data_dir`` outruns it, then throttle this process and its DataLoader workers (they inherit the
+    emulator through the environment). Yields the reason the rows are invalid (``--allow-invalid``), or None."""
     if tier.limits is None:
         yield None
         return
@@ -482,7 +504,7 @@ def tier_scope(tier, data_dir: str, allow_invalid: bool):
     from gpufeed.bench.hostdisk import measure_host, require_valid
 
     reason = require_valid(tier, measure_host(data_dir), allow_invalid)
-    with Throttle.emulate(tier.limits):
+    with Throttle.emulate(tier.limits, state_dir=data_dir):
         yield reason
 
 
@@ -491,7 +513,8 @@ def dataset_fields(info: dict, fmt: str) -> dict:
     from gpufeed.bench.results import dataset_ram_ratio
 
     f = info["formats"][fmt]
-    return {"n_samples": info["n"], "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
+    return {"image": info["image"], "resize": info["resize"], "n_samples": info["n"],
+            "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
             "total_bytes": f["total_bytes"], "dataset_ram_ratio": dataset_ram_ratio(f["total_bytes"])}
 
 
@@ -500,17 +523,17 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     """The whole grid: per task, the synthetic baseline, then every tier x decode x format. Returns the rows,
     appending each to ``writer`` as soon as it is measured, so a run cut short keeps what it finished."""
     from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.read import dataset_paths, tier_dataset
 
     kind = resolve_accelerator(opts.accelerator)
     if "gpu" in opts.decodes and kind != "cuda":
         raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
                           "--decode cpu (the accelerator is emulated here)")
-    infos = {tier.name: load_dataset_info(tier.data_dir(dst)) for tier in tiers}
-    for tier in tiers:
-        missing = [f for f in formats if f not in infos[tier.name]["formats"]]
-        if missing:
-            raise ConfigError(f"{tier.data_dir(dst)} has no {', '.join(missing)} dataset; build it with "
-                              f"`gpufeed bench dataset {tier.data_dir(dst)} --formats {','.join(formats)}`")
+    info = load_dataset_info(dst)
+    missing = [f for f in formats if f not in info["formats"]]
+    if missing:
+        raise ConfigError(f"{dst} has no {', '.join(missing)} dataset; build it with "
+                          f"`gpufeed bench dataset {dst} --formats {','.join(formats)}`")
     rows = []
 
     def emit(row):
@@ -525,15 +548,13 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         emit({"bench": "train", "tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
               "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s)})
         for tier in tiers:
-            data_dir = tier.data_dir(dst)
-            info = infos[tier.name]
+            data_dir = tier_dataset(tier, os.path.abspath(dst))
             with tier_scope(tier, data_dir, opts.allow_invalid) as invalid:
                 for decode in opts.decodes:
                     for fmt in formats:
-                        runs = measure_format(accel, fmt, info["formats"][fmt]["paths"], task, decode, opts)
+                        runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts)
                         emit({"bench": "train", **tier.row_fields(), "format": fmt,
-                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
-                                         "image": info.get("image")},
+                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize")},
                               **dataset_fields(info, fmt), "valid": invalid is None, "invalid_reason": invalid,
                               **summarize_runs(runs, compute_s)})
         del accel

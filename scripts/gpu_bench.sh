@@ -14,8 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
-DATA=${DATA:-/tmp/gpufeed-data}
-RESULTS=$OUT/${RESULTS_NAME:-gpu-h200.jsonl}
+DATA=$(realpath -m "${DATA:-/tmp/gpufeed-data}")
+RESULTS=$(realpath -m "$OUT")/${RESULTS_NAME:-gpu-h200.jsonl}
 STAGES=${STAGES:-build local tiers resize}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$DATA"
@@ -23,8 +23,10 @@ mkdir -p "$OUT" "$DATA"
 if [ "${SMOKE:-0}" = 1 ]; then
   N=1200; N160=600; TRAIN_STEPS=3; INFER_STEPS=2; WARM=2; REPEATS=1; TIER_REPEATS=1
 else
-  N=${N:-20000}; N160=${N160:-8000}; TRAIN_STEPS=${TRAIN_STEPS:-40}; INFER_STEPS=${INFER_STEPS:-25}
-  WARM=${WARM:-8}; REPEATS=${REPEATS:-2}; TIER_REPEATS=${TIER_REPEATS:-1}
+  # 16 workers hand over their first batches in a burst: a warm-up of one step per worker and a timed window
+  # of three bursts keep that start-up out of the figures. One run then stays within one epoch of N images.
+  N=${N:-25000}; N160=${N160:-8000}; TRAIN_STEPS=${TRAIN_STEPS:-48}; INFER_STEPS=${INFER_STEPS:-32}
+  WARM=${WARM:-16}; REPEATS=${REPEATS:-2}; TIER_REPEATS=${TIER_REPEATS:-1}
 fi
 WORKERS=${WORKERS:-16}
 DECODES=${DECODES:-cpu,gpu}   # a dry run without a GPU sets DECODES=cpu
@@ -43,6 +45,8 @@ if [ "${INSTALL:-1}" = 1 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
     --target /tmp/site . >/dev/null
 fi
+# From here on, run outside the checkout: its gpufeed/ directory would shadow the installed package.
+cd /tmp
 GPUFEED=("$PY" -m gpufeed)
 
 stamp "machine"
@@ -64,30 +68,38 @@ EOF
 TRAIN=("${GPUFEED[@]}" bench train --results "$RESULTS" --warmup 0 --warmup-steps "$WARM" --workers "$WORKERS"
        "${EXTRA[@]}")
 
-run_grid() {  # run_grid DATASET REPEATS [extra args]: train and inference, one call each (steps differ)
-  local ds=$1 repeats=$2; shift 2
-  "${TRAIN[@]}" "$ds" --task train --steps "$TRAIN_STEPS" --repeats "$repeats" "$@"
-  "${TRAIN[@]}" "$ds" --task infer --steps "$INFER_STEPS" --repeats "$repeats" "$@"
+# run_grid DATASET REPEATS DECODES [extra args]: training and inference (their step counts differ), one
+# `gpufeed bench train` call per task and decoding, so a failing configuration loses only its own rows.
+run_grid() {
+  local ds=$1 repeats=$2 decodes=$3; shift 3
+  local decode
+  for decode in ${decodes//,/ }; do
+    "${TRAIN[@]}" "$ds" --task train --steps "$TRAIN_STEPS" --repeats "$repeats" --decode "$decode" "$@" \
+      || stamp "FAILED: train, $decode decoding, $ds $*"
+    "${TRAIN[@]}" "$ds" --task infer --steps "$INFER_STEPS" --repeats "$repeats" --decode "$decode" "$@" \
+      || stamp "FAILED: infer, $decode decoding, $ds $*"
+  done
 }
 
 for stage in $STAGES; do
   case $stage in
     build)
-      stamp "building $N images (as captured) and $N160 stored at --resize 160"
-      "${GPUFEED[@]}" bench dataset "$DATA/full" -n "$N" --workers "$WORKERS"
-      "${GPUFEED[@]}" bench dataset "$DATA/r160" -n "$N160" --resize 160 --workers "$WORKERS"
+      stamp "building $N images (as captured) and $N160 stored at --resize 160 (kept if already there)"
+      [ -f "$DATA/full/bench_dataset.json" ] || "${GPUFEED[@]}" bench dataset "$DATA/full" -n "$N" --workers "$WORKERS"
+      [ -f "$DATA/r160/bench_dataset.json" ] \
+        || "${GPUFEED[@]}" bench dataset "$DATA/r160" -n "$N160" --resize 160 --workers "$WORKERS"
       ;;
     local)
       stamp "local disk: every format, CPU and GPU decoding, training and inference"
-      run_grid "$DATA/full" "$REPEATS" --tier "local=$DATA/full" --decode "$DECODES"
+      run_grid "$DATA/full" "$REPEATS" "$DECODES" --tier "local=$DATA/full"
       ;;
     tiers)
       stamp "emulated cloud disks (ultra, ssd) on the local disk: tfrecord, CPU decoding"
-      run_grid "$DATA/full" "$TIER_REPEATS" --tier ultra --tier ssd --formats tfrecord --decode cpu
+      run_grid "$DATA/full" "$TIER_REPEATS" cpu --tier ultra --tier ssd --formats tfrecord
       ;;
     resize)
       stamp "images stored at --resize 160: tfrecord, CPU and GPU decoding"
-      run_grid "$DATA/r160" "$TIER_REPEATS" --tier "local=$DATA/r160" --formats tfrecord --decode "$DECODES"
+      run_grid "$DATA/r160" "$TIER_REPEATS" "$DECODES" --tier "local=$DATA/r160" --formats tfrecord
       ;;
     *) echo "unknown stage $stage (choose from: build local tiers resize)" >&2; exit 2 ;;
   esac
