@@ -13,8 +13,10 @@ from __future__ import annotations
 import gzip
 import mmap
 import os
+import zlib
 
 from gpufeed import io
+from gpufeed.errors import CorruptRecordError
 
 #: Reads whose length comes from a field not yet verified start at _FIRST_PIECE and double up to _PIECE, so a
 #: damaged length can never make a reader allocate much more than the stream really holds (some streams,
@@ -120,7 +122,7 @@ class ByteSource:
             return ViewCursor(self._mv, pos)
         f = io.open_file(self.path, "rb")
         if self.compression == "gzip":
-            f = gzip.GzipFile(fileobj=f, mode="rb")
+            f = _Gunzip(f, self.path)
             size = None
         else:
             size = _size(f)
@@ -162,6 +164,27 @@ class ByteSource:
                 mv.release()
             except BufferError:
                 pass
+
+
+class _Gunzip:
+    """A GZIP stream whose damage (bad header, bad CRC, early end) raises CorruptRecordError like any other."""
+
+    def __init__(self, f, path: str):
+        self._gz = gzip.GzipFile(fileobj=f, mode="rb")
+        self._path = path
+        self._pos = 0
+
+    def read(self, n: int) -> bytes:
+        try:
+            data = self._gz.read(n)
+        except (OSError, EOFError, zlib.error) as e:
+            raise CorruptRecordError(self._path, None, self._pos, f"the GZIP stream is damaged after "
+                                                                  f"{self._pos} uncompressed bytes ({e})") from None
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self._gz.close()
 
 
 def _size(f) -> int | None:

@@ -215,3 +215,23 @@ def test_decode_random_values(name, value):
     except GpufeedError:
         return
     assert s.kind in ("encoded", "raw", "tokens")
+
+
+@FUZZ
+@given(ops=mutation)
+def test_mutated_gzip_shard(tmp_path_factory, ops):
+    work = tmp_path_factory.mktemp("gz")
+    path = str(work / "f.gz")
+    with get_format("tfrecord").writer(path) as w:
+        for s in samples():
+            w.write(s)
+    with open(path, "rb") as f:
+        original = f.read()
+    with open(path, "wb") as f:
+        f.write(mutate(original, ops))
+    try:
+        with get_format("tfrecord").reader(path) as r:
+            got = [(s.key, tuple(float(x) for x in s.labels), bytes(s.payload)) for s in r]
+    except GpufeedError:
+        return
+    assert got == expected()
