@@ -177,13 +177,13 @@ def main(argv=None) -> int:
             cmd += ["--encode", "pass"]
     print("running:", " ".join(cmd), flush=True)
     result = monitor(cmd, os.path.join(dst, ".gpufeed"), args.interval)
-    done = result["timeline"][-1]["done"] if result["timeline"] else 0
+    done = max((p["done"] for p in result["timeline"]), default=0)
     manifest = os.path.join(dst, "manifest.json")
     written = None
     if os.path.exists(manifest):
         with open(manifest) as f:
             m = json.load(f)
-        written = m.get("samples") or m.get("summary")
+        written = sum(s["written"] for s in m["splits"].values())
     out_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dst) for f in fs)
     roles = flatness(result)
     row = {
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         "source_bytes": src_bytes, "output_bytes": out_bytes, "synth_s": round(synth_s, 1),
         "convert_wall_s": round(result["wall_s"], 1), "returncode": result["returncode"],
         "samples_journalled": done, "manifest_samples": written,
-        "samples_per_s": round(done / result["wall_s"], 1) if result["wall_s"] else None,
+        "samples_per_s": round((written or done) / result["wall_s"], 1) if result["wall_s"] else None,
         "peak_rss_mib_by_role": {r: v["peak_second_half_mib"] for r, v in roles.items()},
         "flatness": roles, "all_flat": all(v["flat"] for v in roles.values()),
         "throughput_windows": throughput_windows(result),
