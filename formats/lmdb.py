@@ -512,6 +512,8 @@ class LMDBWriter(Writer):
                 self._env.set_mapsize(self._map_size)
         self._committed_key = self._pending[-1][0]
         self._data_bytes += self._pending_bytes
+        # LMDB writes through its own pwrite/mmap, not gpufeed.io: tell tier emulation what it wrote.
+        gio.charge(self._pending_bytes, write=True)
         self._pending.clear()
         self._pending_bytes = 0
         self._save_crcs()
@@ -554,6 +556,7 @@ class LMDBWriter(Writer):
                     f.write(_page_checks(data, psize).tobytes())
                 sidecar["pages"] = PAGES
             stats["file_bytes"] = os.path.getsize(data)
+            gio.charge(stats["file_bytes"], write=True)
             with open(os.path.join(final_tmp, SIDECAR), "w") as f:
                 json.dump(sidecar, f, indent=1, sort_keys=True)
             self._replace(final_tmp)

@@ -389,3 +389,23 @@ def test_float16_pixels_come_back_as_float16(tmp_path, rng):
     assert got.dtype == np.float16 and np.array_equal(got, pixels)
     with pytest.raises(ConfigError, match="one pixel dtype"):
         write(tmp_path / "mixed", [Sample("a", 0, pixels, "raw", 0), Sample("b", 0, pixels.astype(np.float32), "raw", 1)])
+
+
+def test_reads_and_writes_are_charged_to_tier_emulation(tmp_path, rng):
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.tiers import Limits
+
+    payloads = [rng.bytes(20_000) for _ in range(10)]
+    limits = Limits(iops=1e9, bytes_per_s=1e12, latency_s=0.0, io_unit=4096)
+    with Throttle.emulate(limits, accounting="requests", state_dir=tmp_path) as t:
+        w = write(tmp_path / "db", [Sample(str(i), 0, p, "encoded", i) for i, p in enumerate(payloads)],
+                  batch_records=4)
+        assert t.stats()["bytes_written"] >= w.stats["data_bytes"] + w.stats["file_bytes"]
+        t.reset_stats()
+        r = FMT.reader(str(tmp_path / "db"))
+        values = sum(len(v) for v in r.iter_raw())
+        assert t.stats()["bytes_read"] >= values > sum(map(len, payloads))
+        t.reset_stats()
+        value = r.read_raw(3)
+        assert t.stats()["bytes_read"] == len(value)
+        r.close()
