@@ -451,6 +451,8 @@ def _finish(options, out, source, splits, journal, state_dir, stats_split, t0) -
     listing = [(x.origin, x.reason) for x in source.skipped()]
     nbytes = sum(f["bytes"] for f in files)
     stats = manifest_mod.merge_stats(state_dir, stats_split) if stats_split else None
+    # A worker killed mid-task (then retried) leaves its temporary files behind.
+    manifest_mod.remove_temporaries(out, options.formats)
     seconds = time.perf_counter() - t0
     summary = Summary(out, samples, listing + skipped, nbytes, seconds, files)
     manifest_mod.write(options, summary, source.classes(), stats)
