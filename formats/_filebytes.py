@@ -170,6 +170,7 @@ class _Gunzip:
     """A GZIP stream whose damage (bad header, bad CRC, early end) raises CorruptRecordError like any other."""
 
     def __init__(self, f, path: str):
+        self._raw = f
         self._gz = gzip.GzipFile(fileobj=f, mode="rb")
         self._path = path
         self._pos = 0
@@ -180,6 +181,9 @@ class _Gunzip:
         except (OSError, EOFError, zlib.error) as e:
             raise CorruptRecordError(self._path, None, self._pos, f"the GZIP stream is damaged after "
                                                                   f"{self._pos} uncompressed bytes ({e})") from None
+        if not data and n and not self._pos and not self._raw.tell():
+            # A GZIP shard with no records still holds a header and trailer: an empty file is a lost one.
+            raise CorruptRecordError(self._path, None, 0, "the file is empty, not a GZIP stream")
         self._pos += len(data)
         return data
 

@@ -150,3 +150,11 @@ def test_raw_and_tokens_layout(tmp_path):
     raw = example_pb2.Example.FromString(bytes(r.read_raw(1))).features.feature
     assert raw["image/format"].bytes_list.value == [b"RAW"] and raw["image/dtype"].bytes_list.value == [b"float32"]
     assert raw["image/channels"].int64_list.value == [1]
+
+
+def test_empty_gzip_shard_reads_empty_but_an_empty_file_is_damage(tmp_path):
+    write(tmp_path / "e.gz", [])
+    assert list(fmt.reader(str(tmp_path / "e.gz"))) == []
+    (tmp_path / "lost.gz").write_bytes(b"")
+    with pytest.raises(CorruptRecordError, match="empty"):
+        list(fmt.reader(str(tmp_path / "lost.gz")))
