@@ -80,31 +80,39 @@ def printable(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
+#: Member types that are never read, and why.
+_REFUSED_TYPES = {
+    tarfile.SYMTYPE: "is a symbolic link to {link!r}; links are never followed",
+    tarfile.LNKTYPE: "is a hard link to {link!r}; links are never followed",
+    tarfile.CHRTYPE: "is a device or fifo, not a file",
+    tarfile.BLKTYPE: "is a device or fifo, not a file",
+    tarfile.FIFOTYPE: "is a device or fifo, not a file",
+    tarfile.GNUTYPE_SPARSE: "is a sparse file, which cannot be read as one byte range",
+}
+
+
 def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     """The member's safe relative name, ``None`` for a directory; raise for anything an extractor must not touch."""
-    name = info.name
-    where = f"{archive}::{printable(name)}"
-    if info.issym() or info.islnk():
-        raise UnsafeArchiveError(where, f"is a {'symbolic' if info.issym() else 'hard'} link to "
-                                 f"{info.linkname!r}; links are never followed", "remove it from the archive")
-    if info.ischr() or info.isblk() or info.isfifo():
-        raise UnsafeArchiveError(where, "is a device or fifo, not a file", "remove it from the archive")
-    if info.isdir():
-        return None
-    if info.issparse():
-        raise UnsafeArchiveError(where, "is a sparse file, which cannot be read as one byte range",
-                                 "repack the archive without --sparse")
-    if not info.isfile():
-        raise UnsafeArchiveError(where, f"has tar type {info.type!r}, not a regular file", "remove it from the archive")
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":") or "\\" in name or "\x00" in name:
-        raise UnsafeArchiveError(where, "has an absolute or non-POSIX path", "remove it from the archive")
-    if ".." in name.split("/"):
-        raise UnsafeArchiveError(where, "climbs out of the archive with '..'", "remove it from the archive")
+    name, kind = info.name, info.type
+    if kind not in _FILE_TYPES:
+        if kind == tarfile.DIRTYPE:
+            return None
+        why = _REFUSED_TYPES.get(kind, f"has tar type {kind!r}, not a regular file").format(link=info.linkname)
+        raise UnsafeArchiveError(f"{archive}::{printable(name)}", why, "remove it from the archive")
+    parts = name.split("/")
+    if name.startswith("/") or name[1:2] == ":" or "\\" in name or "\x00" in name:
+        raise UnsafeArchiveError(f"{archive}::{printable(name)}", "has an absolute or non-POSIX path",
+                                 "remove it from the archive")
+    if ".." in parts:
+        raise UnsafeArchiveError(f"{archive}::{printable(name)}", "climbs out of the archive with '..'",
+                                 "remove it from the archive")
     if has_undecodable(name):
-        raise LabelError(where, "has a file name that is not UTF-8", "rename the member with a UTF-8 name")
-    clean = posixpath.normpath(name)
+        raise LabelError(f"{archive}::{printable(name)}", "has a file name that is not UTF-8",
+                         "rename the member with a UTF-8 name")
+    clean = posixpath.normpath(name) if "" in parts or "." in parts else name
     if clean in ("", "."):
-        raise UnsafeArchiveError(where, "has an empty name", "remove it from the archive")
+        raise UnsafeArchiveError(f"{archive}::{printable(name)}", "has an empty name", "remove it from the archive")
     return clean
 
 
@@ -138,36 +146,126 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         return out
 
 
-def _check_end(f, offset: int, end: int, where: str) -> None:
-    """tarfile stops quietly at a damaged header past the first; a real end is zero blocks or end of file."""
-    f.seek(offset)
-    if offset < end and f.read(min(BLOCK, end - offset)).strip(b"\0"):
-        raise InputError(where, f"has a damaged header at byte {offset}; members after it cannot be listed",
-                         "download the archive again")
+#: Header fields (POSIX ustar, which GNU tar shares up to ``magic``): byte ranges in the 512-byte block.
+_NAME, _SIZE, _CHKSUM, _TYPE, _LINK, _MAGIC, _PREFIX = (
+    slice(0, 100), slice(124, 136), slice(148, 156), 156, slice(157, 257), slice(257, 263), slice(345, 500))
+_ZERO = bytes(BLOCK)
+#: Types whose data follows the header (tarfile's rule: all but links, devices, fifos and directories).
+_DATA_TYPES = frozenset(range(256)) - frozenset(b"123456")
+#: GNU long-name records and pax headers are metadata for the next member; a name longer than this is hostile.
+_MAX_META = 1 << 20
+
+
+def _number(field: bytes, what: str, where: str, pos: int) -> int:
+    """A tar number: octal text, or GNU base-256 when the top bit of the first byte is set."""
+    if field[0] & 0x80:
+        if field[0] != 0x80:
+            raise InputError(where, f"has a negative {what} in the header at byte {pos}", "download the archive again")
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise InputError(where, f"has a damaged header at byte {pos} ({what} {text!r} is not a number); members "
+                         "from there on cannot be listed", "download the archive again") from None
+
+
+def _text(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax(raw: bytes, where: str, pos: int) -> dict[str, str]:
+    """``length key=value\\n`` records of a pax extended header."""
+    out, i = {}, 0
+    while i < len(raw) and raw[i:i + 1] != b"\0":
+        space = raw.find(b" ", i)
+        try:
+            length = int(raw[i:space])
+        except ValueError:
+            length = 0
+        record = raw[space + 1:i + length - 1] if space > i and length > space - i + 1 else None
+        if record is None or b"=" not in record or raw[i + length - 1:i + length] != b"\n":
+            raise InputError(where, f"has a damaged pax header at byte {pos}", "download the archive again")
+        key, _, value = record.partition(b"=")
+        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        i += length
+    return out
+
+
+def _headers(f, start: int, end: int, where: str) -> Iterator[tarfile.TarInfo]:
+    """The members of the tar in bytes ``[start, end)`` of ``f``, read header by header with seeks.
+
+    Each is a :class:`tarfile.TarInfo` with ``offset_data`` absolute in ``f``. This parses only what an
+    index needs (names from ustar, GNU long names and pax headers; sizes in octal or base 256; types), about
+    ten times faster than :mod:`tarfile`, which matters for the 1.28 million headers of ImageNet's train tar.
+    Like tarfile it checks every header's checksum; unlike tarfile, a damaged header after the first is an
+    error, not a quiet end of the archive.
+    """
+    if end - start < BLOCK:
+        raise InputError(where, f"is {end - start} bytes, too short to be a tar archive", "download it again")
+    pos, pending, pax_global = start, {}, {}
+    while pos < end:
+        f.seek(pos)
+        block = f.read(BLOCK) if pos + BLOCK <= end else b""
+        if len(block) < BLOCK:
+            raise InputError(where, f"ends inside a header at byte {pos}", "the archive is truncated: download it again")
+        if block == _ZERO:
+            return
+        checksum = _number(block[_CHKSUM], "checksum", where, pos)
+        unsigned = sum(block) - sum(block[_CHKSUM]) + 8 * 32
+        if checksum != unsigned and checksum != unsigned - 256 * sum(1 for b in block if b > 127) \
+                + 256 * sum(1 for b in block[_CHKSUM] if b > 127):
+            what = "is not a tar archive" if pos == start else f"has a damaged header at byte {pos}"
+            raise InputError(where, f"{what} (checksum mismatch); members from there on cannot be listed",
+                             "download the archive again")
+        kind = block[_TYPE]
+        size = _number(block[_SIZE], "size", where, pos)
+        data = pos + BLOCK
+        pos = data + (-(-size // BLOCK) * BLOCK if kind in _DATA_TYPES else 0)
+        if kind in b"LKxg":
+            if size > _MAX_META or data + size > end:
+                raise UnsafeArchiveError(where, f"has a {size}-byte name or pax record at byte {data}",
+                                         "remove it from the archive")
+            f.seek(data)
+            raw = f.read(size)
+            if kind == ord("L"):
+                pending["path"] = _text(raw)
+            elif kind == ord("K"):
+                pending["linkpath"] = _text(raw)
+            else:
+                (pending if kind == ord("x") else pax_global).update(_pax(raw, where, data - BLOCK))
+            continue
+        fields = {**pax_global, **pending}
+        pending = {}
+        if any(k.startswith("GNU.sparse") for k in fields):
+            kind = ord("S")
+        name = _text(block[_NAME])
+        if block[_MAGIC] == b"ustar\0" and block[_PREFIX][:1] not in (b"\0", b""):
+            name = f"{_text(block[_PREFIX])}/{name}"
+        info = tarfile.TarInfo(fields.get("path", name))
+        info.type = bytes([kind]) if kind else tarfile.AREGTYPE
+        if info.type == tarfile.AREGTYPE and info.name.endswith("/"):
+            info.type = tarfile.DIRTYPE
+        if info.type == tarfile.DIRTYPE:
+            info.name = info.name.rstrip("/")
+        info.linkname = fields.get("linkpath", _text(block[_LINK]))
+        if "size" in fields:
+            try:
+                size = int(fields["size"])
+            except ValueError:
+                raise InputError(where, f"has a damaged pax size at byte {data - BLOCK}",
+                                 "download the archive again") from None
+            pos = data + (-(-size // BLOCK) * BLOCK if kind in _DATA_TYPES else 0)
+        info.size, info.offset, info.offset_data = size, data - BLOCK, data
+        yield info
 
 
 def _index(f, start: int, end: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
     """Regular members of the tar occupying bytes ``[start, end)`` of ``f``, offsets absolute in ``f``.
 
-    tarfile counts offsets from where the file stands when it is opened, so a tar inside a tar is read in
-    place; ``end`` keeps a hostile inner tar from reaching into the bytes after it.
+    ``end`` keeps a hostile inner tar from reaching into the bytes after it.
     """
-    f.seek(start)
-    try:
-        tar = tarfile.open(fileobj=f, mode="r:")
-    except tarfile.TarError as e:
-        raise InputError(where, f"is not a readable tar archive ({e})", "check the file is complete") from e
-    while True:
-        try:
-            info = tar.next()
-        except tarfile.TarError as e:
-            raise InputError(where, f"has a damaged header near byte {tar.offset} of the file ({e})",
-                             "download the archive again") from e
-        if info is None or info.offset >= end:
-            _check_end(f, tar.offset if info is None else info.offset, end, where)
-            return
-        # Only headers are wanted: drop tarfile's member list so a million members cost no memory.
-        tar.members = []
+    for info in _headers(f, start, end, where):
         name = _checked(info, where, on_problem)
         if name is None:
             continue

@@ -8,10 +8,12 @@ import os
 import tarfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
 from gpufeed.pipelines import open_source
-from gpufeed.pipelines.archive import ArchiveLimits, index_tar, stream_tar
+from gpufeed.pipelines.archive import ArchiveLimits, _headers, index_tar, stream_tar
 from gpufeed.pipelines.sources import read_ref
 
 JPEG = b"\xff\xd8\xff\xe0" + b"x" * 100 + b"\xff\xd9"
@@ -156,3 +158,34 @@ def test_non_utf8_member_name_is_a_label_error(tmp_path):
         tar.addfile(info, data)
     with pytest.raises(LabelError, match=r"caf\\xe9.JPEG.*not UTF-8"):
         index_tar(str(path))
+
+
+_names = st.lists(st.text(st.characters(codec="utf-8", exclude_characters="/\x00"), min_size=1, max_size=60),
+                  min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(members=st.lists(st.tuples(_names, st.sampled_from("fdl"), st.integers(0, 1500)), min_size=1, max_size=6),
+       fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT]))
+def test_header_index_agrees_with_tarfile(members, fmt):
+    """The fast header parser sees what tarfile sees: names (long, unicode, pax), types, sizes, data offsets."""
+    raw = io.BytesIO()
+    try:
+        with tarfile.open(fileobj=raw, mode="w", format=fmt) as tar:
+            for name, kind, size in members:
+                info = tarfile.TarInfo(name)
+                if kind == "f":
+                    info.size = size
+                    tar.addfile(info, io.BytesIO(bytes(size)))
+                else:
+                    info.type = tarfile.DIRTYPE if kind == "d" else tarfile.SYMTYPE
+                    info.linkname = "" if kind == "d" else name[::-1]
+                    tar.addfile(info)
+    except ValueError:
+        return  # a name this format cannot hold (ustar: too long, non-ASCII); tarfile refuses to write it
+    data = raw.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        expected = [(m.name, m.type, m.size if m.isreg() else 0, m.offset_data, m.linkname) for m in tar.getmembers()]
+    got = [(m.name, m.type, m.size if m.type in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0, m.offset_data,
+            m.linkname) for m in _headers(io.BytesIO(data), 0, len(data), "t.tar")]
+    assert got == expected
