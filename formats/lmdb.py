@@ -69,6 +69,14 @@ _PAGE_DTYPE = np.dtype([("pgno", "<u8"), ("crc", "<u4")])
 _PAGE_HEADER = struct.Struct("<QHHI")
 _P_OVERFLOW = 0x04
 
+#: Datum.float_data is a proto2 repeated float without ``packed``: every value is a field of its own, tag
+#: ``6 << 3 | 5`` (fixed32) then 4 little-endian bytes. Built with numpy, as protobuf's per-value path takes
+#: ~35 ms for one 224x224x3 float image.
+_FLOAT_FIELD = np.dtype([("tag", "u1"), ("value", "<f4")])
+_FLOAT_TAG = 6 << 3 | 5
+#: Datum.encoded, field 7 varint, written explicitly in every Datum (DALI reads a missing one as true).
+_ENCODED = {True: b"\x38\x01", False: b"\x38\x00"}
+
 _DEFAULT_INITIAL_MAP = 64 << 20
 _DEFAULT_BATCH_RECORDS = 1000
 _DEFAULT_BATCH_BYTES = 64 << 20
@@ -140,6 +148,15 @@ def _image_format(data: bytes) -> str | None:
     return None
 
 
+def _float_fields(values) -> bytes:
+    """``values`` as Datum.float_data entries, exactly the bytes protobuf would write, at numpy speed."""
+    values = np.asarray(values, np.float32).ravel()
+    fields = np.empty(values.size, _FLOAT_FIELD)
+    fields["tag"] = _FLOAT_TAG
+    fields["value"] = values
+    return fields.tobytes()
+
+
 def encode_datum(sample: Sample) -> bytes:
     """Serialize ``sample`` as a Caffe ``Datum`` (layout in the module docstring)."""
     datum = _pb2().Datum()
@@ -147,27 +164,22 @@ def encode_datum(sample: Sample) -> bytes:
     if not sample.labels and multi:
         raise InputError(sample.key, "a multi-label sample with no labels cannot be a Caffe Datum")
     datum.label = _int_label(sample)
+    floats = sample.labels if multi else None
     if sample.kind == "encoded":
         datum.data = bytes(sample.payload)
-        datum.encoded = True
-        if multi:
-            datum.float_data.extend(float(x) for x in sample.labels)
     elif sample.kind == "raw":
         c, h, w, chw = _bgr_chw(np.asarray(sample.payload))
         datum.channels, datum.height, datum.width = c, h, w
         if chw.dtype == np.uint8:
             datum.data = chw.tobytes()
-            if multi:
-                datum.float_data.extend(float(x) for x in sample.labels)
         elif chw.dtype in (np.float16, np.float32, np.float64):
             if multi:
                 raise InputError(sample.key, "float pixels and several labels both need Datum.float_data",
                                  "store uint8 pixels or a single label")
-            datum.float_data.extend(chw.astype(np.float32).ravel().tolist())
+            floats = chw
         else:
             raise InputError(sample.key, f"raw pixels of dtype {chw.dtype} cannot be a Datum",
                              "store uint8, float16 or float32")
-        datum.encoded = False
     elif sample.kind == "tokens":
         ids = np.asarray(sample.payload)
         if ids.ndim != 1:
@@ -177,11 +189,12 @@ def encode_datum(sample: Sample) -> bytes:
         if ids.size and (ids.min() < 0 or ids.max() >= MAX_TOKEN_ID):
             raise InputError(sample.key, f"token ids must lie in 0..{MAX_TOKEN_ID - 1} to be exact as float32")
         datum.channels, datum.height, datum.width = 1, 1, int(ids.size)
-        datum.float_data.extend(ids.astype(np.float32).tolist())
-        datum.encoded = False
+        floats = ids
     else:
         raise InputError(sample.key, f"unknown sample kind {sample.kind!r}")
-    return datum.SerializeToString()
+    # Fields 1-5 by protobuf, then 6 (float_data) and 7 (encoded): the order protobuf itself writes.
+    tail = _float_fields(floats) if floats is not None else b""
+    return datum.SerializeToString() + tail + _ENCODED[sample.kind == "encoded"]
 
 
 def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | None = None,

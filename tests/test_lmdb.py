@@ -409,3 +409,16 @@ def test_reads_and_writes_are_charged_to_tier_emulation(tmp_path, rng):
         value = r.read_raw(3)
         assert t.stats()["bytes_read"] == len(value)
         r.close()
+
+
+@pytest.mark.parametrize("sample", [
+    Sample("f", 3, np.linspace(-2, 2, 2 * 3 * 3, dtype=np.float32).reshape(2, 3, 3), "raw", 0),
+    Sample("m", [7, 1.5, 2], b"\xff\xd8\xff\xd9", "encoded", 0),
+    Sample("u", [0, 4], np.arange(12, dtype=np.uint8).reshape(2, 2, 3), "raw", 0),
+    Sample("t", 2, np.array([5, 0, 9999], np.int32), "tokens", 0)], ids=["float", "multi", "multiraw", "tokens"])
+def test_datums_are_what_protobuf_itself_writes(sample):
+    """float_data is built with numpy for speed: the bytes must equal protobuf's own serialization."""
+    value = FMT.encode(sample).value
+    reference = caffe_pb2.Datum.FromString(value)
+    assert reference.SerializeToString() == value
+    assert reference.HasField("encoded") and reference.encoded == (sample.kind == "encoded")
