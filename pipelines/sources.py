@@ -161,14 +161,26 @@ class Root:
         return sorted(out)
 
     def walk_files(self, path: str) -> list[str]:
-        """Paths (relative to ``path``, ``/``-separated) of every file below ``path``, sorted."""
+        """Paths (relative to ``path``, ``/``-separated) of every file below ``path``, sorted.
+
+        Symlinked folders are followed once: a link back to a folder already walked (a loop) is not entered.
+        """
         out = []
         stack = [""]
+        seen = {os.path.realpath(path)} if self.local else set()
         while stack:
             rel = stack.pop()
             for name, is_dir in self.listdir(self.join(path, rel) if rel else path):
                 child = f"{rel}/{name}" if rel else name
-                (stack.append if is_dir else out.append)(child)
+                if not is_dir:
+                    out.append(child)
+                    continue
+                if self.local:
+                    real = os.path.realpath(self.join(path, child))
+                    if real in seen:
+                        continue
+                    seen.add(real)
+                stack.append(child)
         return sorted(out)
 
     def dirname(self, path: str) -> str:

@@ -194,8 +194,10 @@ def test_folder_tree_splits_and_list_files(tmp_path):
     for split in ("train", "val"):
         for cls in ("cat", "dog"):
             write(str(tmp_path / split / cls / "sub" / f"{cls}1.png"), jpeg(1))
+    os.symlink("..", tmp_path / "train" / "cat" / "sub" / "loop")  # a folder loop must not hang the walk
     src = open_source("folder", str(tmp_path))
     assert src.splits() == ["train", "val"] and src.classes().names == ["cat", "dog"]
+    assert [it.key for it in src.items("train")] == ["cat/sub/cat1.png", "dog/sub/dog1.png"]
     assert [(it.key, it.label) for it in src.items("val")] == [("cat/sub/cat1.png", 0), ("dog/sub/dog1.png", 1)]
 
     (tmp_path / "train.lst").write_text("0\t1.000000\ttrain/dog/sub/dog1.png\n1\t0.000000\ttrain/cat/sub/cat1.png\n")
@@ -212,3 +214,13 @@ def test_folder_tree_splits_and_list_files(tmp_path):
     assert caffe.classes().names == ["0", "1", "2", "3"]
     write_class_list(src.classes(), str(tmp_path / "out"))
     assert (tmp_path / "out/classes.txt").read_text() == "0\tcat\n1\tdog\n"
+
+
+def test_numeric_val_labels_without_a_class_list(tmp_path):
+    for j in (1, 2, 3):
+        write(str(tmp_path / f"val/ILSVRC2012_val_{j:08d}.JPEG"), jpeg(j))
+    (tmp_path / "val_labels.txt").write_text("ILSVRC2012_val_00000001 10\nILSVRC2012_val_00000002 2\n"
+                                             "ILSVRC2012_val_00000003 0\n")
+    src = open_source("imagenet", str(tmp_path))
+    assert len(src.classes().names) == 11
+    assert [it.label for it in src.items("val")] == [10, 2, 0]
