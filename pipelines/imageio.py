@@ -248,21 +248,27 @@ def decode(data: bytes, info: ImageInfo, origin: str, gray: bool = False, reduce
     import cv2
 
     if info.format == "JPEG":
-        flags = _JPEG_FLAGS[(gray, reduce)] | cv2.IMREAD_IGNORE_ORIENTATION
-        img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
-        if img is None:
-            raise BadImageError(origin, "corrupt JPEG: libjpeg could not decode it",
-                                _REFETCH)
+        img = _cv2_decode(data, _JPEG_FLAGS[(gray, reduce)] | cv2.IMREAD_IGNORE_ORIENTATION, "JPEG: libjpeg",
+                          origin)
     elif info.format == "PNG":
-        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-        if img is None:
-            raise BadImageError(origin, "corrupt PNG: libpng could not decode it",
-                                _REFETCH)
-        img = _to_8bit_bgr(img, gray)
+        img = _to_8bit_bgr(_cv2_decode(data, cv2.IMREAD_UNCHANGED, "PNG: libpng", origin), gray)
     else:
         img = _decode_pillow(data, info, origin, gray)
     if info.orientation != 1:
         img = apply_orientation(img, info.orientation)
+    return img
+
+
+def _cv2_decode(data: bytes, flags: int, what: str, origin: str) -> np.ndarray:
+    import cv2
+
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error as e:
+        raise BadImageError(origin, f"corrupt {what} refused it ({str(e).strip().splitlines()[-1]})",
+                            _REFETCH) from e
+    if img is None:
+        raise BadImageError(origin, f"corrupt {what} could not decode it", _REFETCH)
     return img
 
 

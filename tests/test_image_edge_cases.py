@@ -9,6 +9,8 @@ import struct
 import cv2
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from gpufeed.errors import BadImageError, DecompressionBombError
@@ -242,3 +244,34 @@ def test_cmyk_jpeg_to_gray():
     expect = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     assert sample.payload.shape == (40, 60, 1)
     assert np.abs(sample.payload[..., 0].astype(int) - expect).mean() < 3
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    rgb = smooth_rgb(24, 32)
+    im = Image.fromarray(rgb)
+    exif = im.getexif()
+    exif[0x0112] = 6
+    return [jpeg(rgb, 80), pil_bytes(im, "JPEG", exif=exif.tobytes(), progressive=True),
+            pil_bytes(im, "PNG"), pil_bytes(im.convert("P"), "PNG", transparency=0), pil_bytes(im, "GIF")]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_damaged_bytes_end_in_an_image_or_a_bad_image_error(seeds, data):
+    """Flipped, cut and inserted bytes in real files: decoding returns pixels or raises BadImageError."""
+    buf = bytearray(data.draw(st.sampled_from(seeds)))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        at = data.draw(st.integers(0, max(0, len(buf) - 1)))
+        if op == "flip" and buf:
+            buf[at] = data.draw(st.integers(0, 255))
+        elif op == "cut":
+            del buf[at:at + data.draw(st.integers(1, 64))]
+        else:
+            buf[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+    try:
+        out = decode_image(bytes(buf), "fuzz.jpg", max_pixels=1 << 22)
+    except BadImageError:
+        return
+    assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
