@@ -74,6 +74,17 @@ class AtomicFile:
         _remove(self.tmp)
 
 
+def commit_all(files) -> list[WrittenFile]:
+    """Commit every file (data first, side files after); on any failure discard those not yet committed."""
+    files = [f for f in files if f is not None]
+    try:
+        return [f.commit() for f in files]
+    except Exception:
+        for f in files:
+            f.discard()
+        raise
+
+
 def _rename(src: str, dst: str) -> None:
     if io.is_local(src):
         os.replace(io.local_path(src), io.local_path(dst))

@@ -36,7 +36,7 @@ import numpy as np
 import gpufeed
 from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTooLargeError, ShardNotFound
-from gpufeed.formats._atomic import AtomicFile, exists
+from gpufeed.formats._atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, ViewCursor
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 
@@ -416,13 +416,8 @@ class RecordIOWriter(Writer):
         sc = self._open(sidecar_path(self.path), "sidecar")
         sc.write(json.dumps(side, indent=1, sort_keys=True).encode() + b"\n")
         sc.records = self._rec.records
-        try:
-            out = [f.commit() for f in self._files]
-        except Exception:
-            self.abort()
-            raise
         self._done = True
-        return out
+        return commit_all(self._files)
 
     def abort(self) -> None:
         if not self._done:

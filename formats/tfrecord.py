@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
 
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, ShardNotFound
-from gpufeed.formats._atomic import AtomicFile, exists
+from gpufeed.formats._atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, StreamCursor
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed import io
@@ -355,17 +355,14 @@ class TFRecordWriter(Writer):
     def close(self) -> list[WrittenFile]:
         if self._done:
             raise ConfigError(f"{self.path}: writer already closed")
-        try:
-            if self._gz is not None:
+        if self._gz is not None:
+            try:
                 self._gz.close()
-            out = [self._data.commit()]
-            if self._idx is not None:
-                out.append(self._idx.commit())
-        except Exception:
-            self.abort()
-            raise
+            except Exception:
+                self.abort()
+                raise
         self._done = True
-        return out
+        return commit_all([self._data, self._idx])
 
     def abort(self) -> None:
         if not self._done:
