@@ -37,7 +37,7 @@ def test_reads_an_im2rec_file_without_sidecar_or_index(tmp_path):
 
 def test_reads_an_im2rec_file_with_index_and_list(tmp_path):
     values = [im2rec_value(7 - i, 10 + i, b"img%d" % i) for i in range(3)]
-    data, idx, offset = b"", b"", 0
+    data, idx = b"", b""
     for i, v in enumerate(values):
         idx += b"%d\t%d\n" % (10 + i, len(data))
         data += frame(v)
