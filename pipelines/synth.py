@@ -51,12 +51,13 @@ shrew skunk skyscraper snail snake spider squirrel streetcar sunflower sweet_pep
 television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split())
 
 #: (probability, (width, height) choices): ImageNet is mostly ~500x375 photos, portrait or landscape, with
-#: some small images and ~10% large ones; "huge" stands for the few multi-megapixel originals (up to 3888x2592).
+#: some small images and ~3% large ones; "huge" stands for the few multi-megapixel originals (up to 3888x2592).
+#: This mix averages ~120 KB per JPEG, near the real mean (~110 KB): benchmarks move realistic bytes per image.
 SIZE_MIX = (
-    (0.74, ((500, 375), (375, 500), (500, 333), (333, 500), (500, 400), (500, 500))),
-    (0.15, ((250, 188), (160, 120), (300, 225), (500, 120))),
-    (0.10, ((1600, 1200), (1200, 1600))),
-    (0.01, ((2592, 1944), (3888, 2592))),
+    (0.84, ((500, 375), (375, 500), (500, 333), (333, 500), (500, 400), (500, 500))),
+    (0.13, ((250, 188), (160, 120), (300, 225), (500, 120))),
+    (0.025, ((1600, 1200), (1200, 1600))),
+    (0.005, ((2592, 1944), (3888, 2592))),
 )
 #: Noise amplitude that makes 500x375 quality-90 JPEGs land near the real ImageNet mean (~110 KB).
 TEXTURE_SIGMA = 22.0
