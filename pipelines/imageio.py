@@ -39,6 +39,7 @@ _SOF = struct.Struct(">BHHB")
 # PNG: signature (8), IHDR length (4), b"IHDR" (4), width u32, height u32, bit depth u8, colour type u8.
 _IHDR = struct.Struct(">II BB")
 _IHDR_AT = 16
+_PNG_CHUNK = struct.Struct(">I4s")
 # The last chunk of every PNG: length 0, type, CRC of b"IEND".
 _PNG_IEND = b"IEND\xaeB`\x82"
 _EXIF_HEADER = b"Exif\x00\x00"
@@ -199,7 +200,23 @@ def _probe_png(data: bytes, origin: str) -> ImageInfo:
                             _REFETCH)
     # Colour types: 0 gray, 2 RGB, 3 palette, 4 gray+alpha, 6 RGBA.
     channels = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}.get(colour, 0)
-    return ImageInfo("PNG", height, width, 1, channels)
+    orientation = _png_orientation(data)
+    if orientation >= 5:
+        height, width = width, height
+    return ImageInfo("PNG", height, width, orientation, channels)
+
+
+def _png_orientation(data: bytes) -> int:
+    """Orientation from an ``eXIf`` chunk (a bare TIFF block), which must come before the image data."""
+    pos, n = len(_PNG_MAGIC), len(data)
+    while pos + 8 <= n:
+        length, kind = _PNG_CHUNK.unpack_from(data, pos)
+        if kind in (b"IDAT", b"IEND"):
+            break
+        if kind == b"eXIf":
+            return _exif_orientation(data[pos + 8:pos + 8 + length])
+        pos += 12 + length  # length, type, data, CRC
+    return 1
 
 
 def _probe_pillow(data: bytes, origin: str, fmt: str) -> ImageInfo:

@@ -174,6 +174,18 @@ def test_exif_orientation_is_applied_like_pillow(tmp_path, orientation):
     assert (sample.meta["height"], sample.meta["width"]) == expect.shape[:2]
 
 
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_png_exif_orientation_is_applied(orientation):
+    rgb = smooth_rgb(30, 50)
+    rgb[:5, :5] = (255, 255, 255)
+    im = Image.fromarray(rgb)
+    exif = im.getexif()
+    exif[0x0112] = orientation
+    data = pil_bytes(im, "PNG", exif=exif.tobytes())
+    expect = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    np.testing.assert_array_equal(decode_image(data, "r.png"), expect)
+
+
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_one_pixel_image_decodes_and_upscales(tmp_path, fmt):
     data = pil_bytes(Image.new("RGB", (1, 1), (10, 200, 30)), fmt)
