@@ -338,3 +338,21 @@ def test_fsspec_url(name, rng):
             assert_same(g, s)
         assert_same(r[2], samples[2])
     fsspec.filesystem("memory").rm("/conformance", recursive=True)
+
+
+def test_reads_go_through_the_tier_emulator(fmt_name, tmp_path, rng):
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.tiers import Limits
+
+    samples = image_samples(rng, 4)
+    path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
+    size = os.path.getsize(data_file(fmt_name, path))
+    fast = Limits(iops=1e6, bytes_per_s=1e10, latency_s=0.0, io_unit=4096)
+    with Throttle.emulate(fast, accounting="requests", state_dir=str(tmp_path)) as t:
+        with get_format(fmt_name).reader(path) as r:
+            got = list(r)
+        read = t.stats()["bytes_read"]
+    for g, s in zip(got, samples):
+        assert_same(g, s)
+    if fmt_name != "lmdb":  # LMDB reads through its map and charges pages faulted from disk, none when cached
+        assert read >= size
