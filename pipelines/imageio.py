@@ -124,18 +124,16 @@ def _probe_jpeg(data: bytes, origin: str) -> ImageInfo:
     frame = None
     orientation = 1
     while True:
-        # Markers may be preceded by any number of 0xFF fill bytes.
-        while pos < n and data[pos] == 0xFF:
+        # As libjpeg's next_marker(): skip stray bytes (some encoders pad between segments; libjpeg only
+        # warns), then 0xFF fill bytes; 0xFF00 is not a marker.
+        pos = data.find(b"\xff", pos)
+        while 0 <= pos < n and data[pos] == 0xFF:
             pos += 1
-        if pos >= n:
-            raise BadImageError(origin, "truncated JPEG: the file ends inside its header",
-                                _REFETCH)
-        if data[pos - 1] != 0xFF:
-            raise BadImageError(origin, f"corrupt JPEG: no marker at byte {pos - 1}",
-                                _REFETCH)
+        if pos < 0 or pos >= n:
+            raise BadImageError(origin, "truncated JPEG: the file ends inside its header", _REFETCH)
         marker = data[pos]
         pos += 1
-        if marker in _STANDALONE:
+        if marker == 0 or marker in _STANDALONE:
             continue
         if pos + 2 > n:
             raise BadImageError(origin, "truncated JPEG: the file ends inside its header",

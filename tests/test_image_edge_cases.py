@@ -109,6 +109,13 @@ def test_corrupt_bytes_are_refused(data):
         decode_image(data, "bad.jpg")
 
 
+def test_stray_bytes_between_segments_are_tolerated_like_libjpeg():
+    data = jpeg(smooth_rgb(40, 60))
+    dqt = data.index(b"\xff\xdb")
+    padded = data[:dqt] + b"\x00\x00junk" + data[dqt:]
+    np.testing.assert_array_equal(decode_image(padded, "pad.jpg"), decode_image(data, "ok.jpg"))
+
+
 def test_frame_header_libjpeg_rejects_is_refused():
     data = bytearray(jpeg(smooth_rgb(240, 320)))
     sof = data.index(b"\xff\xc0")
