@@ -422,3 +422,13 @@ def test_datums_are_what_protobuf_itself_writes(sample):
     reference = caffe_pb2.Datum.FromString(value)
     assert reference.SerializeToString() == value
     assert reference.HasField("encoded") and reference.encoded == (sample.kind == "encoded")
+
+
+def test_keys_without_index_prefix_are_listed(tmp_path):
+    env = lmdb.open(str(tmp_path / "plain"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for name in (b"apple", b"banana", b"cherry"):
+            txn.put(name, caffe_pb2.Datum(data=name, label=len(name), encoded=True).SerializeToString())
+    env.close()
+    r = FMT.reader(str(tmp_path / "plain"))
+    assert [r[i].key for i in range(3)] == ["apple", "banana", "cherry"] and r[2].label == 6
