@@ -304,3 +304,16 @@ def test_stats_stay_exact_beyond_float32_counts():
     n = img.size
     assert stats.pixels == n and stats.mean[0] == (3 * (n - 1) + 250) / n
     assert stats.std[0] == pytest.approx(np.std(img.astype(np.float64)), rel=1e-12)
+
+
+def test_write_stats_to_an_fsspec_url_and_gray():
+    fsspec = pytest.importorskip("fsspec")
+    pytest.importorskip("gpufeed.formats.lmdb")
+    stats = ChannelStats()
+    stats.update(np.full((3, 3), 9, np.uint8))
+    info = write_stats(stats, "memory://b2-stats/out")
+    with fsspec.open("memory://b2-stats/out/mean_std.json", "rb") as f:
+        doc = json.loads(f.read())
+    assert doc["mean_r"] == 9.0 and doc["std_r"] == 0.0 and doc["channels"] == "gray" and "mean_g" not in doc
+    assert info["mean_binaryproto"] == "mean.binaryproto"
+    assert fsspec.filesystem("memory").exists("/b2-stats/out/mean.binaryproto")
