@@ -161,6 +161,12 @@ def test_bad_options_are_config_errors(kwargs):
         ImageOptions(**kwargs)
 
 
+def test_options_cross_processes_unchanged():
+    opts = ImageOptions(size=[224, 224], encode="raw", store_dtype="float16", mean=[1, 2, 3], std=(4, 5, 6))
+    assert opts.size == (224, 224) and opts.mean == (1.0, 2.0, 3.0)
+    assert pickle.loads(pickle.dumps(opts)) == opts and hash(opts) == hash(pickle.loads(pickle.dumps(opts)))
+
+
 def test_normalised_float_storage(tmp_path):
     item = jpeg_file(tmp_path, "n.jpg", photo(60, 80))
     raw = make_sample(item, ImageOptions(encode="raw"), 0).payload
