@@ -395,6 +395,11 @@ class TFRecordReader(Reader):
             self._index = self._checked_idx() if self._has_idx else self._scan_index()
         return self._index
 
+    def _idx_count(self) -> int:
+        with io.open_file(index_path(self.path), "rb") as f:
+            data = f.read()
+        return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
     def _checked_idx(self):
         """The DALI index, checked to tile the file exactly: records are contiguous, so an index whose
         entries were reordered, dropped or altered is caught here rather than serving records out of place."""
@@ -446,7 +451,9 @@ class TFRecordReader(Reader):
         return _FORMAT.decode(b"", payload, self.path, i, self._entries()[i][0])
 
     def _records(self):
-        expected = len(self._entries()) if self._has_idx else None
+        # A sequential scan needs only the index's record count (to notice a shard cut at a record boundary),
+        # not the parsed and checked entries random access uses.
+        expected = len(self._index) if self._index is not None else self._idx_count() if self._has_idx else None
         view = self._src.view()
         if view is not None:
             return _scan_view(view, self.path, self.verify, expected)
