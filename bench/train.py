@@ -13,8 +13,8 @@ and for every format and tier
 
 so AU is images/s relative to a loop that never waits for data. Each step's wait for its batch is recorded
 (p50/p99). ``--decode gpu`` ships the undecoded JPEG bytes to the GPU and decodes them there with
-``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), cropping and resizing on the GPU, one batch ahead on
-a side stream so decoding overlaps the previous step's compute.
+``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), cropping and resizing on the GPU, in a background
+thread on a side stream so decoding overlaps the previous step's compute.
 
 Nothing here imports Ray; torch and torchvision are imported only when a benchmark runs, and the emulated
 accelerator needs no torchvision.
@@ -307,29 +307,41 @@ class GpuJpegDecoder:
         return x, labels.to(self.device, non_blocking=True)
 
 
-def gpu_decoded_batches(loader, decoder: GpuJpegDecoder) -> Iterator:
-    """Batches decoded on the GPU, one ahead: batch k+1 is decoded on a side stream while step k computes
-    (the generator resumes only after step k has been queued), as DALI pipelines overlap decoding."""
+def gpu_decoded_batches(loader, decoder: GpuJpegDecoder, depth: int = 2) -> Iterator:
+    """Batches decoded on the GPU ahead of the step that uses them, in a background thread on its own stream.
+
+    torchvision's nvJPEG call runs part of each decode on the host (entropy decoding) under one process-wide
+    lock; on the main thread it would hold back the launches of the step it should overlap. The thread keeps
+    up to ``depth`` batches in flight; the main thread only fetches encoded batches from the DataLoader and
+    makes the step wait (on the GPU, through an event) for its batch's decode.
+    """
+    import collections
+    import concurrent.futures
+
     torch = decoder.torch
     main = torch.cuda.current_stream(decoder.device)
     batches = _cycle(loader)
 
-    def launch():
-        flat, sizes, labels = next(batches)
-        with torch.cuda.stream(decoder.stream):
+    def decode(flat, sizes, labels):
+        with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
             x, y = decoder.decode(flat, sizes, labels)
             done = torch.cuda.Event()
             done.record(decoder.stream)
         return x, y, done
 
-    pending = launch()
-    while True:
-        x, y, done = pending
-        main.wait_event(done)
-        x.record_stream(main)
-        y.record_stream(main)
-        yield x, y
-        pending = launch()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufeed-nvjpeg")
+    pending: collections.deque = collections.deque()
+    try:
+        while True:
+            while len(pending) < depth:
+                pending.append(pool.submit(decode, *next(batches)))
+            x, y, done = pending.popleft().result()
+            main.wait_event(done)
+            x.record_stream(main)
+            y.record_stream(main)
+            yield x, y
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop

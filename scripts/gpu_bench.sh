@@ -91,7 +91,7 @@ for stage in $STAGES; do
       ;;
     local)
       stamp "local disk: every format, CPU and GPU decoding, training and inference"
-      run_grid "$DATA/full" "$REPEATS" "$DECODES" --tier "local=$DATA/full"
+      run_grid "$DATA/full" "$REPEATS" "${LOCAL_DECODES:-$DECODES}" --tier "local=$DATA/full"
       ;;
     tiers)
       stamp "emulated cloud disks (ultra, ssd) on the local disk: tfrecord, CPU decoding"
