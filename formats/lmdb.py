@@ -80,14 +80,21 @@ _ENCODED = {True: b"\x38\x01", False: b"\x38\x00"}
 _SCAN_CHUNK = 1 << 16
 
 _DEFAULT_INITIAL_MAP = 64 << 20
-_DEFAULT_BATCH_RECORDS = 1000
+#: Each commit is an fsync: by count for small records, by bytes (below) for large ones.
+_DEFAULT_BATCH_RECORDS = 10_000
 _DEFAULT_BATCH_BYTES = 64 << 20
 
 
 def _pb2():
-    from gpufeed.formats.proto import caffe_pb2
+    global _caffe_pb2
+    if _caffe_pb2 is None:
+        from gpufeed.formats.proto import caffe_pb2
 
-    return caffe_pb2
+        _caffe_pb2 = caffe_pb2
+    return _caffe_pb2
+
+
+_caffe_pb2 = None
 
 
 def _require_local(path: str, what: str) -> str:
@@ -134,8 +141,8 @@ def _hwc_rgb(chw: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(hwc)
 
 
-def _int_label(sample: Sample) -> int:
-    first = sample.labels[0] if sample.labels else 0
+def _int_label(sample: Sample, labels: tuple) -> int:
+    first = labels[0] if labels else 0
     if float(first) != int(first):
         raise InputError(sample.key, f"label {first!r} is not an integer; Caffe's Datum.label is int32",
                          "give several labels (they go to float_data) or use RecordIO/TFRecord")
@@ -163,10 +170,11 @@ def encode_datum(sample: Sample) -> bytes:
     """Serialize ``sample`` as a Caffe ``Datum`` (layout in the module docstring)."""
     datum = _pb2().Datum()
     multi = sample.is_multilabel
-    if not sample.labels and multi:
+    labels = sample.labels
+    if not labels and multi:
         raise InputError(sample.key, "a multi-label sample with no labels cannot be a Caffe Datum")
-    datum.label = _int_label(sample)
-    floats = sample.labels if multi else None
+    datum.label = _int_label(sample, labels)
+    floats = labels if multi else None
     if sample.kind == "encoded":
         datum.data = bytes(sample.payload)
     elif sample.kind == "raw":
@@ -297,19 +305,22 @@ def _check(key, value) -> int:
 def _page_checks(data_path: str, psize: int) -> np.ndarray:
     """CRC-32C of every meta/branch/leaf page of a compacted ``data.mdb``, which holds no free pages, so a
     front-to-back walk meets only those and overflow runs (skipped by their page count)."""
+    import mmap
+
     out = []
-    size = os.path.getsize(data_path)
-    with open(data_path, "rb") as f:
+    with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        pages = len(m) // psize
         pgno = 0
-        while pgno * psize < size:
-            f.seek(pgno * psize)
-            page = f.read(psize)
-            _, _, flags, count = _PAGE_HEADER.unpack_from(page)
+        while pgno < pages:
+            off = pgno * psize
+            _, _, flags, count = _PAGE_HEADER.unpack_from(m, off)
             if flags & _P_OVERFLOW:
                 pgno += max(count, 1)
             else:
-                out.append((pgno, crc32c.crc32c(page)))
+                out.append((pgno, crc32c.crc32c(view[off:off + psize])))
                 pgno += 1
+        view.release()
     return np.array(out, _PAGE_DTYPE)
 
 
