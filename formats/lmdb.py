@@ -37,12 +37,14 @@ from typing import Any
 
 import crc32c
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from gpufeed import io as gio
 from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
                             ShardNotFound)
 from gpufeed.formats import naming
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.proto import caffe_pb2
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
 VERSION = 1
@@ -83,18 +85,6 @@ _DEFAULT_INITIAL_MAP = 64 << 20
 #: Each commit is an fsync: by count for small records, by bytes (below) for large ones.
 _DEFAULT_BATCH_RECORDS = 10_000
 _DEFAULT_BATCH_BYTES = 64 << 20
-
-
-def _pb2():
-    global _caffe_pb2
-    if _caffe_pb2 is None:
-        from gpufeed.formats.proto import caffe_pb2
-
-        _caffe_pb2 = caffe_pb2
-    return _caffe_pb2
-
-
-_caffe_pb2 = None
 
 
 def _require_local(path: str, what: str) -> str:
@@ -168,7 +158,7 @@ def _float_fields(values) -> bytes:
 
 def encode_datum(sample: Sample) -> bytes:
     """Serialize ``sample`` as a Caffe ``Datum`` (layout in the module docstring)."""
-    datum = _pb2().Datum()
+    datum = caffe_pb2.Datum()
     multi = sample.is_multilabel
     labels = sample.labels
     if not labels and multi:
@@ -212,9 +202,7 @@ def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | 
     """Parse one LMDB value back into a :class:`Sample`; raise :class:`CorruptRecordError` if it is not a Datum.
 
     Float pixels come back as ``float_dtype`` (what the writer recorded), float32 by default."""
-    from google.protobuf.message import DecodeError
-
-    datum = _pb2().Datum()
+    datum = caffe_pb2.Datum()
 
     def corrupt(reason):
         return CorruptRecordError(path, record_index, byte_offset, reason)
@@ -261,7 +249,7 @@ def write_mean_binaryproto(path: str, mean_chw: np.ndarray, order: str = "BGR") 
         raise ConfigError(f"{path}: channel order must be 'BGR' or 'RGB', not {order!r}")
     if order == "RGB" and mean.shape[0] >= 3:
         mean = mean[[2, 1, 0, 3][:mean.shape[0]]]
-    blob = _pb2().BlobProto(num=1, channels=mean.shape[0], height=mean.shape[1], width=mean.shape[2])
+    blob = caffe_pb2.BlobProto(num=1, channels=mean.shape[0], height=mean.shape[1], width=mean.shape[2])
     blob.data.extend(mean.ravel().tolist())
     payload = blob.SerializeToString()
     if gio.is_local(path):
@@ -277,11 +265,9 @@ def write_mean_binaryproto(path: str, mean_chw: np.ndarray, order: str = "BGR") 
 
 def read_mean_binaryproto(path: str) -> np.ndarray:
     """The CHW float32 mean stored in a ``mean.binaryproto`` (Caffe's or ours), channels as stored (BGR)."""
-    from google.protobuf.message import DecodeError
-
     with gio.open_file(path, "rb") as f:
         payload = f.read()
-    blob = _pb2().BlobProto()
+    blob = caffe_pb2.BlobProto()
     try:
         blob.ParseFromString(payload)
     except DecodeError as e:
