@@ -60,6 +60,8 @@ class Summary:
     files: list = dataclasses.field(default_factory=list)
     complete: bool = True
     note: str = ""
+    worker_seconds: float = 0.0  # summed wall time of the shards converted, inside the workers
+    worker_cpu_seconds: float = 0.0  # and their CPU time
 
     @property
     def written(self) -> int:
@@ -85,7 +87,7 @@ def run_shard(job: ShardJob, items: list) -> dict:
     from gpufeed.formats import get_format
     from gpufeed.pipelines.transforms import ChannelStats, make_sample
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sp = job.plan
     opts = job.image_options
     outputs = []
@@ -133,7 +135,7 @@ def run_shard(job: ShardJob, items: list) -> dict:
         raise
     return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped,
             "files": [dataclasses.asdict(f) for f in files], "bytes": out_bytes,
-            "seconds": time.perf_counter() - t0, "stats": stats}
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0, "stats": stats}
 
 
 # -- driver side -----------------------------------------------------------------------------------------
@@ -309,13 +311,18 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             ray, started = _open_ray(options)
             task = ray.remote(run_shard).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
             pending = deque(todo)
-            while pending or inflight:
-                while pending and len(inflight) < options.workers and len(inflight) + _awaiting(splits) < window:
+            sharded_rec = options.shards is not None and "recordio" in options.formats
+
+            def submit():
+                while pending and len(inflight) < options.workers and (
+                        not inflight or len(inflight) + _awaiting(splits) < window):
                     sp = pending.popleft()
-                    st = splits[sp.split]
-                    job = ShardJob(sp, out, options.formats, options.shards is not None and "recordio" in options.formats,
-                                   image_options, options.on_error, sp.split == stats_split)
-                    inflight[task.remote(job, st.shard_items(sp))] = sp
+                    job = ShardJob(sp, out, options.formats, sharded_rec, image_options, options.on_error,
+                                   sp.split == stats_split)
+                    inflight[task.remote(job, splits[sp.split].shard_items(sp))] = sp
+
+            while pending or inflight:
+                submit()
                 ready, _ = ray.wait(list(inflight), num_returns=1)
                 for ref in ready:
                     sp = inflight.pop(ref)
@@ -324,6 +331,9 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                         result = ray.get(ref)
                     except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
                         raise _unwrap(ray, e, sp, st.shard_items(sp)) from None
+                    # The freed worker gets its next shard before the driver journals and commits this one.
+                    st.results[sp.shard] = result
+                    submit()
                     event = _journal_shard(journal, state_dir, result)
                     st.results[sp.shard] = event
                     if progress is not None:
@@ -454,7 +464,10 @@ def _finish(options, out, source, splits, journal, state_dir, stats_split, t0) -
     # A worker killed mid-task (then retried) leaves its temporary files behind.
     manifest_mod.remove_temporaries(out, options.formats)
     seconds = time.perf_counter() - t0
-    summary = Summary(out, samples, listing + skipped, nbytes, seconds, files)
+    events = [ev for st in splits.values() for ev in st.results.values()]
+    summary = Summary(out, samples, listing + skipped, nbytes, seconds, files,
+                      worker_seconds=sum(ev.get("seconds", 0.0) for ev in events),
+                      worker_cpu_seconds=sum(ev.get("cpu_seconds", 0.0) for ev in events))
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))
