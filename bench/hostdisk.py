@@ -40,13 +40,8 @@ _measured: dict[tuple, dict] = {}
 
 
 def test_file(directory: str, size: int) -> str:
-    """A file of ``size`` random bytes in ``directory`` (reused when already that size), synced to disk."""
+    """A file of ``size`` random bytes in ``directory``, synced to disk."""
     path = os.path.join(directory, _TEST_FILE)
-    try:
-        if os.path.getsize(path) == size:
-            return path
-    except OSError:
-        pass
     chunk = os.urandom(MiB)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -125,11 +120,15 @@ def measure_host(directory: str, seconds: float = 1.0, file_bytes: int = 256 * M
         return _measured[key]
     path = test_file(directory, file_bytes)
     out = {"directory": os.path.realpath(directory), "file_bytes": file_bytes, "patterns": {}}
-    for name in patterns:
-        evict(path)
-        r = run_pattern(path, name, seconds)
-        r["device_fraction"] = r["device_bytes"] / r["bytes"] if r["bytes"] else 0.0
-        out["patterns"][name] = r
+    try:
+        for name in patterns:
+            evict(path)
+            r = run_pattern(path, name, seconds)
+            r["device_fraction"] = r["device_bytes"] / r["bytes"] if r["bytes"] else 0.0
+            out["patterns"][name] = r
+    finally:
+        # Not left in the user's data directory (where a measured tier's copy would pick it up).
+        os.unlink(path)
     _measured[key] = out
     return out
 

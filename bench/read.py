@@ -348,7 +348,7 @@ def bench_read(args) -> list[dict]:
     from gpufeed.bench.dataset import load_dataset_info
     from gpufeed.bench.emulate import Throttle
     from gpufeed.bench.hostdisk import measure_host, require_valid
-    from gpufeed.bench.results import ResultWriter, dataset_ram_ratio, metrics_block, repeat, summarize
+    from gpufeed.bench.results import ResultWriter, dataset_ram_ratio, disk_info, metrics_block, repeat, summarize
 
     info = load_dataset_info(args.dst)
     formats = _csv(args.formats, list(info["formats"]), "formats") if args.formats else list(info["formats"])
@@ -370,8 +370,6 @@ def bench_read(args) -> list[dict]:
     rows = []
     for tier in tiers:
         directory = tier_dataset(tier, os.path.abspath(args.dst))
-        from gpufeed.bench.results import disk_info
-
         disk = disk_info(directory).get("disk")
         invalid = None
         host = None
