@@ -314,23 +314,23 @@ def _verify_pages(directory: str, meta: dict) -> None:
     """Check the B-tree pages against ``gpufeed.pages`` before LMDB maps the file and follows them."""
     data_path = os.path.join(directory, DATA)
     pages = np.fromfile(os.path.join(directory, meta["pages"]), _PAGE_DTYPE)
+    pgnos, crcs = pages["pgno"].tolist(), pages["crc"].tolist()
     psize = int(meta["page_size"])
     with open(data_path, "rb") as f:
         fd = f.fileno()
         start = 0
         # Consecutive pages are read in one call: for small records the tree is nearly the whole file.
-        while start < pages.size:
+        while start < len(pgnos):
             stop = start + 1
-            while stop < pages.size and stop - start < 256 and pages["pgno"][stop] == pages["pgno"][stop - 1] + 1:
+            while stop < len(pgnos) and stop - start < 256 and pgnos[stop] == pgnos[stop - 1] + 1:
                 stop += 1
-            first = int(pages["pgno"][start])
-            data = os.pread(fd, (stop - start) * psize, first * psize)
+            data = os.pread(fd, (stop - start) * psize, pgnos[start] * psize)
             view = memoryview(data)
             for k in range(start, stop):
                 off = (k - start) * psize
-                if len(data) < off + psize or crc32c.crc32c(view[off:off + psize]) != pages["crc"][k]:
-                    raise CorruptRecordError(data_path, None, int(pages["pgno"][k]) * psize,
-                                             f"LMDB page {int(pages['pgno'][k])} does not match {PAGES}")
+                if len(data) < off + psize or crc32c.crc32c(view[off:off + psize]) != crcs[k]:
+                    raise CorruptRecordError(data_path, None, pgnos[k] * psize,
+                                             f"LMDB page {pgnos[k]} does not match {PAGES}")
             gio.charge(len(data))
             start = stop
 
