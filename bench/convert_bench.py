@@ -155,7 +155,9 @@ def add_arguments(parser) -> None:
                         help="if SRC does not exist, synthesise an ImageNet there with 10 classes of PER_CLASS")
     parser.add_argument("--address", default=None,
                         help="run conversions on this running Ray cluster (passed to `gpufeed convert "
-                             "--address`); by default each run starts its own local Ray")
+                             "--address`); by default each run starts its own local Ray. The cluster's workers are "
+                             "not children of the run, so CPU user/sys then cover the driver only (the machine-wide "
+                             "shares still cover everything)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one conversion may take")
     parser.add_argument("--host-seconds", type=float, default=0.5,
                         help="seconds per pattern when measuring the host disk before emulating")
