@@ -52,9 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "writes RecordIO as K .rec files; without it RecordIO is one .rec per split")
     shards.add_argument("--shard-size", type=int, default=SAMPLES_PER_SHARD, metavar="N",
                         help="without --shards: about N samples per shard")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                    help="seeded global shuffle of each split at write time (sequential readers need it); "
-                        "--no-shuffle keeps the source order")
+                        "--no-shuffle keeps the source order. Default: on, except for ptb, whose windows "
+                        "language models read in stream order")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed; same seed, same bytes")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="a bad input: fail stops naming it; skip leaves it out and lists it in the summary "

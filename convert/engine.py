@@ -220,8 +220,8 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     plans, items_by_split = {}, {}
     for s in splits:
         items = source.items(s)
-        plans[s] = plan_split(s, [it.key for it in items], options.seed, options.shuffle, options.shards,
-                              options.shard_size)
+        plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
+                              options.shards, options.shard_size)
         items_by_split[s] = items
     if options.dry_run:
         return _dry_run(options, out, plans)

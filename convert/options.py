@@ -54,7 +54,7 @@ class ConvertOptions:
     normalize: bool = False
     shards: int | None = None
     shard_size: int = SAMPLES_PER_SHARD
-    shuffle: bool = True
+    shuffle: bool | None = None
     seed: int = 0
     on_error: str = "fail"
     address: str | None = None
@@ -103,6 +103,12 @@ class ConvertOptions:
             raise ConfigError("--split needs at least one split name, e.g. train,val")
 
     @property
+    def effective_shuffle(self) -> bool:
+        """``--shuffle`` as applied: by default images are shuffled; Penn Treebank windows keep their order,
+        since language models read the token stream in order (truncated backpropagation through time)."""
+        return self.dataset != "ptb" if self.shuffle is None else self.shuffle
+
+    @property
     def effective_encode(self) -> str:
         """``--encode`` as applied: by default the original bytes when nothing changes the pixels (im2rec
         ``--pass-through``), JPEG when they are resized or cropped, raw pixels for CIFAR (as Caffe's
@@ -132,6 +138,7 @@ class ConvertOptions:
         for k in _RUNTIME_ONLY:
             d.pop(k)
         d["encode"] = self.effective_encode
+        d["shuffle"] = self.effective_shuffle
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def to_json(self) -> dict:

@@ -160,3 +160,29 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
     (out / "manifest.json").unlink()
     with pytest.raises(IncompleteOutputError, match="did not finish"):
         verify(str(out))
+
+
+def test_cifar_raw_pixels_and_ptb_tokens(tmp_path, ray_local):
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.synth import synth_cifar10, synth_ptb
+
+    synth_cifar10(str(tmp_path / "cifar"), per_class=4, test_per_class=1, forms=("python",))
+    out = tmp_path / "cifar-out"
+    convert(ConvertOptions("cifar10", str(tmp_path / "cifar"), ("lmdb", "recordio"), str(out), workers=2,
+                           shard_size=15, normalize=True, progress=False))
+    verify(str(out))
+    sample = next(iter(get_format("recordio").reader(str(out / "recordio" / "train.rec"))))
+    assert sample.kind == "raw" and sample.payload.shape == (32, 32, 3)
+    assert (out / "mean.binaryproto").exists()
+
+    synth_ptb(str(tmp_path / "ptb"), train_tokens=2000, vocab=100)
+    out = tmp_path / "ptb-out"
+    convert(ConvertOptions("ptb", str(tmp_path / "ptb"), ("tfrecord", "lmdb"), str(out), workers=2,
+                           shard_size=20, seq_len=10, progress=False))
+    verify(str(out))
+    reader = get_format("lmdb").reader(str(out / "lmdb" / "train_lmdb"))
+    first, second = reader[0], reader[1]
+    assert first.kind == "tokens" and len(first.payload) == 11
+    # Windows keep stream order (no shuffle for language models): each starts where the last ended.
+    assert first.payload[-1] == second.payload[0]
+    assert (out / "vocab.txt").exists()
