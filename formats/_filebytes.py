@@ -43,6 +43,13 @@ def read_fully(f, n: int) -> bytes:
     return b"".join(parts)
 
 
+def position(i: int, count: int, path: str) -> int:
+    """``i`` as a position in ``0..count-1`` (negative counts from the end, as for lists)."""
+    if not -count <= i < count:
+        raise IndexError(f"record {i} outside 0..{count - 1} of {path}")
+    return i % count
+
+
 class ViewCursor:
     """Sequential reads over a memoryview; ``read`` returns zero-copy slices."""
 

@@ -37,7 +37,7 @@ import gpufeed
 from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTooLargeError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
-from gpufeed.formats._filebytes import ByteSource, ViewCursor
+from gpufeed.formats._filebytes import ByteSource, ViewCursor, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 
 #: dmlc's ``RecordIOWriter::kMagic``; little-endian on disk like every other field.
@@ -259,6 +259,8 @@ class RecordIOFormat(Format):
     indexed = True
 
     def encode(self, sample: Sample) -> EncodedRecord:
+        if not 0 <= sample.index < 1 << 64:
+            raise InputError(sample.key, f"index {sample.index} does not fit the IRHeader's unsigned 64-bit id")
         body, shape, dtype = _payload_bytes(sample)
         labels = sample.labels
         if sample.is_multilabel:
@@ -489,9 +491,7 @@ class RecordIOReader(Reader):
 
     def _record_at(self, i: int):
         offsets = self._index()
-        if not -len(offsets) <= i < len(offsets):
-            raise IndexError(f"record {i} outside 0..{len(offsets) - 1} of {self.path}")
-        i %= len(offsets)
+        i = position(i, len(offsets), self.path)
         cur = self._src.cursor_at(offsets[i])
         for _, offset, value in _scan(cur, self.path, i, 1):
             return i, offset, value

@@ -35,7 +35,7 @@ from tfrecord import example_pb2
 
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
-from gpufeed.formats._filebytes import ByteSource, StreamCursor
+from gpufeed.formats._filebytes import ByteSource, StreamCursor, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed import io
 
@@ -434,9 +434,7 @@ class TFRecordReader(Reader):
 
     def read_raw(self, i: int):
         entries = self._entries()
-        if not -len(entries) <= i < len(entries):
-            raise IndexError(f"record {i} outside 0..{len(entries) - 1} of {self.path}")
-        i %= len(entries)
+        i = position(i, len(entries), self.path)
         offset, size = entries[i]
         for _, _, payload in _scan(self._src.cursor_at(offset), self.path, i, 1, self.verify):
             if len(payload) + FRAME_OVERHEAD != size:
