@@ -194,3 +194,32 @@ def test_tiny_self_test(tmp_path):
         assert r["emulated"] > 0 and r["expected"] > 0
         if r["saturated"] and not r["host_limited"]:
             assert abs(r["error"]) < 0.25, r
+
+
+def test_mmap_reads_are_charged_per_page_fault(tmp_path):
+    """LMDB with readahead off faults a value in page by page, each a dependent read: a cold 64 KiB value is
+    ~16 requests in a row, a cached one nothing (the reader calls gpufeed.io.charge after each get)."""
+    import lmdb
+
+    db = str(tmp_path / "db")
+    env = lmdb.open(db, map_size=16 << 20)
+    with env.begin(write=True) as txn:
+        # Opening the environment reads its first pages through read(), with readahead: the filler keeps
+        # the value under test beyond that window.
+        txn.put(b"a", os.urandom(2 << 20))
+        txn.put(b"k", os.urandom(64 * KIB))
+    env.close()
+    evict(db)
+    env = lmdb.open(db, readonly=True, lock=False, readahead=False)
+    with Throttle.emulate(_limits(latency=0.002), state_dir=tmp_path) as t:
+        with env.begin() as txn:
+            t0 = time.perf_counter()
+            value = txn.get(b"k")
+            gio.charge(len(value))
+            cold = time.perf_counter() - t0
+            requests = t.stats()["requests"]
+            value = txn.get(b"k")
+            gio.charge(len(value))
+            assert t.stats()["requests"] == requests  # cached: free
+    env.close()
+    assert requests >= 12 and cold >= requests * 0.002
