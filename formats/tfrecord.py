@@ -33,7 +33,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tfrecord import example_pb2
 
-from gpufeed.errors import ConfigError, CorruptRecordError, InputError, ShardNotFound
+from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, StreamCursor, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
@@ -174,7 +174,15 @@ class TFRecordFormat(Format):
         self.label_offset = int(label_offset)
 
     def encode(self, sample: Sample, label_offset: int | None = None) -> EncodedRecord:
-        offset = self.label_offset if label_offset is None else int(label_offset)
+        try:
+            return self._encode(sample, self.label_offset if label_offset is None else int(label_offset))
+        except (ValueError, TypeError, OverflowError) as e:
+            if isinstance(e, GpufeedError):
+                raise
+            raise InputError(sample.key, f"cannot be stored as a tf.train.Example ({e})",
+                             "labels, sizes and token ids must be integers that fit int64") from None
+
+    def _encode(self, sample: Sample, offset: int) -> EncodedRecord:
         ex = example_pb2.Example()
         feat = ex.features.feature
         meta = sample.meta

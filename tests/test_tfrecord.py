@@ -158,3 +158,12 @@ def test_empty_gzip_shard_reads_empty_but_an_empty_file_is_damage(tmp_path):
     (tmp_path / "lost.gz").write_bytes(b"")
     with pytest.raises(CorruptRecordError, match="empty"):
         list(fmt.reader(str(tmp_path / "lost.gz")))
+
+
+def test_values_an_example_cannot_hold_are_input_errors():
+    from gpufeed.errors import InputError
+
+    with pytest.raises(InputError, match="int64"):
+        fmt.encode(Sample("big", 2 ** 70, JPEG))
+    with pytest.raises(InputError, match="int64"):
+        fmt.encode(Sample("t", 0, np.array([2 ** 64 - 1], np.uint64), kind="tokens"))
