@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to decode). Default: pass when nothing changes the pixels, jpeg when they are "
                         "resized or cropped, raw for CIFAR")
     p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality (im2rec's default)")
+    p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --encode pass, decode each image (at 1/8 scale) so broken files are caught; "
+                        "--no-validate copies the bytes unchecked, as fast as the disk")
     p.add_argument("--gray", action="store_true", help="store one gray channel")
     p.add_argument("--normalize", action="store_true",
                    help="compute exact per-channel mean/std of the train split: mean_std.json (MXNet "
@@ -79,7 +82,8 @@ def options_from_args(args):
         dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out,
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
         resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
-        center_crop=args.center_crop, encode=args.encode, quality=args.quality, gray=args.gray,
+        center_crop=args.center_crop, encode=args.encode, quality=args.quality, validate=args.validate,
+        gray=args.gray,
         normalize=args.normalize, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,

@@ -50,6 +50,7 @@ class ConvertOptions:
     center_crop: bool = False
     encode: str | None = None
     quality: int = DEFAULT_QUALITY
+    validate: bool = True
     gray: bool = False
     normalize: bool = False
     shards: int | None = None
@@ -125,7 +126,7 @@ class ConvertOptions:
 
         return ImageOptions(resize=self.resize, size=self.size, max_size=self.max_size,
                             center_crop=self.center_crop, gray=self.gray, encode=self.effective_encode,
-                            quality=self.quality)
+                            quality=self.quality, validate=self.validate)
 
     def source_options(self) -> dict:
         if self.dataset == "ptb":

@@ -107,7 +107,8 @@ def test_fail_policy_names_the_bad_file(src, tmp_path, ray_local):
 
 def test_sharded_recordio_and_normalisation(src, tmp_path, ray_local):
     out = tmp_path / "o"
-    convert(options(src, out, formats=("recordio",), shards=2, resize=None, size=(32, 32), normalize=True, splits=("val",)))
+    convert(options(src, out, formats=("recordio",), shards=2, resize=None, size=(32, 32), normalize=True,
+                    splits=("val",)))
     names = sorted(os.listdir(out / "recordio"))
     assert "val-00000-of-00002.rec" in names and "val-00001-of-00002.idx" in names
     stats = json.loads((out / "mean_std.json").read_text())

@@ -45,14 +45,14 @@ def _finish(proc, timeout=120):
     return proc.returncode, out.decode(), err.decode()
 
 
-def _start_and_kill(args, address, out, after: int) -> None:
+def _start_and_kill(args, address, out, after: int, sig=signal.SIGKILL):
     proc = cli(args, address)
     deadline = time.time() + 120
     while _journal_shards(out) < after and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     assert proc.poll() is None, _finish(proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    return _finish(proc)
 
 
 def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path):
@@ -60,14 +60,16 @@ def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path
     convert(options(src, ref, workers=1, shard_size=2))
     out = str(tmp_path / "out")
     args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
-    # Killed early, then killed again later in the resumed run: two points of the same job.
+    # Killed early; interrupted later in the resumed run: two points of the same job.
     _start_and_kill(args, address, out, after=1)
     with pytest.raises(IncompleteOutputError):
         verify(out)
     # Other options must not mix with the partial output: the difference is shown.
     code, _, err = _finish(cli([*args, "--quality", "90"], address))
     assert code == 2 and "quality: journal 95, now 90" in err and "--no-resume" in err
-    _start_and_kill(args, address, out, after=9)
+    # Ctrl-C later in the resumed run: a clean stop that says how to resume.
+    code, _, err = _start_and_kill(args, address, out, after=9, sig=signal.SIGINT)
+    assert code == 130 and "rerun the same command to resume" in err and "Traceback" not in err
     with pytest.raises(IncompleteOutputError):
         verify(out)
     code, stdout, err = _finish(cli(args, address))
