@@ -3,12 +3,13 @@
 #
 #   OUT=/path/for/results bash scripts/gpu_bench.sh          # the full run (~6 min on one H200, 16 cores)
 #   SMOKE=1 OUT=... bash scripts/gpu_bench.sh                # versions, install, a tiny run of every path
-#   STAGES="local tiers" bash scripts/gpu_bench.sh           # a subset of: build local tiers resize
+#   STAGES="local tiers" bash scripts/gpu_bench.sh           # a subset of: build local tiers resize read
 #
 # Builds an ImageNet-like JPEG dataset on the local disk (gpufeed bench dataset: multiprocessing, every
 # format), then measures ResNet-50 training (batch 256) and inference (batch 512) fed from each format, with
 # CPU decoding in 16 DataLoader workers and with GPU decoding (nvJPEG), against the synthetic-data baseline;
-# then two emulated cloud disks (ultra, ssd) under the same loop, and images stored at --resize 160. Every
+# then two emulated cloud disks (ultra, ssd) under the same loop, images stored at --resize 160, and the read
+# benchmark's decode rate per worker (how many cores a GPU's demand needs). Every
 # stage appends to $OUT/$RESULTS_NAME as it goes, so a run cut short keeps what it measured.
 # Packages the machine lacks (lmdb, crc32c, tfrecord) travel as wheels in .whl/ (see docs/reports.md).
 set -euo pipefail
@@ -16,17 +17,17 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 DATA=$(realpath -m "${DATA:-/tmp/gpufeed-data}")
 RESULTS=$(realpath -m "$OUT")/${RESULTS_NAME:-gpu-h200.jsonl}
-STAGES=${STAGES:-build local tiers resize}
+STAGES=${STAGES:-build local tiers resize read}
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$DATA"
 
 if [ "${SMOKE:-0}" = 1 ]; then
-  N=1200; N160=600; TRAIN_STEPS=3; INFER_STEPS=2; WARM=2; REPEATS=1; TIER_REPEATS=1
+  N=1200; N160=1200; TRAIN_STEPS=3; INFER_STEPS=2; WARM=2; REPEATS=1; TIER_REPEATS=1; READ_SAMPLES=200
 else
   # 16 workers hand over their first batches in a burst: a warm-up of one step per worker and a timed window
   # of three bursts keep that start-up out of the figures. One run then stays within one epoch of N images.
-  N=${N:-25000}; N160=${N160:-8000}; TRAIN_STEPS=${TRAIN_STEPS:-48}; INFER_STEPS=${INFER_STEPS:-32}
-  WARM=${WARM:-16}; REPEATS=${REPEATS:-2}; TIER_REPEATS=${TIER_REPEATS:-1}
+  N=${N:-25000}; N160=${N160:-25000}; TRAIN_STEPS=${TRAIN_STEPS:-48}; INFER_STEPS=${INFER_STEPS:-32}
+  WARM=${WARM:-16}; REPEATS=${REPEATS:-2}; TIER_REPEATS=${TIER_REPEATS:-1}; READ_SAMPLES=${READ_SAMPLES:-4000}
 fi
 WORKERS=${WORKERS:-16}
 DECODES=${DECODES:-cpu,gpu}   # a dry run without a GPU sets DECODES=cpu
@@ -101,7 +102,13 @@ for stage in $STAGES; do
       stamp "images stored at --resize 160: tfrecord, CPU and GPU decoding"
       run_grid "$DATA/r160" "$TIER_REPEATS" "$DECODES" --tier "local=$DATA/r160" --formats tfrecord
       ;;
-    *) echo "unknown stage $stage (choose from: build local tiers resize)" >&2; exit 2 ;;
+    read)
+      stamp "read benchmark: decode + RandomResizedCrop + flip per worker, warm cache (CPU cores per img/s)"
+      "${GPUFEED[@]}" bench read "$DATA/full" --results "$RESULTS" --tier "local=$DATA/full" --formats tfrecord \
+        --modes decode --cache warm --workers "1,$WORKERS" --samples "$READ_SAMPLES" --repeats 2 --warmup 0 \
+        || stamp "FAILED: read benchmark"
+      ;;
+    *) echo "unknown stage $stage (choose from: build local tiers resize read)" >&2; exit 2 ;;
   esac
 done
 stamp "done: $(wc -l < "$RESULTS") rows in $RESULTS"
