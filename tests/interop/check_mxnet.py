@@ -54,7 +54,7 @@ def check_indexed(c: Checks, rel: str, spec: dict) -> None:
         truth = c.class_label(dataset_of(rel), w["key"])
         if truth is not None:
             c.equal(labels, [float(truth)], f"{where}: label against classes.txt")
-        _, img = recordio.unpack_img(s)
+        _, img = recordio.unpack_img(s, iscolor=1)  # colour, as ImageRecordIter and im2rec's default decode
         c.check(img is not None and img.ndim == 3 and img.shape[2] == 3 and img.size > 0,
                 f"{where}: unpack_img decodes (got {None if img is None else img.shape})")
     # Reading sequentially (no .idx) must give the same records in the same order.
@@ -75,7 +75,8 @@ def check_iter(c: Checks, rel: str, spec: dict) -> None:
     want = spec["records"]
     width = max(len(w["labels"]) for w in want)
     batch = 4
-    it = mx.io.ImageRecordIter(path_imgrec=rec, path_imgidx=rec[:-4] + ".idx", data_shape=(3, 224, 224),
+    # resize=256 (shorter side) lets pass-through sets with images smaller than 224 through the centre crop.
+    it = mx.io.ImageRecordIter(path_imgrec=rec, path_imgidx=rec[:-4] + ".idx", data_shape=(3, 224, 224), resize=256,
                                batch_size=batch, label_width=width, shuffle=False, preprocess_threads=1)
     # The default round_batch fills the last batch from the start and reports the fill in ``pad``
     # (with round_batch=False, mxnet 1.9.1 reports pad=0 and leaves the tail of the last batch undefined).

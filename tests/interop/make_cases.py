@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import struct
 import sys
 
@@ -62,6 +63,7 @@ LABEL_OFFSETS = {"edge/tfrecord/tflabels-00000-of-00001": 1}
 def write_edge(root: str) -> None:
     rng = np.random.default_rng(7)
     edge = os.path.join(root, "edge")
+    shutil.rmtree(edge, ignore_errors=True)
     for sub in ("recordio", "tfrecord", "lmdb"):
         os.makedirs(os.path.join(edge, sub), exist_ok=True)
     images = [synth_jpeg(rng, _SIDE, _SIDE) for _ in range(6)]
