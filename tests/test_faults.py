@@ -108,6 +108,37 @@ def test_worker_killed_mid_task_is_retried(src, ray_local, tmp_path):
     assert tree_bytes(tmp_path / "out") == tree_bytes(ref)
 
 
+def _kill_every_worker_running(name: str, stop: threading.Event, killed: list) -> None:
+    me = psutil.Process()
+    while not stop.is_set():
+        for p in me.children(recursive=True):
+            try:
+                if p.pid not in killed and any(name in part for part in p.cmdline()):
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+            except psutil.Error:
+                continue
+        time.sleep(0.005)
+
+
+def test_task_that_keeps_crashing_its_worker_names_its_inputs(src, ray_local, tmp_path):
+    from gpufeed.convert.engine import TASK_RETRIES
+    from gpufeed.errors import InputError
+
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_every_worker_running, args=("run_shard", stop, killed))
+    watcher.start()
+    try:
+        with pytest.raises(InputError) as err:
+            convert(options(src, tmp_path / "out", workers=1, formats=("tfrecord",), shard_size=100,
+                            splits=("val",)))
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(killed) == TASK_RETRIES + 1
+    assert f"crashed its Ray worker {TASK_RETRIES + 1} times" in str(err.value) and "val/" in str(err.value)
+
+
 def _limit_file_size(limit):
     def apply():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
