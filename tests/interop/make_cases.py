@@ -33,15 +33,22 @@ _MAGIC = struct.pack("<I", recordio.MAGIC)
 #: ImageRecordIter crops 224x224 out of these without resizing.
 _SIDE = 256
 _MULTI = 3
+#: lrec of the fake record header planted after a JPEG's end: cflag 0, 8 bytes.
+_FAKE_LENGTH = 8
 
 
 def jpeg_with_magic(jpeg: bytes, value_offset: int) -> bytes:
-    """``jpeg`` with a comment holding the magic at two aligned and one unaligned offset of the record value,
-    given that the JPEG starts ``value_offset`` bytes into the value (after the IRHeader and labels)."""
+    """``jpeg`` with the magic at two aligned and one unaligned offset of the record value in a comment, and after
+    the end-of-image marker (where decoders stop reading) an aligned magic followed by what looks like the
+    header of a whole 8-byte record: a reader that cuts the file into byte ranges and does not know about the
+    escaping would take it for a record start. ``value_offset``: where the JPEG starts in the record value
+    (after the IRHeader and labels)."""
     data_at = value_offset + 6
     pad = b"\0" * (-data_at % 4)
     comment = pad + _MAGIC + _MAGIC + b"ab" + _MAGIC + b"cd"
-    return jpeg[:2] + _COM + struct.pack(">H", len(comment) + 2) + comment + jpeg[2:]
+    out = jpeg[:2] + _COM + struct.pack(">H", len(comment) + 2) + comment + jpeg[2:]
+    tail_pad = b"\0" * (-(value_offset + len(out)) % 4)
+    return out + tail_pad + _MAGIC + struct.pack("<I", _FAKE_LENGTH) + bytes(_FAKE_LENGTH)
 
 
 def _split_parts(rec_path: str) -> int:
