@@ -28,6 +28,9 @@ else
   trap 'rm -rf "$DATA"' EXIT
 fi
 mkdir -p "$CACHE"
+# Without it, ray.init() inside `gpufeed convert` joins any cluster a `ray start` left recorded in
+# /tmp/ray/ray_current_cluster (and then refuses num_cpus); "local" always starts a private one.
+export RAY_ADDRESS=local
 
 # venv NAME PACKAGES...: creates $CACHE/NAME with exactly these pins unless it already holds them.
 venv() {
