@@ -176,7 +176,10 @@ def _unwrap(ray, err, sp: ShardPlan, items: list) -> BaseException:
         if isinstance(cause, OSError):
             return OutputError(f"{getattr(cause, 'filename', None) or sp.id}: {cause.strerror or cause}; free "
                                "space or fix access to the destination, then rerun the same command to resume")
-        return cause
+        first = items[0].origin if items else "?"
+        return GpufeedError(f"shard {sp.id} (inputs {first} ...) failed with {type(cause).__name__}: {cause}; "
+                            "if the destination is remote, check its URL, credentials and network, then rerun "
+                            "the same command to resume")
     first = items[0].origin if items else "?"
     last = items[-1].origin if items else "?"
     return InputError(first, f"shard {sp.id} (inputs {first} .. {last}) crashed its Ray worker "
@@ -226,6 +229,11 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     if options.dry_run:
         return _dry_run(options, out, plans)
 
+    try:
+        sinks.makedirs(out)
+    except Exception as e:  # fsspec backends raise their own errors for bad URLs, credentials, networks
+        raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the path or URL, its "
+                          "credentials and the network") from e
     if options.resume:
         done = manifest_mod.load_if_complete(out, options.output_key())
         if done is not None:

@@ -15,7 +15,7 @@ from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
-from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
+from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +124,8 @@ def test_remote_like_destination_builds_lmdb_locally_and_copies_it(src, referenc
     verify(f"local://{out}")
     with pytest.raises(ConfigError, match="memory://"):
         convert(options(src, "memory://gpufeed-test/out"))
+    with pytest.raises(OutputError, match="nosuchprotocol://x/out: cannot be written"):
+        convert(options(src, "nosuchprotocol://x/out"))
 
 
 def test_rerun_of_a_finished_conversion_does_nothing(src, reference):
