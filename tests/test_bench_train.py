@@ -1,0 +1,137 @@
+"""gpufeed bench train on this CPU machine: the emulated accelerator, fed from real datasets in every format.
+
+No GPU here and no torchvision: the CUDA path runs on the GPU machine (scripts/gpu_bench.sh); these tests run
+the same loop, DataLoader, transforms and result rows with the emulated H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import pytest
+
+from gpufeed.bench import train
+from gpufeed.bench.accelerator import PROFILES, get_profile
+from gpufeed.errors import ConfigError
+
+N = 48
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from gpufeed.bench.dataset import build_dataset
+
+    out = tmp_path_factory.mktemp("bench-train") / "ds"
+    build_dataset(str(out), n=N, workers=2)
+    return str(out)
+
+
+def _parse(argv):
+    from gpufeed.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(["train", *argv])
+
+
+def test_profiles_scale_with_batch():
+    h200 = get_profile("h200")
+    assert h200.train.images_per_s == pytest.approx(4697, rel=0.01)
+    assert h200.infer.images_per_s == pytest.approx(15929, rel=1e-6)
+    assert h200.train.step_time(128) == pytest.approx(0.0545 / 2)
+    with pytest.raises(ConfigError, match="no infer measurement"):
+        get_profile("a100-mlperf").task("infer")
+    with pytest.raises(ConfigError, match="choose one of"):
+        get_profile("p100")
+    assert {"h200", "h100-mlperf", "a100-mlperf"} <= set(PROFILES)
+
+
+def test_center_box_is_resize_256_crop_224():
+    top, left, h, w = train.center_box(375, 500)
+    assert (h, w) == (328, 328)
+    assert (top, left) == ((375 - 328) // 2, (500 - 328) // 2)
+
+
+def test_cpu_decode_transform_on_real_records(dataset):
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.formats import get_format
+
+    info = load_dataset_info(dataset)
+    reader = get_format("recordio").reader(info["formats"]["recordio"]["paths"][0])
+    sample = reader[3]
+    for task in ("train", "infer"):
+        img, label = train.CpuDecode(task, 224, seed=5)(sample)
+        assert img.shape == (224, 224, 3) and img.dtype == np.uint8
+        assert label == int(sample.labels[0])
+    # The crop of a sample is a function of (seed, index): runs are repeatable.
+    a, _ = train.CpuDecode("train", 224, seed=5)(sample)
+    b, _ = train.CpuDecode("train", 224, seed=5)(sample)
+    assert np.array_equal(a, b)
+
+    raw, label = train.EncodedBytes()(sample)
+    assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff"
+    flat, sizes, labels = train.collate_encoded([(raw, label), (raw[:100], 7)])
+    assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
+    assert bytes(flat[:len(raw)].numpy()) == raw
+
+
+def test_timed_loop_au_and_waits():
+    accel = train.EmulatedAccelerator("h200", "train", batch=8)
+    run = train.timed_loop(train.synthetic_batches(accel, 8, 224, 0), accel.step, accel.synchronize, 8, steps=5,
+                           warmup=1)
+    figures = run.figures(compute_step_s=accel.step_s)
+    assert len(run.waits_s) == 5
+    assert 0.5 < figures["au"] <= 1.0
+    assert figures["images_per_s"] == pytest.approx(8 * 5 / run.wall_s)
+
+    def slow_batches():
+        while True:
+            import time
+
+            time.sleep(accel.step_s)
+            yield None, None
+
+    starved = train.timed_loop(slow_batches(), accel.step, accel.synchronize, 8, steps=5, warmup=1)
+    assert starved.figures(accel.step_s)["au"] < 0.7
+    assert np.median(starved.waits_s) >= accel.step_s * 0.9
+
+
+def test_emulated_grid_writes_rows_for_every_format(dataset, tmp_path):
+    from gpufeed.bench.results import REQUIRED, load_results
+
+    results = tmp_path / "train.jsonl"
+    args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--steps", "2", "--warmup-steps", "1",
+                   "--repeats", "1", "--warmup", "0", "--workers", "1"])
+    assert args._bench_module.run(args) == 0
+    rows = load_results(str(results))
+    assert all(k in r for r in rows for k in REQUIRED)
+    kinds = {(r["params"]["task"], r["format"]) for r in rows}
+    assert kinds == {(t, f) for t in ("train", "infer") for f in ("synthetic", "recordio", "lmdb", "tfrecord")}
+    for r in rows:
+        assert r["bench"] == "train" and r["params"]["accelerator_mode"] == "emulated"
+        assert r["metrics"]["au"]["median"] > 0 and len(r["samples"]["data_wait_ms"]) == 2
+        if r["format"] == "synthetic":
+            assert r["tier"] == "memory" and r["metrics"]["au"]["median"] == pytest.approx(1.0)
+        else:
+            assert r["tier"] == "host" and r["mode"] == "measured" and r["params"]["cold"] is True
+            assert r["n_samples"] == N and r["sample_bytes"] > 10_000 and r["valid"] is True
+    # The CPU path needs neither a GPU nor torchvision.
+    assert "torchvision" not in sys.modules
+
+
+def test_configuration_errors(dataset, tmp_path):
+    results = str(tmp_path / "r.jsonl")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        args = _parse([dataset, "--results", results, "--decode", "gpu", "--accelerator", "emulated"])
+        args._bench_module.run(args)
+    with pytest.raises(ConfigError, match="unknown accelerator profile"):
+        args = _parse([dataset, "--results", results, "--profile", "p100"])
+        args._bench_module.run(args)
+    with pytest.raises(ConfigError, match="fewer than one batch"):
+        args = _parse([dataset, "--results", results, "--formats", "lmdb", "--task", "train", "--steps", "1",
+                       "--repeats", "1", "--warmup", "0", "--workers", "0"])
+        args._bench_module.run(args)
+    with pytest.raises(SystemExit):
+        _parse([dataset, "--results", results, "--task", "fly"])

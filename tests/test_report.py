@@ -1,0 +1,154 @@
+"""gpufeed report: the answer, the published-finding check, the tables and plots, HTML in a real browser."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from gpufeed.bench import report
+from gpufeed.bench.results import ResultWriter, load_results, summarize
+from gpufeed.errors import ConfigError
+
+GPU = "NVIDIA H200"
+
+
+def _train(writer, tier, fmt, task, decode, images_per_s, demand, mode="measured", resize=None):
+    lim = {"profile": tier, "mb_per_s": {"ultra": 140.0, "ssd": 300.0}.get(tier, 1000.0), "iops": 5000,
+           "latency_ms": 2.0} if mode == "emulated" else None
+    writer.write({"bench": "train", "tier": tier, "mode": mode, "profile": tier if mode == "emulated" else None,
+                  "tier_limits": lim, "format": fmt, "sample_bytes": 17_600 if resize else 118_000,
+                  "resize": resize,
+                  "params": {"task": task, "decode": decode, "batch_size": 256 if task == "train" else 512,
+                             "workers": 16, "accelerator": GPU, "accelerator_mode": "measured", "resize": resize},
+                  **summarize("images_per_s", "img/s", [images_per_s * 0.99, images_per_s, images_per_s * 1.01]),
+                  "metrics": {"au": {"unit": "fraction", "median": images_per_s / demand, "spread": 0.01,
+                                     "values": [images_per_s / demand]},
+                              "data_wait_p50_ms": {"unit": "ms", "median": 0.4, "spread": 0, "values": [0.4]},
+                              "data_wait_p99_ms": {"unit": "ms", "median": 9.0, "spread": 0, "values": [9.0]}},
+                  "samples": {"data_wait_ms": [0.3, 0.4, 0.5, 9.0, 30.0]}})
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results file shaped like a GPU run plus CPU-side convert and read benchmarks, with numbers chosen so
+    each published claim gets a known verdict."""
+    path = str(tmp_path_factory.mktemp("report") / "results.jsonl")
+    w = ResultWriter(path)
+    for task, demand in (("train", 4700.0), ("infer", 15900.0)):
+        _train(w, "memory", "synthetic", task, None, demand, demand)
+    _train(w, "nvme", "recordio", "train", "cpu", 4600.0, 4700.0)
+    _train(w, "nvme", "lmdb", "train", "cpu", 2400.0, 4700.0)
+    _train(w, "ultra", "recordio", "train", "cpu", 4580.0, 4700.0, mode="emulated")   # ~0.4%: insensitive
+    _train(w, "ssd", "recordio", "train", "cpu", 4590.0, 4700.0, mode="emulated")
+    _train(w, "nvme", "recordio", "infer", "cpu", 6800.0, 15900.0)
+    _train(w, "nvme", "recordio", "infer", "gpu", 6100.0, 15900.0)
+    _train(w, "ultra", "recordio", "infer", "cpu", 1300.0, 15900.0, mode="emulated")  # far more than 15%
+    _train(w, "nvme", "recordio", "infer", "cpu", 14400.0, 15900.0, resize=160)
+    for tier, images_per_s in (("nvme", 500.0), ("ssd", 400.0), ("ultra", 250.0)):  # +25% and +60%
+        w.write({"bench": "convert", "tier": tier, "mode": "emulated", "profile": tier, "format": "recordio",
+                 "params": {"workers": 2, "dataset": "imagenet", "resize": 256},
+                 **summarize("images_per_s", "images/s", [images_per_s]),
+                 "metrics": {"wall_s": {"unit": "s", "median": 1000 / images_per_s, "spread": 0,
+                                        "values": [1000 / images_per_s]}}})
+    for workers, rate in ((1, 360.0), (16, 2900.0)):
+        w.write({"bench": "read", "tier": "nvme", "mode": "measured", "profile": None, "format": "tfrecord",
+                 "resize": None, "params": {"mode": "decode", "decode": True, "workers": workers, "cache": "warm"},
+                 **summarize("samples_per_s", "samples/s", [rate]),
+                 "metrics": {"mb_per_s": {"unit": "MB/s", "median": rate * 0.118, "spread": 0, "values": [1]},
+                             "read_p50_ms": {"unit": "ms", "median": 0.12, "spread": 0, "values": [0.12]},
+                             "read_p99_ms": {"unit": "ms", "median": 1.2, "spread": 0, "values": [1.2]}}})
+    return path
+
+
+def test_answer_names_what_passes_cores_and_bandwidth(results):
+    rows = load_results(results)
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows))]), "/nonexistent",
+                                  "x")
+    assert "ResNet-50 train on NVIDIA H200" in text and "4,700 img/s" in text
+    assert "recordio on nvme (cpu decode): AU 97.9%" in text
+    assert "below the mark: lmdb on nvme (cpu decode): AU 51.1%" in text
+    # Training: 0.9 * 4700 / 360 per core (the read benchmark's best per-worker rate) -> 12 cores.
+    assert "about **12 cores**" in text
+    # Inference: the CPU-bound loop gives 6800 / 16 = 425 img/s per core -> 0.9 * 15900 / 425 -> 34 cores.
+    assert "about **34 cores**" in text and "16 workers already kept it at AU 90.6%" in text
+    assert "| ultra | 140 | profile cap |" in text
+    assert "stored at --resize 160 vs 6,800 as captured (2.12x)" in text
+
+
+def test_published_finding_verdicts(results):
+    checks = report.finding_checks(load_results(results))
+    assert [c.verdict for c in checks] == ["confirmed", "refuted", "confirmed", "refuted"], checks
+    infer = checks[3]
+    assert "far larger than published" in infer.detail and infer.measured.startswith("+4")
+    empty = report.finding_checks([r for r in load_results(results) if r["bench"] != "convert"])
+    assert [c.verdict for c in empty[:2]] == ["no data", "no data"]
+
+
+def test_baseline_and_ratios(results):
+    rows = load_results(results)
+    assert report.choose_baseline(rows) == "nvme"
+    assert report.choose_baseline(rows, "ultra") == "ultra"
+    with pytest.raises(ConfigError, match="not a tier in these results"):
+        report.choose_baseline(rows, "floppy")
+    ratios = report.ratio_to_baseline(report.of_bench(rows, "train"), "nvme")
+    ultra = next(r for r in rows if r["tier"] == "ultra" and r["params"]["task"] == "train")
+    assert ratios[id(ultra)] == pytest.approx(4580 / 4600)
+
+
+def test_html_is_one_self_contained_file_and_markdown_has_its_plots(results, tmp_path):
+    from gpufeed.convert.cli import main
+
+    html_path = tmp_path / "report.html"
+    assert main(["report", results, "-o", str(html_path)]) == 0
+    html = html_path.read_text()
+    assert html.count('src="data:image/png;base64,') >= 4
+    assert not re.search(r'(src|href)="(?!data:)', html), "the report must not load anything from outside"
+    for heading in ("The answer", "The published finding, checked", "Training and inference", "Reading",
+                    "Conversion", "Which rows were emulated", "Machines and versions"):
+        assert f"<h2>{heading}</h2>" in html
+    assert 'class="verdict-refuted"' in html and 'class="verdict-confirmed"' in html
+
+    md_path = tmp_path / "report.md"
+    assert main(["report", results, "-o", str(md_path), "--baseline", "ssd"]) == 0
+    md = md_path.read_text()
+    pngs = sorted(os.listdir(tmp_path / "report_files"))
+    assert pngs and all(f"](report_files/{p})" in md for p in pngs)
+    assert "| vs ssd |" in md
+
+
+def test_report_errors(results, tmp_path):
+    from gpufeed.convert.cli import main
+
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(["report", results, "-o", str(tmp_path / "report.pdf")]) == 2
+    with pytest.raises(ConfigError, match="no result rows"):
+        report.build_report([])
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(results, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (scripts/test.sh installs it with apt-get)")
+    out = tmp_path / "report.html"
+    report.write_report(load_results(results), str(out))
+    shot = tmp_path / "shot.png"
+    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", f"file://{out}"], capture_output=True, text=True, timeout=90)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "The published finding, checked" in dom.stdout and dom.stdout.count("<img") >= 4
+    subprocess.run([*base, "--window-size=1200,3000", f"--screenshot={shot}", f"file://{out}"],
+                   capture_output=True, timeout=90, check=True)
+    from PIL import Image
+
+    img = Image.open(shot).convert("L")
+    assert img.size == (1200, 3000)
+    # A rendered page: mostly white, with text, tables and plots drawing many distinct grey levels.
+    assert sum(1 for count in img.histogram() if count) > 50
+    assert img.getextrema()[0] < 60
