@@ -546,6 +546,11 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
 # ------------------------------------------------------------------------------------------------- tables
 
 
+def finding_table(checks: Sequence[Check]) -> Table:
+    return Table("Published finding vs these results", ["claim", "verdict", "measured gap", "detail"],
+                 [[c.claim, c.verdict.upper(), c.measured, c.detail] for c in checks])
+
+
 def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     ratios = ratio_to_baseline(of_bench(rows, "train"), baseline)
     t = Table("Training and inference loop", ["task", "format", "stored", "tier", "decode", "accelerator",
@@ -636,7 +641,8 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (and the figure closed): what the report embeds."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     _pyplot().close(fig)
@@ -816,9 +822,7 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     finding = Section("The published finding, checked", [
         "shared/TIERS.md reports (from P100-era GPUs): preprocessing is IO-bound, local NVMe ~25% faster than SSD "
         "cloud disk and SSD ~10% faster than ultra; training is insensitive to the disk (~1%); inference is ~15% "
-        "slower on ultra. Our numbers, claim by claim:",
-        Table("Published finding vs these results", ["claim", "verdict", "measured gap", "detail"],
-              [[c.claim, c.verdict.upper(), c.measured, c.detail] for c in checks])])
+        "slower on ultra. Our numbers, claim by claim:", finding_table(checks)])
     confirmed = [c.claim for c in checks if c.verdict == "confirmed"]
     refuted = [c.claim for c in checks if c.verdict == "refuted"]
     missing = [c.claim for c in checks if c.verdict == "no data"]
@@ -842,7 +846,7 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
                              (plot_latency, "Latency distributions")):
             fig = maker(rows)
             if fig is not None:
-                train.blocks.append(Plot(title, _png(fig)))
+                train.blocks.append(Plot(title, png_bytes(fig)))
     else:
         train.blocks.append("No training rows.")
     sections.append(train)
@@ -854,7 +858,7 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
                                                 "device_fraction")))
         fig = plot_read_throughput(rows)
         if fig is not None:
-            read.blocks.append(Plot("Read throughput per format and tier", _png(fig)))
+            read.blocks.append(Plot("Read throughput per format and tier", png_bytes(fig)))
     else:
         read.blocks.append("No read rows.")
     sections.append(read)
@@ -866,7 +870,7 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
                                                 "write_mb_per_s")))
         fig = plot_convert_time(rows)
         if fig is not None:
-            conv.blocks.append(Plot("Conversion time per tier", _png(fig)))
+            conv.blocks.append(Plot("Conversion time per tier", png_bytes(fig)))
     else:
         conv.blocks.append("No conversion rows.")
     sections.append(conv)
@@ -937,23 +941,30 @@ def table_html(t: Table) -> str:
             f"<tbody>{''.join(body)}</tbody></table>{note}")
 
 
+def blocks_html(blocks: Iterable[Block]) -> str:
+    """HTML for a section's blocks (paragraphs, bullet lists, tables, plots as inline PNG)."""
+    parts = []
+    for b in blocks:
+        if isinstance(b, str):
+            parts.append(f"<p>{_inline(b)}</p>")
+        elif isinstance(b, list):
+            parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b) + "</ul>")
+        elif isinstance(b, Table):
+            parts.append(table_html(b))
+        elif isinstance(b, Plot):
+            data = base64.b64encode(b.png).decode("ascii")
+            parts.append(f"<figure><img alt=\"{html.escape(b.title)}\" src=\"data:image/png;base64,{data}\">"
+                         f"<figcaption>{html.escape(b.title)}</figcaption></figure>")
+    return "\n".join(parts)
+
+
 def render_html(report: Report) -> str:
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(report.title)}"
              f"</title><style>{_CSS}</style></head><body><h1>{html.escape(report.title)}</h1>"
              f"<p class=\"sub\">{html.escape(report.subtitle)}</p>"]
     for s in report.sections:
         parts.append(f"<h2>{html.escape(s.title)}</h2>")
-        for b in s.blocks:
-            if isinstance(b, str):
-                parts.append(f"<p>{_inline(b)}</p>")
-            elif isinstance(b, list):
-                parts.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b) + "</ul>")
-            elif isinstance(b, Table):
-                parts.append(table_html(b))
-            elif isinstance(b, Plot):
-                data = base64.b64encode(b.png).decode("ascii")
-                parts.append(f"<figure><img alt=\"{html.escape(b.title)}\" src=\"data:image/png;base64,{data}\">"
-                             f"<figcaption>{html.escape(b.title)}</figcaption></figure>")
+        parts.append(blocks_html(s.blocks))
     parts.append("</body></html>")
     return "\n".join(parts)
 
