@@ -521,9 +521,12 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
         if not gaps:
             have = sorted({r.get("tier") for r in of_bench(rows, bench)
                            if task is None or params(r).get("task") == task} - {MEMORY_TIER, None})
+            hint = (" (conversion runs on Ray, which the GPU machine lacks: run it on a CPU machine and pass both "
+                    "results files to `gpufeed report`)" if bench == "convert" else "")
             checks.append(Check(claim, "no data", "n/a",
                                 f"needs `gpufeed bench {bench}` rows on both {fast} and {slow}"
-                                + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"))
+                                + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"
+                                + hint))
             continue
         med = statistics.median(g for _, g in gaps)
         if claimed <= 0.02:
@@ -552,35 +555,56 @@ def finding_table(checks: Sequence[Check]) -> Table:
 
 
 def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
-    ratios = ratio_to_baseline(of_bench(rows, "train"), baseline)
+    """One line per configuration; the synthetic baseline once per accelerator and task (median over every
+    `gpufeed bench train` call, each of which measures its own; spread across those calls)."""
+    train = of_bench(rows, "train")
+    ratios = ratio_to_baseline(train, baseline)
     t = Table("Training and inference loop", ["task", "format", "stored", "tier", "decode", "accelerator",
                                               "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
                                               "wait p50 ms", "wait p99 ms", "workers", "batch"], [])
-    for r in sorted(of_bench(rows, "train"), key=lambda r: (str(params(r).get("task")), not is_synthetic(r),
-                                                              str(r.get("format")), str(params(r).get("resize")),
-                                                              str(r.get("tier")), str(params(r).get("decode")))):
+    synthetic: dict[tuple, list[dict]] = defaultdict(list)
+    for r in train:
+        if is_synthetic(r):
+            synthetic[(params(r).get("task"), params(r).get("accelerator"))].append(r)
+    for (task, _acc), rs in sorted(synthetic.items(), key=lambda kv: str(kv[0])):
+        p, speeds = params(rs[0]), [r["median"] for r in rs]
+        med = statistics.median(speeds)
+        t.rows.append([str(task), "synthetic", "-", "memory", "-", _accelerator_cell(rs[0]), fmt_num(med),
+                       fmt_pct((max(speeds) - min(speeds)) / med) + (f" ({len(rs)} calls)" if len(rs) > 1 else ""),
+                       "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
+    for r in sorted((r for r in train if not is_synthetic(r)),
+                    key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored_size(r)),
+                                   str(r.get("tier")), str(params(r).get("decode")))):
         p = params(r)
         au = figure(r, "au")
-        acc = f"{p.get('accelerator')}{' (emulated)' if accelerator_emulated(r) else ''}"
-        stored = "-" if is_synthetic(r) else (f"--resize {p['resize']}" if p.get("resize") else "as captured")
-        t.rows.append([str(p.get("task")), str(r.get("format")), stored, tier_label(r), str(p.get("decode") or "-"),
-                       acc,
-                       fmt_num(r.get("median")), fmt_pct(r.get("spread")),
+        t.rows.append([str(p.get("task")), str(r.get("format")),
+                       f"--resize {stored_size(r)}" if stored_size(r) else "as captured", tier_label(r),
+                       str(p.get("decode") or "-"), _accelerator_cell(r), fmt_num(r.get("median")),
+                       fmt_pct(r.get("spread")),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
                        fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
                        fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", ""))])
-    t.note = (f"AU = compute time / wall time, compute time from the synthetic-data loop (format 'synthetic', tier "
-              f"'memory') or the emulated profile; ** marks AU >= {AU_TARGET:.0%}. Tiers marked * are emulated. "
-              "spread = (max - min) / median over repeats.")
+    t.note = (f"AU = compute time / wall time, the compute time being the synthetic-data loop's (tensors already in "
+              f"accelerator memory); bold marks AU >= {AU_TARGET:.0%}. Tiers marked * are emulated. spread = (max - "
+              "min) / median over repeats. wait = time a step waited for its batch.")
     return t
+
+
+def _accelerator_cell(row: dict) -> str:
+    return f"{params(row).get('accelerator')}{' (emulated)' if accelerator_emulated(row) else ''}"
 
 
 def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | None,
                   extra: Sequence[str] = ()) -> Table:
-    """One line per row of ``bench``: its parameters, primary metric, chosen secondary metrics, the ratio."""
+    """One line per row of ``bench``: the parameters that vary, primary metric, chosen secondary metrics, the
+    ratio to the baseline tier; parameters shared by every row go in the note."""
     rows = of_bench(rows, bench)
     ratios = ratio_to_baseline(rows, baseline)
     keys = sorted({k for r in rows for k in params(r)} - {"tier_path"})
+    shared = {k: params(rows[0]).get(k) for k in keys
+              if len(rows) > 1 and len({repr(params(r).get(k)) for r in rows}) == 1}
+    keys = [k for k in keys if k not in shared]
+    extra = [name for name in extra if any(figure(r, name) is not None for r in rows)]
     t = Table(title, ["format", "tier", *keys, "metric", "median", "spread", *extra,
                       f"vs {baseline or 'baseline'}"], [])
     for r in sorted(rows, key=lambda r: (str(r.get("format")), str(r.get("tier")), repr(params(r)))):
@@ -588,6 +612,8 @@ def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | 
         t.rows.append([str(r.get("format")), tier_label(r), *[_cell(p.get(k)) for k in keys],
                        f"{r.get('metric')} ({r.get('unit')})", fmt_num(r.get("median")), fmt_pct(r.get("spread")),
                        *[fmt_num(figure(r, name)) for name in extra], fmt_ratio(ratios.get(id(r)))])
+    if shared:
+        t.note = "Same in every row: " + ", ".join(f"{k} = {_cell(v)}" for k, v in shared.items()) + "."
     return t
 
 
@@ -598,7 +624,7 @@ def _cell(v) -> str:
 
 
 def emulated_table(rows: Sequence[dict]) -> Table:
-    t = Table("Emulated rows", ["bench", "format", "tier", "storage", "accelerator", "valid"], [])
+    t = Table("Emulated rows", ["bench", "task", "format", "tier", "storage", "accelerator", "valid"], [])
     for r in rows:
         tier_emul = r.get("mode") == "emulated"
         if not (tier_emul or accelerator_emulated(r)):
@@ -610,7 +636,8 @@ def emulated_table(rows: Sequence[dict]) -> Table:
         accel = (f"emulated {p.get('accelerator')} ({fmt_num(p.get('emulated_step_s'))} s/step)"
                  if accelerator_emulated(r) else (p.get("accelerator") or "-"))
         valid = "yes" if r.get("valid", True) else f"no: {r.get('invalid_reason', '')}"
-        t.rows.append([str(r.get("bench")), str(r.get("format")), str(r.get("tier")), storage, str(accel), valid])
+        t.rows.append([str(r.get("bench")), str(p.get("task") or "-"), str(r.get("format")), str(r.get("tier")),
+                       storage, str(accel), valid])
     return t
 
 
@@ -690,28 +717,27 @@ def plot_throughput(rows: Sequence[dict], task: str | None = None):
 
 
 def plot_au(rows: Sequence[dict]):
-    """Accelerator utilisation per tier and configuration, with the 90% pass mark."""
+    """Accelerator utilisation of every configuration (one bar each, coloured by tier), with the 90% mark."""
     plt = _pyplot()
     tr = [r for r in of_bench(rows, "train") if not is_synthetic(r) and figure(r, "au") is not None]
     if not tr:
         return None
+    tr.sort(key=lambda r: (str(params(r).get("task")), figure(r, "au")))
     tiers = sorted({tier_label(r) for r in tr})
-    def config(r):
-        p = params(r)
-        return p.get("task"), r["format"], p.get("decode"), p.get("resize")
-
-    configs = sorted({config(r) for r in tr}, key=str)
-    series = {f"{t} {f} {d}{f' @{z}' if z else ''}": [next((figure(r, "au") for r in tr if tier_label(r) == tier
-                                                            and config(r) == c), None) for tier in tiers]
-              for c in configs for t, f, d, z in [c]}
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(tiers) + 0.25 * len(series)), 4))
-    _grouped_bars(ax, tiers, series, "AU (compute / wall)")
-    ax.axhline(AU_TARGET, color="r", ls="--", lw=1)
-    ax.text(0.01, AU_TARGET, f" {AU_TARGET:.0%} pass mark", color="r", va="bottom",
-            transform=ax.get_yaxis_transform(), fontsize=8)
-    ax.set_ylim(0, 1.1)
-    ax.set_title("Accelerator utilisation per tier (task, format, decode)")
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    colours = {t: plt.get_cmap("tab10")(i % 10) for i, t in enumerate(tiers)}
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(tr) + 1.2))
+    ys = range(len(tr))
+    ax.barh(list(ys), [figure(r, "au") for r in tr], color=[colours[tier_label(r)] for r in tr])
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([f"{params(r).get('task')}  {_describe_config(r)}" for r in tr], fontsize=8)
+    ax.axvline(AU_TARGET, color="r", ls="--", lw=1)
+    ax.text(AU_TARGET, len(tr) - 0.4, f" {AU_TARGET:.0%} pass mark", color="r", fontsize=8)
+    ax.set_xlim(0, 1.05)
+    ax.set_xlabel("AU (compute time / wall time)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[t]) for t in tiers], labels=tiers, fontsize=8,
+              loc="lower right", title="tier")
+    ax.set_title("Accelerator utilisation per configuration (* = emulated tier)")
     fig.tight_layout()
     return fig
 
@@ -771,16 +797,16 @@ def plot_latency(rows: Sequence[dict]):
         ax = axes[0][i]
         labels = [f"{r['format']} {tier_label(r)} {params(r).get('mode', '')} w{params(r).get('workers', '')} "
                   f"{params(r).get('cache', '')}" for r in rd]
-        p50 = [figure(r, "read_p50_ms") or 0 for r in rd]
-        p99 = [figure(r, "read_p99_ms") or 0 for r in rd]
-        xs = range(len(rd))
-        ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
-        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
-        ax.set_yscale("log")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=6)
-        ax.set_ylabel("read latency (ms, log)")
+        ys = list(range(len(rd)))
+        ax.scatter([figure(r, "read_p50_ms") for r in rd], ys, marker="o", label="p50")
+        ax.scatter([figure(r, "read_p99_ms") or float("nan") for r in rd], ys, marker=">", label="p99")
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_ylim(-0.7, len(rd) - 0.3)
+        ax.set_xscale("log")
+        ax.set_xlabel("read latency per record (ms, log)")
         ax.set_title("Read latency per record")
+        ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
