@@ -22,16 +22,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"what SRC holds: {', '.join(DATASETS)}")
     p.add_argument("src", metavar="SRC", help="the dataset as shipped: a directory, archive or fsspec URL")
     p.add_argument("--to", required=True, metavar="FORMAT[,FORMAT...]",
-                   help=f"output formats, comma-separated: {', '.join(FORMATS)}")
+                   help=f"output formats, comma-separated: {', '.join(FORMATS)}%(default).0s")
     p.add_argument("--out", required=True, metavar="DST",
-                   help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt")
+                   help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt%(default).0s")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="parallel Ray workers (one CPU each); without --address a local Ray of this size")
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
-                   help="splits to convert, e.g. train,val (default: every split SRC holds)")
+                   help="splits to convert, e.g. train,val (default: every split SRC holds%(default).0s)")
     geo = p.add_mutually_exclusive_group()
     geo.add_argument("--resize", type=int, default=None, metavar="N",
-                     help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize)")
+                     help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize; default: no resize%(default).0s)")
     geo.add_argument("--size", default=None, metavar="HxW",
                      help="resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)")
     p.add_argument("--max-size", type=int, default=None, metavar="N",
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encode", choices=ENCODINGS, default=None,
                    help="how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked "
                         "to decode). Default: pass when nothing changes the pixels, jpeg when they are "
-                        "resized or cropped, raw for CIFAR")
+                        "resized or cropped, raw for CIFAR%(default).0s")
     p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality (im2rec's default)")
     p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
                    help="with --encode pass, decode each image (at 1/8 scale) so broken files are caught; "
@@ -58,14 +58,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                    help="seeded global shuffle of each split at write time (sequential readers need it); "
                         "--no-shuffle keeps the source order. Default: on, except for ptb, whose windows "
-                        "language models read in stream order")
+                        "language models read in stream order%(default).0s")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed; same seed, same bytes")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",
                    help="a bad input: fail stops naming it; skip leaves it out and lists it in the summary "
                         "and manifest.json")
     p.add_argument("--address", default=None,
                    help="run on an existing Ray cluster: auto or ray://host:port (SRC and DST must then be "
-                        "reachable from every node). Default: start a local Ray for this run")
+                        "reachable from every node). Default: start a local Ray for this run%(default).0s")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
     p.add_argument("--dry-run", action="store_true", help="list splits, samples and shards; write nothing")

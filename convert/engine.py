@@ -167,7 +167,7 @@ def _open_ray(options: ConvertOptions):
     return ray, True
 
 
-def _unwrap(ray, err, sp: ShardPlan, items: list) -> BaseException:
+def _unwrap(err, sp: ShardPlan, items: list) -> BaseException:
     """Turn what Ray raised for a shard into one clear gpufeed error (never a Ray traceback)."""
     cause = getattr(err, "cause", None)
     if isinstance(cause, BaseException):
@@ -314,7 +314,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     inflight = {}
     try:
         for st in splits.values():
-            _commit_ready(st, journal, out, progress)
+            _commit_ready(st, journal, out)
         if todo:
             ray, started = _open_ray(options)
             task = ray.remote(run_shard).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
@@ -338,7 +338,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                     try:
                         result = ray.get(ref)
                     except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
-                        raise _unwrap(ray, e, sp, st.shard_items(sp)) from None
+                        raise _unwrap(e, sp, st.shard_items(sp)) from None
                     # The freed worker gets its next shard before the driver journals and commits this one.
                     st.results[sp.shard] = result
                     submit()
@@ -346,7 +346,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                     st.results[sp.shard] = event
                     if progress is not None:
                         progress.update(result["written"] + len(result["skipped"]), result["bytes"])
-                    _commit_ready(st, journal, out, progress)
+                    _commit_ready(st, journal, out)
     except BaseException:
         if ray is not None:
             for ref in inflight:
@@ -362,7 +362,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             ray.shutdown()
 
     for st in splits.values():
-        _commit_ready(st, journal, out, progress)
+        _commit_ready(st, journal, out)
         missing = [sink for sink in ordered if sink not in st.finished]
         if missing:
             raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
@@ -423,7 +423,7 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, out: str, progress) -> None:
+def _commit_ready(st: _Split, journal, out: str) -> None:
     """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):

@@ -31,7 +31,8 @@ import struct
 
 from gpufeed import io
 from gpufeed.errors import ConfigError, OutputError
-from gpufeed.formats._atomic import AtomicFile, _remove as remove, _rename as rename
+from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
 from gpufeed.formats.base import EncodedRecord, WrittenFile
 from gpufeed.formats.naming import shard_name
 
