@@ -279,6 +279,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
     splits = {s: _Split(p, items_by_split[s]) for s, p in plans.items()}
     shard_events = journal.shards_done()
+    if not shard_events:
+        manifest_mod.remove_stale_outputs(out, options.formats, list(plans))
     finals = {(e["sink"], e["split"]): e["files"] for e in journal.events if e["event"] == "final"}
     rec_commits = journal.commits("recordio")
     todo = []

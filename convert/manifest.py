@@ -69,6 +69,32 @@ def remove_temporaries(out: str, formats) -> None:
                 fs.rm(name, recursive=True)
 
 
+def remove_stale_outputs(out: str, formats, splits) -> list[str]:
+    """Before a fresh run, delete what an earlier conversion into ``out`` wrote for these splits and formats
+    (``train-00003-of-00008``, ``train.rec``, ``train_lmdb``...): with another shard count its files would
+    not be overwritten, and a reader globbing ``train-*`` would take them too. Only names gpufeed writes are
+    touched; returns them."""
+    import fsspec
+
+    from gpufeed.formats.naming import parse_shard_name
+
+    removed = []
+    for fmt in formats:
+        fs, p = fsspec.core.url_to_fs(sinks.join(out, fmt))
+        try:
+            names = fs.ls(p, detail=False)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            shard = parse_shard_name(base)
+            stem = base.split(".", 1)[0]
+            if (shard and shard[0] in splits) or stem in splits or base in {f"{s}_lmdb" for s in splits}:
+                fs.rm(name, recursive=True)
+                removed.append(name)
+    return removed
+
+
 def save_stats(stats, file: str) -> None:
     """Persist one shard's partial :class:`~gpufeed.pipelines.transforms.ChannelStats` (exact integer
     sums as decimal strings, the per-pixel sum as an array) so a resumed run can merge it."""

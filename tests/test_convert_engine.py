@@ -128,6 +128,15 @@ def test_remote_like_destination_builds_lmdb_locally_and_copies_it(src, referenc
         convert(options(src, "nosuchprotocol://x/out"))
 
 
+def test_a_fresh_run_replaces_an_earlier_output_with_other_shards(src, tmp_path, ray_local):
+    out = tmp_path / "o"
+    convert(options(src, out, formats=("tfrecord",), shards=3, splits=("val",)))
+    convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",)))
+    names = sorted(n for n in os.listdir(out / "tfrecord") if not n.endswith(".idx"))
+    assert names == ["val-00000-of-00002", "val-00001-of-00002"]
+    verify(str(out))
+
+
 def test_rerun_of_a_finished_conversion_does_nothing(src, reference):
     out, _ = reference
     again = convert(options(src, out))
