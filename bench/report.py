@@ -246,6 +246,8 @@ def _describe_config(row: dict) -> str:
     notes = [f"{decode} decode"] if decode else []
     if stored_size(row):
         notes.append(f"stored at --resize {stored_size(row)}")
+    if row.get("bench") == "train" and params(row).get("cold") is False:
+        notes.append("page-cached")
     text = f"{row.get('format')} on {tier_label(row)}"
     return f"{text} ({', '.join(notes)})" if notes else text
 
@@ -429,7 +431,7 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
     """One line per training row on resized images that has an as-captured twin."""
     def key(r):
         p = params(r)
-        return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("accelerator")
+        return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("cold"), p.get("accelerator")
 
     full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not stored_size(r)}
     lines = []
@@ -437,7 +439,7 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
         twin = full.get(key(r))
         size = stored_size(r)
         if size and twin is not None and twin.get("median") and r.get("median"):
-            task, fmt, decode, tier, _ = key(r)
+            task, fmt, decode, *_ = key(r)
             lines.append(f"{task}, {fmt} on {tier_label(r)}, {decode} decode: {fmt_num(r['median'])} img/s stored at "
                          f"--resize {size} vs {fmt_num(twin['median'])} as captured "
                          f"({fmt_ratio(r['median'] / twin['median'])}); AU {fmt_pct(figure(twin, 'au'))} -> "
@@ -559,8 +561,8 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     `gpufeed bench train` call, each of which measures its own; spread across those calls)."""
     train = of_bench(rows, "train")
     ratios = ratio_to_baseline(train, baseline)
-    t = Table("Training and inference loop", ["task", "format", "stored", "tier", "decode", "accelerator",
-                                              "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
+    t = Table("Training and inference loop", ["task", "format", "stored", "tier", "cache", "decode",
+                                              "accelerator", "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
                                               "wait p50 ms", "wait p99 ms", "workers", "batch"], [])
     synthetic: dict[tuple, list[dict]] = defaultdict(list)
     for r in train:
@@ -569,17 +571,17 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     for (task, _acc), rs in sorted(synthetic.items(), key=lambda kv: str(kv[0])):
         p, speeds = params(rs[0]), [r["median"] for r in rs]
         med = statistics.median(speeds)
-        t.rows.append([str(task), "synthetic", "-", "memory", "-", _accelerator_cell(rs[0]), fmt_num(med),
+        t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]), fmt_num(med),
                        fmt_pct((max(speeds) - min(speeds)) / med) + (f" ({len(rs)} calls)" if len(rs) > 1 else ""),
                        "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
     for r in sorted((r for r in train if not is_synthetic(r)),
                     key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored_size(r)),
-                                   str(r.get("tier")), str(params(r).get("decode")))):
+                                   str(r.get("tier")), str(params(r).get("cold")), str(params(r).get("decode")))):
         p = params(r)
         au = figure(r, "au")
         t.rows.append([str(p.get("task")), str(r.get("format")),
                        f"--resize {stored_size(r)}" if stored_size(r) else "as captured", tier_label(r),
-                       str(p.get("decode") or "-"), _accelerator_cell(r), fmt_num(r.get("median")),
+                       "warm" if p.get("cold") is False else "cold", str(p.get("decode") or "-"), _accelerator_cell(r), fmt_num(r.get("median")),
                        fmt_pct(r.get("spread")),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
                        fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),

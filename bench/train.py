@@ -508,16 +508,18 @@ def compute_step_time(synthetic_runs: list[LoopRun]) -> float:
 def tier_scope(tier, data_dir: str, allow_invalid: bool):
     """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
     under ``data_dir`` outruns it, then throttle this process and its DataLoader workers (they inherit the
-    emulator through the environment). Yields the reason the rows are invalid (``--allow-invalid``), or None."""
+    emulator through the environment). Yields the rows' validity fields (and the host disk's figures)."""
     if tier.limits is None:
-        yield None
+        yield {"valid": True, "invalid_reason": None}
         return
     from gpufeed.bench.emulate import Throttle
     from gpufeed.bench.hostdisk import measure_host, require_valid
 
-    reason = require_valid(tier, measure_host(data_dir), allow_invalid)
+    host = measure_host(data_dir)
+    reason = require_valid(tier, host, allow_invalid)
     with Throttle.emulate(tier.limits, state_dir=data_dir):
-        yield reason
+        yield {"valid": reason is None, "invalid_reason": reason,
+               "host_disk": {k: {"iops": v["iops"], "mb_per_s": v["mb_per_s"]} for k, v in host["patterns"].items()}}
 
 
 def dataset_fields(info: dict, fmt: str) -> dict:
@@ -561,13 +563,13 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
               "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s)})
         for tier in tiers:
             data_dir = tier_dataset(tier, os.path.abspath(dst))
-            with tier_scope(tier, data_dir, opts.allow_invalid) as invalid:
+            with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
                 for decode in opts.decodes:
                     for fmt in formats:
                         runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts)
                         emit({"bench": "train", **tier.row_fields(), "format": fmt,
                               "params": {**opts.params(task, decode, accel), "resize": info.get("resize")},
-                              **dataset_fields(info, fmt), "valid": invalid is None, "invalid_reason": invalid,
+                              **dataset_fields(info, fmt), **validity,
                               **summarize_runs(runs, compute_s)})
         del accel
         gc.collect()

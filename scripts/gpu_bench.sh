@@ -3,7 +3,7 @@
 #
 #   OUT=/path/for/results bash scripts/gpu_bench.sh          # the full run (~6 min on one H200, 16 cores)
 #   SMOKE=1 OUT=... bash scripts/gpu_bench.sh                # versions, install, a tiny run of every path
-#   STAGES="local tiers" bash scripts/gpu_bench.sh           # a subset of: build local tiers resize read
+#   STAGES="local tiers" bash scripts/gpu_bench.sh           # a subset of: build local tiers resize read warm
 #
 # Builds an ImageNet-like JPEG dataset on the local disk (gpufeed bench dataset: multiprocessing, every
 # format), then measures ResNet-50 training (batch 256) and inference (batch 512) fed from each format, with
@@ -95,12 +95,17 @@ for stage in $STAGES; do
       run_grid "$DATA/full" "$REPEATS" "${LOCAL_DECODES:-$DECODES}" --tier "local=$DATA/full"
       ;;
     tiers)
-      stamp "emulated cloud disks (ultra, ssd) on the local disk: tfrecord, CPU decoding"
-      run_grid "$DATA/full" "$TIER_REPEATS" cpu --tier ultra --tier ssd --formats tfrecord
+      stamp "emulated cloud disks (ultra, ssd) on the local disk: ${TIER_FORMATS:-tfrecord}, CPU decoding"
+      run_grid "$DATA/full" "$TIER_REPEATS" cpu --tier ultra --tier ssd --formats "${TIER_FORMATS:-tfrecord}"
       ;;
     resize)
       stamp "images stored at --resize 160: tfrecord, CPU and GPU decoding"
       run_grid "$DATA/r160" "$TIER_REPEATS" "$DECODES" --tier "local=$DATA/r160" --formats tfrecord
+      ;;
+    warm)
+      stamp "page-cached lmdb and recordio (cold vs warm: is it the disk or the format?)"
+      cat "$DATA"/full/lmdb/train_lmdb/data.mdb "$DATA"/full/recordio/train.rec > /dev/null
+      run_grid "$DATA/full" "$REPEATS" cpu --tier "local=$DATA/full" --formats lmdb,recordio --no-cold
       ;;
     read)
       stamp "read benchmark: decode + RandomResizedCrop + flip per worker, warm cache (CPU cores per img/s)"
@@ -108,7 +113,7 @@ for stage in $STAGES; do
         --modes decode --cache warm --workers "1,$WORKERS" --samples "$READ_SAMPLES" --repeats 2 --warmup 0 \
         || stamp "FAILED: read benchmark"
       ;;
-    *) echo "unknown stage $stage (choose from: build local tiers resize read)" >&2; exit 2 ;;
+    *) echo "unknown stage $stage (choose from: build local tiers resize read warm)" >&2; exit 2 ;;
   esac
 done
 stamp "done: $(wc -l < "$RESULTS") rows in $RESULTS"
