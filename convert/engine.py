@@ -159,8 +159,11 @@ def _open_ray(options: ConvertOptions):
             ray.init(address=options.address, logging_level=logging.ERROR, log_to_driver=False,
                      runtime_env=env)
         else:
-            ray.init(num_cpus=options.workers, include_dashboard=False, logging_level=logging.ERROR,
-                     log_to_driver=False, object_store_memory=512 << 20, runtime_env=env)
+            # address="local": a new runtime even when `ray start` left a cluster address behind in /tmp/ray
+            # or RAY_ADDRESS, which ray.init would otherwise join (and refuse num_cpus for).
+            ray.init(address="local", num_cpus=options.workers, include_dashboard=False,
+                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20,
+                     runtime_env=env)
     except ConnectionError as e:
         raise ConfigError(f"cannot reach the Ray cluster at {options.address} ({e}); start it with "
                           "`ray start --head` or check --address") from e
