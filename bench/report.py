@@ -318,6 +318,11 @@ def tier_caps(rows: Sequence[dict]) -> dict[str, tuple[float, str]]:
         if r.get("mode") == "measured" and mbps and params(r).get("cache") == "cold" \
                 and not params(r).get("decode") and mbps > caps.get(r["tier"], (0, ""))[0]:
             caps[r["tier"]] = (mbps, "measured cold read")
+    host = [r["host_disk"] for r in rows if isinstance(r.get("host_disk"), dict) and "rand_128k_x16" in r["host_disk"]]
+    if host:
+        # Random 128 KiB reads from 16 threads: the pattern of 16 workers reading ~120 KB records.
+        mbps = statistics.median(h["rand_128k_x16"]["mb_per_s"] for h in host)
+        caps["host disk"] = (mbps, "measured, cold 128 KiB random reads x16 (the disk emulation ran on)")
     for name in ("nvme", "ssd", "ultra"):
         if name not in caps and name in tier_profiles.PROFILES:
             caps[name] = (tier_profiles.PROFILES[name].limits().bytes_per_s / MB, "published profile")
