@@ -775,31 +775,30 @@ def plot_convert_time(rows: Sequence[dict]):
 
 
 def plot_latency(rows: Sequence[dict]):
-    """Latency distributions: per-step data wait of the training loops (CDF), and read latency p50/p99."""
+    """Latency distributions: each configuration's wait for its next batch per training step (box: quartiles,
+    whiskers: 1st-99th percentile), and read latency p50/p99 per record from the read benchmark."""
     plt = _pyplot()
     tr = [r for r in of_bench(rows, "train") if (r.get("samples") or {}).get("data_wait_ms")
           and not is_synthetic(r)]
     rd = [r for r in of_bench(rows, "read") if figure(r, "read_p50_ms") is not None]
-    panels = [p for p in (tr, rd) if p]
-    if not panels:
+    if not tr and not rd:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4), squeeze=False)
+    height = max(4.0, 0.3 * len(tr) + 1.2)
+    fig, axes = plt.subplots(1, int(bool(tr)) + int(bool(rd)), figsize=(13 if tr and rd else 8, height),
+                             squeeze=False, gridspec_kw={"width_ratios": [3, 2]} if tr and rd else None)
     i = 0
     if tr:
         ax = axes[0][i]
         i += 1
-        for r in tr:
-            waits = sorted(max(w, 1e-3) for w in r["samples"]["data_wait_ms"])
-            ys = [(k + 1) / len(waits) for k in range(len(waits))]
-            p = params(r)
-            ax.step(waits, ys, where="post", label=f"{p.get('task')} {r['format']} {tier_label(r)} {p.get('decode')}"
-                                                   f"{' @' + str(p['resize']) if p.get('resize') else ''}")
+        tr.sort(key=lambda r: (str(params(r).get("task")), -statistics.median(r["samples"]["data_wait_ms"])))
+        ax.boxplot([[max(w, 1e-3) for w in r["samples"]["data_wait_ms"]] for r in tr], vert=False,
+                   whis=(1, 99), showfliers=False, widths=0.6)
+        ax.set_yticks(range(1, len(tr) + 1))
+        ax.set_yticklabels([f"{params(r).get('task')}  {_describe_config(r)}" for r in tr], fontsize=7)
         ax.set_xscale("log")
-        ax.set_xlabel("wait for the next batch (ms, log)")
-        ax.set_ylabel("fraction of steps")
-        ax.set_title("Data wait per training step (CDF)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.set_xlabel("wait for the next batch per step (ms, log; whiskers 1st-99th percentile)")
+        ax.set_title("Data wait per step")
+        ax.grid(axis="x", alpha=0.3)
     if rd:
         ax = axes[0][i]
         labels = [f"{r['format']} {tier_label(r)} {params(r).get('mode', '')} w{params(r).get('workers', '')} "
