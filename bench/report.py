@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import html
+import inspect
 import io
 import math
 import os
@@ -791,8 +792,11 @@ def plot_latency(rows: Sequence[dict]):
         ax = axes[0][i]
         i += 1
         tr.sort(key=lambda r: (str(params(r).get("task")), -statistics.median(r["samples"]["data_wait_ms"])))
-        ax.boxplot([[max(w, 1e-3) for w in r["samples"]["data_wait_ms"]] for r in tr], vert=False,
-                   whis=(1, 99), showfliers=False, widths=0.6)
+        # Matplotlib 3.10 renamed vert=False to orientation="horizontal".
+        horizontal = ({"orientation": "horizontal"} if "orientation" in inspect.signature(ax.boxplot).parameters
+                      else {"vert": False})
+        ax.boxplot([[max(w, 1e-3) for w in r["samples"]["data_wait_ms"]] for r in tr], whis=(1, 99),
+                   showfliers=False, widths=0.6, **horizontal)
         ax.set_yticks(range(1, len(tr) + 1))
         ax.set_yticklabels([f"{params(r).get('task')}  {_describe_config(r)}" for r in tr], fontsize=7)
         ax.set_xscale("log")
@@ -883,29 +887,20 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
         train.blocks.append("No training rows.")
     sections.append(train)
 
-    read = Section("Reading")
-    if of_bench(rows, "read"):
-        read.blocks.append(generic_table(rows, "read", "Read benchmark", base,
-                                         extra=("mb_per_s", "read_p50_ms", "read_p99_ms", "iops",
-                                                "device_fraction")))
-        fig = plot_read_throughput(rows)
-        if fig is not None:
-            read.blocks.append(Plot("Read throughput per format and tier", png_bytes(fig)))
-    else:
-        read.blocks.append("No read rows.")
-    sections.append(read)
-
-    conv = Section("Conversion")
-    if of_bench(rows, "convert"):
-        conv.blocks.append(generic_table(rows, "convert", "Conversion benchmark", base,
-                                         extra=("wall_s", "cpu_user_s", "cpu_sys_s", "machine_iowait_share",
-                                                "write_mb_per_s")))
-        fig = plot_convert_time(rows)
-        if fig is not None:
-            conv.blocks.append(Plot("Conversion time per tier", png_bytes(fig)))
-    else:
-        conv.blocks.append("No conversion rows.")
-    sections.append(conv)
+    for bench, title, extra, maker, plot_title in (
+            ("read", "Reading", ("mb_per_s", "read_p50_ms", "read_p99_ms", "iops", "device_fraction"),
+             plot_read_throughput, "Read throughput per format and tier"),
+            ("convert", "Conversion", ("wall_s", "cpu_user_s", "cpu_sys_s", "machine_iowait_share", "write_mb_per_s"),
+             plot_convert_time, "Conversion time per tier")):
+        section = Section(title)
+        if of_bench(rows, bench):
+            section.blocks.append(generic_table(rows, bench, f"{title} benchmark", base, extra=extra))
+            fig = maker(rows)
+            if fig is not None:
+                section.blocks.append(Plot(plot_title, png_bytes(fig)))
+        else:
+            section.blocks.append(f"No {bench} rows.")
+        sections.append(section)
 
     emul = emulated_table(rows)
     sections.append(Section("Which rows were emulated", [
