@@ -587,8 +587,8 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
         au = figure(r, "au")
         t.rows.append([str(p.get("task")), str(r.get("format")),
                        f"--resize {stored_size(r)}" if stored_size(r) else "as captured", tier_label(r),
-                       "warm" if p.get("cold") is False else "cold", str(p.get("decode") or "-"), _accelerator_cell(r), fmt_num(r.get("median")),
-                       fmt_pct(r.get("spread")),
+                       "warm" if p.get("cold") is False else "cold", str(p.get("decode") or "-"),
+                       _accelerator_cell(r), fmt_num(r.get("median")), fmt_pct(r.get("spread")),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
                        fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
                        fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", ""))])
@@ -910,8 +910,9 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
         emul if emul.rows else "None: every row was measured."]))
     sections.append(Section("Machines and versions", [machine_table(rows), _versions_text(rows)]))
 
+    generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     subtitle = (f"{len(rows)} result rows from {', '.join(os.path.basename(s) for s in sources) or 'memory'}; "
-                f"baseline tier for ratios: {base or 'none'}; generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+                f"baseline tier for ratios: {base or 'none'}; generated {generated}")
     return Report("gpufeed storage-tier report", subtitle, sections)
 
 

@@ -41,7 +41,8 @@ if [ "${INSTALL:-1}" = 1 ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site
   if ! "$PY" -c "import google.protobuf.internal.builder" 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/extra/protobuf-*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .whl/extra/protobuf-*.whl
   fi
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir \
     --target /tmp/site . >/dev/null
