@@ -600,12 +600,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gpufeed.bench.cli import add_tier_arguments
     from gpufeed.formats import FORMATS
 
-    parser.add_argument("dst", help="dataset directory holding <format>/ outputs (gpufeed convert or "
-                                    "gpufeed bench dataset)")
+    parser.add_argument("dst", help="benchmark dataset directory, written by `gpufeed bench dataset DST`")
     add_tier_arguments(parser)
-    parser.add_argument("--formats", type=_csv(FORMATS), default=FORMATS, help="formats to feed from")
-    parser.add_argument("--task", type=_csv(TASKS), default=TASKS, help="train, infer or both")
-    parser.add_argument("--decode", type=_csv(DECODES), default=("cpu",),
+    parser.add_argument("--formats", type=_csv(FORMATS), default=",".join(FORMATS), help="formats to feed from")
+    parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
+    parser.add_argument("--decode", type=_csv(DECODES), default="cpu",
                         help="where JPEGs are decoded: cpu (DataLoader workers), gpu (nvJPEG), or both")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",
                         help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
