@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpufeed.convert.options import DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD
+from gpufeed.convert.options import DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD, STORE_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +48,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gray", action="store_true", help="store one gray channel")
     p.add_argument("--normalize", action="store_true",
                    help="compute exact per-channel mean/std of the train split: mean_std.json (MXNet "
-                        "mean_r..std_b) and mean.binaryproto (Caffe) when every image has one size")
+                        "mean_r..std_b) and mean.binaryproto (Caffe) when every image has one size; with "
+                        "--store-dtype float16/float32 and no --mean/--std, a first pass computes them and every "
+                        "split is stored normalised with them")
+    p.add_argument("--store-dtype", choices=STORE_DTYPES, default="uint8",
+                   help="uint8 stores pixels as they are; float16/float32 store (pixel - mean) / std as raw "
+                        "HWC RGB tensors (implies --encode raw; needs --mean/--std or --normalize)")
+    p.add_argument("--mean", default=None, metavar="R,G,B",
+                   help="per-channel mean for --store-dtype float*, in pixel units 0-255, RGB order (e.g. "
+                        "123.675,116.28,103.53); default: computed by --normalize%(default).0s")
+    p.add_argument("--std", default=None, metavar="R,G,B",
+                   help="per-channel std for --store-dtype float*, pixel units 0-255, RGB (e.g. "
+                        "58.395,57.12,57.375); default: computed by --normalize%(default).0s")
     shards = p.add_mutually_exclusive_group()
     shards.add_argument("--shards", type=int, default=None, metavar="K",
                         help="shards per split (TFRecord files, units of work and of resume). Giving it also "
@@ -66,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="run on an existing Ray cluster: auto or ray://host:port (SRC and DST must then be "
                         "reachable from every node). Default: start a local Ray for this run%(default).0s")
+    p.add_argument("--driver-writes", action="store_true",
+                   help="workers return finished shards through Ray's object store and the driver writes them "
+                        "to DST, for a destination the workers cannot reach (always on for memory://)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
     p.add_argument("--dry-run", action="store_true", help="list splits, samples and shards; write nothing")
@@ -76,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args):
-    from gpufeed.convert.options import ConvertOptions, parse_list, parse_size
+    from gpufeed.convert.options import ConvertOptions, parse_floats, parse_list, parse_size
 
     return ConvertOptions(
         dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out,
@@ -84,10 +98,12 @@ def options_from_args(args):
         resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
         center_crop=args.center_crop, encode=args.encode, quality=args.quality, validate=args.validate,
         gray=args.gray,
-        normalize=args.normalize, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
+        normalize=args.normalize, store_dtype=args.store_dtype,
+        mean=parse_floats(args.mean, "--mean") if args.mean else None,
+        std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,
-        seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress)
+        seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes)
 
 
 def run(args) -> int:

@@ -46,6 +46,10 @@ class ShardJob:
     image_options: object  # gpufeed.pipelines.transforms.ImageOptions
     on_error: str
     stats: bool
+    spool_dir: str = ""  # where spool files for the ordered sinks go
+    driver_writes: bool = False  # write into a worker-local directory and return the files' bytes
+    exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
+    faults: dict | None = None  # test-only fault injection (see _test_faults)
 
 
 @dataclasses.dataclass
@@ -62,6 +66,7 @@ class Summary:
     note: str = ""
     worker_seconds: float = 0.0  # summed wall time of the shards converted, inside the workers
     worker_cpu_seconds: float = 0.0  # and their CPU time
+    prepass_shards: int = 0  # shards whose statistics this run computed in the pre-pass (not resumed)
 
     @property
     def written(self) -> int:
@@ -74,6 +79,22 @@ class Summary:
 
 # -- worker side ---------------------------------------------------------------------------------------------
 
+#: Test-only fault injection, read by the driver and handed to the workers in the job (Ray workers are
+#: started by the raylet, so their environment is not the driver's): a JSON object with ``fsize`` (a file
+#: size limit, RLIMIT_FSIZE, applied while a shard runs: the condition a full disk creates) and/or
+#: ``crash_on`` (inputs whose origin ends with this string kill their worker, like a crashing decoder).
+TEST_FAULTS_ENV = "GPUFEED_TEST_FAULTS"
+#: Why an input isolated by bisection is skipped.
+CRASH_REASON = "crashes the worker (found by bisecting its shard)"
+
+
+def _test_faults() -> dict | None:
+    import json
+
+    text = os.environ.get(TEST_FAULTS_ENV)
+    return json.loads(text) if text else None
+
+
 def _worker_setup() -> None:
     import cv2
 
@@ -81,61 +102,208 @@ def _worker_setup() -> None:
     cv2.setNumThreads(1)
 
 
-def run_shard(job: ShardJob, items: list) -> dict:
-    """Convert one shard (runs in a Ray worker). Returns a small dict; raises gpufeed errors on failure."""
-    _worker_setup()
-    from gpufeed.formats import get_format
-    from gpufeed.pipelines.transforms import ChannelStats, make_sample
+class _FileSizeLimit:
+    """The ``fsize`` test fault: lower the soft RLIMIT_FSIZE for one shard, then restore it (workers are
+    reused). Python ignores SIGXFSZ, so a write past the limit fails with EFBIG, as on a full disk."""
 
-    t0, c0 = time.perf_counter(), time.process_time()
-    sp = job.plan
+    def __init__(self, faults: dict | None):
+        self.limit = (faults or {}).get("fsize")
+        self.saved = None
+
+    def __enter__(self):
+        if self.limit is not None:
+            import resource
+
+            self.saved = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (int(self.limit), self.saved[1]))
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, self.saved)
+
+
+def _maybe_crash(job: ShardJob, item) -> None:
+    crash_on = (job.faults or {}).get("crash_on")
+    if crash_on and item.origin.endswith(crash_on):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _records(job: ShardJob, fmts, item, index, stats):
+    """Make one sample and encode it for every format; crash on purpose under the ``crash_on`` test fault."""
+    from gpufeed.pipelines.transforms import make_sample
+
+    _maybe_crash(job, item)
     opts = job.image_options
+    if stats is not None and opts.encode == "pass":
+        # Pass-through with statistics: the full decode that gathers them also validates, so the
+        # 1/8-scale validation decode is left out (each image is decoded once).
+        sample = make_sample(item, dataclasses.replace(opts, validate=False), index)
+        stats.update_from_sample(sample)
+    else:
+        sample = make_sample(item, opts, index, stats=stats)
+    return [fmt.encode(sample) for fmt in fmts]
+
+
+def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
+    """``[(format, writer, final path)]`` for one shard."""
+    from gpufeed.formats import get_format
+
+    sp = job.plan
     outputs = []
     try:
         for name in job.formats:
             fmt = get_format(name)
             if name == "tfrecord":
-                writer = fmt.writer(sinks.tfrecord_path(job.out, sp.split, sp.shard, sp.count))
+                path = sinks.tfrecord_path(out, sp.split, sp.shard, sp.count)
+                writer = fmt.writer(path)
             elif name == "recordio" and job.sharded_recordio:
-                writer = fmt.writer(sinks.recordio_shard_path(job.out, sp.split, sp.shard, sp.count))
+                path = sinks.recordio_shard_path(out, sp.split, sp.shard, sp.count)
+                writer = fmt.writer(path)
             elif name == "recordio":
-                writer = fmt.writer(sinks.spool_path(job.out, sp.split, "recordio", sp.shard))
+                path = sinks.spool_path(spool_dir, sp.split, "recordio", sp.shard)
+                writer = fmt.writer(path)
             else:
-                writer = sinks.SpoolWriter(sinks.spool_path(job.out, sp.split, "lmdb", sp.shard))
-            outputs.append((fmt, writer))
+                path = sinks.spool_path(spool_dir, sp.split, "lmdb", sp.shard)
+                writer = sinks.SpoolWriter(path)
+            outputs.append((fmt, writer, path))
+    except OSError as e:
+        for _, w, _ in outputs:
+            w.abort()
+        raise sinks.output_error(path, e) from e
     except BaseException:
-        for _, w in outputs:
+        for _, w, _ in outputs:
             w.abort()
         raise
-    stats = ChannelStats() if job.stats else None
+    return outputs
+
+
+def run_shard(job: ShardJob, items: list) -> dict:
+    """Convert one shard (runs in a Ray worker). Returns a small dict; raises gpufeed errors on failure.
+
+    With ``job.driver_writes`` the files are written into a worker-local directory and returned as bytes
+    (``blobs``: relative path and content), for the driver to write to the destination."""
+    import shutil
+    import tempfile
+
+    _worker_setup()
+    from gpufeed.pipelines.transforms import ChannelStats
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    sp = job.plan
+    local = tempfile.mkdtemp(prefix="gpufeed-shard-") if job.driver_writes else None
+    try:
+        out, spool_dir = job.out, job.spool_dir
+        if local is not None:
+            out, spool_dir = local, os.path.join(local, sinks.SPOOL_DIR)
+            for d in (*job.formats, sinks.SPOOL_DIR):
+                os.makedirs(os.path.join(local, d), exist_ok=True)
+        with _FileSizeLimit(job.faults):
+            result = _convert_items(job, items, out, spool_dir, ChannelStats() if job.stats else None)
+        result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
+        if local is not None:
+            result["blobs"] = _collect(local)
+            for f in result["files"]:
+                f["path"] = os.path.relpath(f["path"], local).replace(os.sep, "/")
+        return result
+    finally:
+        if local is not None:
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def _collect(root: str) -> list:
+    """``[(relative path, bytes)]`` of every file under ``root``, in a fixed order."""
+    blobs = []
+    for dirpath, _, names in os.walk(root):
+        for name in sorted(names):
+            p = os.path.join(dirpath, name)
+            with open(p, "rb") as f:
+                blobs.append((os.path.relpath(p, root).replace(os.sep, "/"), f.read()))
+    return sorted(blobs)
+
+
+def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) -> dict:
+    from gpufeed.pipelines.transforms import ChannelStats
+
+    sp = job.plan
+    outputs = _open_outputs(job, out, spool_dir)
+    fmts = [fmt for fmt, _, _ in outputs]
     skipped, written, out_bytes = [], 0, 0
     try:
         for index, item in zip(range(sp.start, sp.stop), items):
+            if index in job.exclude:
+                skipped.append((item.origin, CRASH_REASON))
+                continue
+            # Statistics of one input join the shard's only once it is written, so a sample skipped after
+            # its pixels were seen (an encode that fails) is not counted.
+            one = ChannelStats() if stats is not None else None
             try:
-                sample = make_sample(item, opts, index, stats=stats)
-                if stats is not None and opts.encode == "pass":
-                    stats.update_from_sample(sample)
-                records = [fmt.encode(sample) for fmt, _ in outputs]
+                records = _records(job, fmts, item, index, one)
             except _INPUT_ERRORS as e:
                 if job.on_error == "fail":
                     raise
                 skipped.append((item.origin, getattr(e, "reason", None) or str(e)))
                 continue
-            for (_, writer), record in zip(outputs, records):
-                writer.write_encoded(record)
+            for (_, writer, path), record in zip(outputs, records):
+                try:
+                    writer.write_encoded(record)
+                except OSError as e:
+                    raise sinks.output_error(path, e) from e
                 out_bytes += len(record.value)
+            if one is not None:
+                stats.merge(one)
             written += 1
         files = []
-        for _, writer in outputs:
-            closed = writer.close()
+        for _, writer, path in outputs:
+            try:
+                closed = writer.close()
+            except OSError as e:
+                raise sinks.output_error(path, e) from e
             files.extend(closed if isinstance(closed, list) else [closed])
     except BaseException:
-        for _, w in outputs:
+        for _, w, _ in outputs:
             w.abort()
         raise
     return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped,
-            "files": [dataclasses.asdict(f) for f in files], "bytes": out_bytes,
-            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0, "stats": stats}
+            "files": [dataclasses.asdict(f) for f in files], "bytes": out_bytes, "stats": stats}
+
+
+def probe_items(job: ShardJob, pairs: list) -> None:
+    """Make and encode ``pairs`` (planned index, item) without writing: bisection runs this to find the
+    input that kills its worker. Inputs that merely fail are ignored here (``--on-error`` handles them)."""
+    _worker_setup()
+    from gpufeed.formats import get_format
+
+    fmts = [get_format(name) for name in job.formats]
+    for index, item in pairs:
+        try:
+            _records(job, fmts, item, index, None)
+        except _INPUT_ERRORS:
+            continue
+
+
+def stats_shard(job: ShardJob, items: list) -> dict:
+    """The statistics pre-pass over one shard: the stored pixels (same transforms, before normalising)
+    summed exactly, nothing written."""
+    _worker_setup()
+    from gpufeed.pipelines.transforms import ChannelStats, make_sample
+
+    sp = job.plan
+    opts = dataclasses.replace(job.image_options, encode="raw", store_dtype="uint8", mean=None, std=None)
+    stats = ChannelStats()
+    for index, item in zip(range(sp.start, sp.stop), items):
+        if index in job.exclude:
+            continue
+        _maybe_crash(job, item)
+        try:
+            make_sample(item, opts, index, stats=stats)
+        except _INPUT_ERRORS:
+            if job.on_error == "fail":
+                raise
+    return {"split": sp.split, "shard": sp.shard, "stats": stats}
 
 
 # -- driver side -----------------------------------------------------------------------------------------
@@ -186,9 +354,85 @@ def _unwrap(err, sp: ShardPlan, items: list) -> BaseException:
     first = items[0].origin if items else "?"
     last = items[-1].origin if items else "?"
     return InputError(first, f"shard {sp.id} (inputs {first} .. {last}) crashed its Ray worker "
-                             f"{TASK_RETRIES + 1} times ({type(err).__name__})",
-                      "remove or repair the input that crashes the decoder (rerun with --workers 1 to find "
-                      "it), then rerun the same command to resume")
+                             f"{TASK_RETRIES + 1} times ({type(err).__name__}) and no single input crashes it alone",
+                      "check the workers' memory and the Ray logs, then rerun the same command to resume")
+
+
+def _crashed(err) -> bool:
+    """Ray reports a dead worker (no exception of the task's own to carry)."""
+    return not isinstance(getattr(err, "cause", None), BaseException)
+
+
+class _Tasks:
+    """Shard tasks on Ray: at most ``workers`` running, more only while ``admit(in flight)`` allows.
+
+    A shard whose worker dies on every retry is bisected with probe tasks (no retries) down to the one
+    input that kills the worker: ``--on-error fail`` stops naming it, ``skip`` reruns the shard without it.
+    """
+
+    def __init__(self, ray, fn, options, items_of, admit=None):
+        self.ray = ray
+        self.task = ray.remote(fn).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
+        self.probe = ray.remote(probe_items).options(num_cpus=1, max_retries=0, retry_exceptions=False)
+        self.workers = options.workers
+        self.on_error = options.on_error
+        self.items_of = items_of  # ShardPlan -> its items
+        self.admit = admit or (lambda inflight: True)
+        self.pending = deque()
+        self.inflight = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.pending or self.inflight)
+
+    def submit(self) -> None:
+        while self.pending and len(self.inflight) < self.workers and (
+                not self.inflight or self.admit(len(self.inflight))):
+            job = self.pending.popleft()
+            self.inflight[self.task.remote(job, self.items_of(job.plan))] = job
+
+    def next(self):
+        """Wait for the next finished shard: ``(job, result)``. Raises one gpufeed error on failure."""
+        while True:
+            self.submit()
+            [ref], _ = self.ray.wait(list(self.inflight), num_returns=1)
+            job = self.inflight.pop(ref)
+            try:
+                return job, self.ray.get(ref)
+            except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
+                items = self.items_of(job.plan)
+                if not _crashed(e):
+                    raise _unwrap(e, job.plan, items) from None
+                found = self._bisect(job, items)
+                if found is None:
+                    raise _unwrap(e, job.plan, items) from None
+                index, item = found
+                if self.on_error == "fail":
+                    raise InputError(item.origin, f"this input crashes the worker (shard {job.plan.id} failed "
+                                                  f"{TASK_RETRIES + 1} times; bisecting its inputs isolated it)",
+                                     "skip it with --on-error skip, or remove it, then rerun the same command "
+                                     "to resume") from None
+                self.pending.appendleft(dataclasses.replace(job, exclude=(*job.exclude, index)))
+
+    def _bisect(self, job, items):
+        sp = job.plan
+        pairs = [(i, it) for i, it in zip(range(sp.start, sp.stop), items) if i not in job.exclude]
+        while len(pairs) > 1:
+            half = len(pairs) // 2
+            # A crash that needs a specific input is in the first half or else in the second; the last
+            # input is confirmed on its own, so a crash that needs several inputs together is not blamed on one.
+            pairs = pairs[:half] if self._crashes(job, pairs[:half]) else pairs[half:]
+        return pairs[0] if pairs and self._crashes(job, pairs) else None
+
+    def _crashes(self, job, pairs) -> bool:
+        try:
+            self.ray.get(self.probe.remote(job, pairs))
+        except Exception as e:
+            return _crashed(e)
+        return False
+
+    def cancel(self) -> None:
+        for ref in self.inflight:
+            self.ray.cancel(ref, force=True)
 
 
 class _Split:
@@ -214,9 +458,6 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
 
     t0 = time.perf_counter()
     out = options.out.rstrip("/") if not io.is_local(options.out) else io.local_path(options.out)
-    if out.startswith("memory://"):
-        raise ConfigError(f"{out}: a memory:// filesystem lives inside one process, so Ray workers cannot "
-                          "write to it; give a path or a URL every worker can reach (s3://, gs://, a shared mount)")
     source = open_source(options.dataset, options.src, on_error=options.on_error, **options.source_options())
     available = source.splits()
     splits = list(options.splits or available)
@@ -268,16 +509,54 @@ def _stats_split(options, plans) -> str | None:
     return "train" if "train" in plans else next(iter(plans))
 
 
+def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_options):
+    """The exact statistics of ``st``'s split before anything is written, for normalised float storage:
+    one Ray task per shard sums the stored pixels; each partial is saved and journalled, so a resumed
+    run computes only the missing ones. Returns ``(merged ChannelStats, shards computed)``."""
+    from gpufeed.convert.manifest import merge_stats, save_stats
+
+    split = st.plan.split
+    prefix = f"prepass-{split}"
+    stats_dir = os.path.join(state_dir, "stats")
+    done = {e["shard"] for e in journal.events if e["event"] == "prestats" and e["split"] == split}
+    todo = [sp for sp in st.plan.shards
+            if sp.shard not in done or not os.path.exists(os.path.join(stats_dir, f"{prefix}-{sp.shard:05d}.npz"))]
+    if todo:
+        tasks = _Tasks(ray_once(), stats_shard, options, st.shard_items)
+        tasks.pending.extend(ShardJob(sp, out, options.formats, False, image_options, options.on_error, True,
+                                      faults=_test_faults()) for sp in todo)
+        try:
+            while tasks:
+                _, result = tasks.next()
+                save_stats(result["stats"], os.path.join(stats_dir, f"{prefix}-{result['shard']:05d}.npz"))
+                journal.append({"event": "prestats", "split": split, "shard": result["shard"]})
+        except BaseException:
+            tasks.cancel()
+            raise
+    stats = merge_stats(state_dir, prefix)
+    if not stats.images:
+        raise ConfigError(f"the {split} split has no usable image, so --normalize has no statistics to "
+                          "normalise with; give --mean and --std")
+    return stats, len(todo)
+
+
 def _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
 
     ordered = [f for f in options.formats if f == "lmdb" or (f == "recordio" and options.shards is None)]
-    stats_split = _stats_split(options, plans)
+    prepass_split = _stats_split(options, plans) if options.statistics_prepass else None
+    stats_split = None if prepass_split else _stats_split(options, plans)
     image_options = options.image_options()
+    # A destination the workers cannot write (memory://, or --driver-writes): shards come back to the
+    # driver as bytes, and spool files stay in the local state directory.
+    driver_writes = options.driver_writes or out.startswith("memory://")
+    spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
+                 else sinks.join(out, ".gpufeed", sinks.SPOOL_DIR))
+    float_dtype = options.store_dtype if options.store_dtype != "uint8" else None
     for fmt in options.formats:
         sinks.makedirs(sinks.join(out, fmt))
     if ordered:
-        sinks.makedirs(sinks.join(out, ".gpufeed", sinks.SPOOL_DIR))
+        sinks.makedirs(spool_dir)
     manifest_mod.remove_temporaries(out, options.formats)
 
     splits = {s: _Split(p, items_by_split[s]) for s, p in plans.items()}
@@ -297,7 +576,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 st.finished[sink] = finals[(sink, s)]
                 continue
             if sink == "lmdb":
-                st.sinks[sink] = sinks.LmdbSink(state_dir, out, s).open()
+                st.sinks[sink] = sinks.LmdbSink(state_dir, out, s, float_dtype).open()
                 st.next[sink] = _lmdb_position(st, st.sinks[sink].entries())
             else:
                 last = rec_commits.get(s)
@@ -306,56 +585,57 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                     last and last["lengths"], records, last and last["sidecar"])
                 st.next[sink] = last["shard"] + 1 if last else 0
         for sp in st.plan.shards:
-            if not _shard_usable(st, sp, out):
+            if not _shard_usable(st, sp, spool_dir):
                 st.results.pop(sp.shard, None)
                 todo.append(sp)
 
     ray = None
     started = False
+
+    def ray_once():
+        nonlocal ray, started
+        if ray is None:
+            ray, started = _open_ray(options)
+        return ray
+
     window = WINDOW_PER_WORKER * options.workers
     total = sum(sp.stop - sp.start for sp in todo)
-    if progress is not None:
-        progress.start(total, sum(len(p) for p in plans.values()) - total)
-    inflight = {}
+    tasks = None
+    prepass_stats, prepass_shards = None, 0
     try:
+        if prepass_split:
+            prepass_stats, prepass_shards = _prepass(ray_once, options, out, splits[prepass_split], journal,
+                                                     state_dir, image_options)
+            image_options = dataclasses.replace(image_options, mean=prepass_stats.mean, std=prepass_stats.std)
+        if progress is not None:
+            progress.start(total, sum(len(p) for p in plans.values()) - total)
         for st in splits.values():
-            _commit_ready(st, journal, out)
+            _commit_ready(st, journal, spool_dir)
         if todo:
-            ray, started = _open_ray(options)
-            task = ray.remote(run_shard).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
-            pending = deque(todo)
             sharded_rec = options.shards is not None and "recordio" in options.formats
-
-            def submit():
-                while pending and len(inflight) < options.workers and (
-                        not inflight or len(inflight) + _awaiting(splits) < window):
-                    sp = pending.popleft()
-                    job = ShardJob(sp, out, options.formats, sharded_rec, image_options, options.on_error,
-                                   sp.split == stats_split)
-                    inflight[task.remote(job, splits[sp.split].shard_items(sp))] = sp
-
-            while pending or inflight:
-                submit()
-                ready, _ = ray.wait(list(inflight), num_returns=1)
-                for ref in ready:
-                    sp = inflight.pop(ref)
-                    st = splits[sp.split]
-                    try:
-                        result = ray.get(ref)
-                    except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
-                        raise _unwrap(e, sp, st.shard_items(sp)) from None
-                    # The freed worker gets its next shard before the driver journals and commits this one.
-                    st.results[sp.shard] = result
-                    submit()
-                    event = _journal_shard(journal, state_dir, result)
-                    st.results[sp.shard] = event
-                    if progress is not None:
-                        progress.update(result["written"] + len(result["skipped"]), result["bytes"])
-                    _commit_ready(st, journal, out)
+            tasks = _Tasks(ray_once(), run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
+                           lambda inflight: inflight + _awaiting(splits) < window)
+            faults = _test_faults()
+            tasks.pending.extend(
+                ShardJob(sp, out, options.formats, sharded_rec, image_options, options.on_error,
+                         sp.split == stats_split, spool_dir, driver_writes, faults=faults) for sp in todo)
+            while tasks:
+                job, result = tasks.next()
+                sp = job.plan
+                st = splits[sp.split]
+                # The freed worker gets its next shard before the driver journals and commits this one.
+                st.results[sp.shard] = result
+                tasks.submit()
+                if driver_writes:
+                    sinks.land(result.pop("blobs"), result["files"], out, spool_dir)
+                event = _journal_shard(journal, state_dir, result)
+                st.results[sp.shard] = event
+                if progress is not None:
+                    progress.update(result["written"] + len(result["skipped"]), result["bytes"])
+                _commit_ready(st, journal, spool_dir)
     except BaseException:
-        if ray is not None:
-            for ref in inflight:
-                ray.cancel(ref, force=True)
+        if tasks is not None:
+            tasks.cancel()
         for st in splits.values():
             for sink in st.sinks.values():
                 sink.close()
@@ -367,12 +647,14 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             ray.shutdown()
 
     for st in splits.values():
-        _commit_ready(st, journal, out)
+        _commit_ready(st, journal, spool_dir)
         missing = [sink for sink in ordered if sink not in st.finished]
         if missing:
             raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
                               "rerun the same command to resume")
-    return _finish(options, out, source, splits, journal, state_dir, stats_split, t0)
+    summary = _finish(options, out, source, splits, journal, state_dir, stats_split, t0, prepass_stats)
+    summary.prepass_shards = prepass_shards
+    return summary
 
 
 def _awaiting(splits) -> int:
@@ -401,7 +683,7 @@ def _lmdb_position(st: _Split, entries: int) -> int:
     return i
 
 
-def _shard_usable(st: _Split, sp: ShardPlan, out: str) -> bool:
+def _shard_usable(st: _Split, sp: ShardPlan, spool_dir: str) -> bool:
     """A journalled shard whose outputs are all still there (else it is redone)."""
     ev = st.results.get(sp.shard)
     if ev is None:
@@ -412,7 +694,7 @@ def _shard_usable(st: _Split, sp: ShardPlan, out: str) -> bool:
         if sinks.file_size(f["path"]) != f["bytes"]:
             return False
     for sink, nxt in st.next.items():
-        if sp.shard >= nxt and sinks.file_size(sinks.spool_path(out, sp.split, sink, sp.shard)) is None:
+        if sp.shard >= nxt and sinks.file_size(sinks.spool_path(spool_dir, sp.split, sink, sp.shard)) is None:
             return False
     return True
 
@@ -428,13 +710,13 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, out: str) -> None:
+def _commit_ready(st: _Split, journal, spool_dir: str) -> None:
     """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):
         while st.next[sink_name] < len(shards) and st.next[sink_name] in st.results:
             i = st.next[sink_name]
-            spool = sinks.spool_path(out, st.plan.split, sink_name, i)
+            spool = sinks.spool_path(spool_dir, st.plan.split, sink_name, i)
             if sink_name == "lmdb":
                 entries = sink.commit(spool)
                 journal.append({"event": "commit", "sink": "lmdb", "split": st.plan.split, "shard": i,
@@ -456,7 +738,7 @@ def _commit_ready(st: _Split, journal, out: str) -> None:
             del st.next[sink_name]
 
 
-def _finish(options, out, source, splits, journal, state_dir, stats_split, t0) -> Summary:
+def _finish(options, out, source, splits, journal, state_dir, stats_split, t0, prepass_stats=None) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
 
     samples, skipped, files, nbytes = {}, [], [], 0
@@ -473,7 +755,7 @@ def _finish(options, out, source, splits, journal, state_dir, stats_split, t0) -
             files.extend(sink_files)
     listing = [(x.origin, x.reason) for x in source.skipped()]
     nbytes = sum(f["bytes"] for f in files)
-    stats = manifest_mod.merge_stats(state_dir, stats_split) if stats_split else None
+    stats = manifest_mod.merge_stats(state_dir, stats_split) if stats_split else prepass_stats
     # A worker killed mid-task (then retried) leaves its temporary files behind.
     manifest_mod.remove_temporaries(out, options.formats)
     seconds = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from gpufeed.pipelines import DATASETS
 
 ENCODINGS = ("jpeg", "png", "raw", "pass")
 ON_ERROR = ("fail", "skip")
+STORE_DTYPES = ("uint8", "float16", "float32")
 PTB_MODES = ("window", "sentence")
 #: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
 DEFAULT_QUALITY = 95
@@ -26,7 +27,7 @@ DEFAULT_QUALITY = 95
 SAMPLES_PER_SHARD = 1250
 
 #: Options that do not change a single output byte, left out of the resume check.
-_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress")
+_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress", "driver_writes")
 
 
 def _choice(name: str, value, valid) -> None:
@@ -53,6 +54,9 @@ class ConvertOptions:
     validate: bool = True
     gray: bool = False
     normalize: bool = False
+    store_dtype: str = "uint8"
+    mean: tuple[float, ...] | None = None  # pixel units 0-255, RGB
+    std: tuple[float, ...] | None = None
     shards: int | None = None
     shard_size: int = SAMPLES_PER_SHARD
     shuffle: bool | None = None
@@ -64,6 +68,7 @@ class ConvertOptions:
     seq_len: int = 35
     ptb_mode: str = "window"
     progress: bool = True
+    driver_writes: bool = False
 
     def __post_init__(self):
         _choice("dataset", self.dataset, DATASETS)
@@ -100,8 +105,38 @@ class ConvertOptions:
             raise ConfigError("--encode pass stores the original bytes, so it cannot be combined with "
                               f"{', '.join(geometry + ['--center-crop'] * self.center_crop + ['--gray'] * self.gray)}; "
                               "drop them or choose --encode jpeg")
+        self._check_store_dtype()
         if self.splits is not None and not self.splits:
             raise ConfigError("--split needs at least one split name, e.g. train,val")
+
+    def _check_store_dtype(self) -> None:
+        _choice("--store-dtype", self.store_dtype, STORE_DTYPES)
+        given = [n for n, v in (("--mean", self.mean), ("--std", self.std)) if v is not None]
+        if self.store_dtype == "uint8":
+            if given:
+                raise ConfigError(f"{' and '.join(given)} normalise stored pixels, which needs --store-dtype "
+                                  "float16 or float32; drop them (--normalize alone only computes statistics)")
+            return
+        if self.encode not in (None, "raw"):
+            raise ConfigError(f"--store-dtype {self.store_dtype} stores normalised pixel tensors, which cannot be "
+                              f"--encode {self.encode}; use --encode raw (or leave --encode out)")
+        if len(given) == 1:
+            raise ConfigError(f"{given[0]} needs its partner: give both --mean R,G,B and --std R,G,B")
+        if not given and not self.normalize:
+            raise ConfigError(f"--store-dtype {self.store_dtype} stores (pixel - mean) / std: give --mean R,G,B "
+                              "and --std R,G,B (0-255 scale), or --normalize to compute them from the train split")
+        channels = 1 if self.gray else 3
+        for name, value in (("--mean", self.mean), ("--std", self.std)):
+            if value is not None and len(value) not in (1, channels):
+                raise ConfigError(f"{name} has {len(value)} values; give {channels} (one per channel) or 1")
+        if self.std is not None and min(self.std) <= 0:
+            raise ConfigError(f"--std must be positive, not {','.join(map(str, self.std))}")
+
+    @property
+    def statistics_prepass(self) -> bool:
+        """Normalised float storage without a given mean/std: the train split's statistics are computed
+        first (an exact pass of their own), then used to normalise every split."""
+        return self.store_dtype != "uint8" and self.mean is None
 
     @property
     def effective_shuffle(self) -> bool:
@@ -116,6 +151,8 @@ class ConvertOptions:
         ``convert_cifar_data`` stores them)."""
         if self.encode is not None:
             return self.encode
+        if self.store_dtype != "uint8":
+            return "raw"
         if self.dataset in ("cifar10", "cifar100"):
             return "raw"
         changed = any(v is not None for v in (self.resize, self.size, self.max_size))
@@ -126,7 +163,8 @@ class ConvertOptions:
 
         return ImageOptions(resize=self.resize, size=self.size, max_size=self.max_size,
                             center_crop=self.center_crop, gray=self.gray, encode=self.effective_encode,
-                            quality=self.quality, validate=self.validate)
+                            quality=self.quality, validate=self.validate, store_dtype=self.store_dtype,
+                            mean=self.mean, std=self.std)
 
     def source_options(self) -> dict:
         if self.dataset == "ptb":
@@ -153,6 +191,14 @@ def parse_size(text: str) -> tuple[int, int]:
     if not m:
         raise ConfigError(f"--size {text!r} is not HxW; write it like 227x227")
     return int(m[1]), int(m[2])
+
+
+def parse_floats(text: str, what: str) -> tuple[float, ...]:
+    """``"123.7,116.3,103.5"`` -> ``(123.7, 116.3, 103.5)``."""
+    try:
+        return tuple(float(t) for t in parse_list(text, what))
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} is not a comma-separated list of numbers, e.g. 123.7,116.3,103.5") from None
 
 
 def parse_list(text: str, what: str) -> tuple[str, ...]:

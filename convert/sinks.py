@@ -105,9 +105,9 @@ def lmdb_path(out: str, split: str) -> str:
     return join(out, "lmdb", f"{split}_lmdb")
 
 
-def spool_path(out: str, split: str, fmt: str, shard: int) -> str:
+def spool_path(spool_dir: str, split: str, fmt: str, shard: int) -> str:
     ext = ".rec" if fmt == "recordio" else ""
-    return join(out, ".gpufeed", SPOOL_DIR, f"{split}-{fmt}-{shard:05d}{ext}")
+    return join(spool_dir, f"{split}-{fmt}-{shard:05d}{ext}")
 
 
 # -- spool files -----------------------------------------------------------------------------------------
@@ -146,7 +146,10 @@ def iter_spool(path: str):
 
 # -- ordered sinks on the driver -----------------------------------------------------------------------------
 
-def _output_error(path: str, e: BaseException) -> OutputError:
+def output_error(path: str, e: BaseException) -> OutputError:
+    """One sentence naming the output file (not a temporary name) and the fix."""
+    if isinstance(e, OutputError) and isinstance(e.__cause__, OSError):
+        e = e.__cause__  # the writer's own OutputError names the temporary file: keep only the reason
     reason = getattr(e, "strerror", None) or str(e)
     return OutputError(f"{path}: cannot be written ({reason}); free space on the destination (or fix its "
                        "permissions) and rerun the same command to resume")
@@ -155,11 +158,14 @@ def _output_error(path: str, e: BaseException) -> OutputError:
 class LmdbSink:
     """A split's LMDB: shards committed in order into a partial environment, rebuilt at the end."""
 
-    def __init__(self, state_dir: str, out: str, split: str):
+    def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
         self.split = split
         self.partial = os.path.join(state_dir, "partial", f"{split}_lmdb")
         self.final = lmdb_path(out, split)
         self.out = out
+        # Datum.float_data is float32 whatever the samples held; the writer records the stored dtype in
+        # its sidecar so readers give float16 back as float16.
+        self.float_dtype = float_dtype
         self._env = None
 
     def open(self):
@@ -170,7 +176,7 @@ class LmdbSink:
             self._env = lmdb.open(self.partial, map_size=_PARTIAL_MAP_SIZE, subdir=True, readahead=False,
                                   meminit=False)
         except lmdb.Error as e:
-            raise _output_error(self.partial, e) from e
+            raise output_error(self.partial, e) from e
         return self
 
     def entries(self) -> int:
@@ -188,7 +194,7 @@ class LmdbSink:
                                           "bug, please report it")
             self._env.sync(True)
         except lmdb.Error as e:
-            raise _output_error(self.partial, e) from e
+            raise output_error(self.partial, e) from e
         return self.entries()
 
     def finish(self) -> list[WrittenFile]:
@@ -202,7 +208,7 @@ class LmdbSink:
         if not io.is_local(self.out):
             shutil.rmtree(local_final, ignore_errors=True)
         os.makedirs(os.path.dirname(local_final), exist_ok=True)
-        writer = get_format("lmdb").writer(local_final)
+        writer = get_format("lmdb").writer(local_final, raw_float_dtype=self.float_dtype)
         try:
             with self._env.begin(buffers=False) as txn:
                 for key, value in txn.cursor():
@@ -214,7 +220,7 @@ class LmdbSink:
         try:
             written = writer.close()
         except (OSError, lmdb.Error) as e:
-            raise _output_error(local_final, e) from e
+            raise output_error(local_final, e) from e
         self.close()
         shutil.rmtree(self.partial, ignore_errors=True)
         if io.is_local(self.out):
@@ -245,9 +251,35 @@ def copy_file(local: str, target: str, role: str, records: int) -> WrittenFile:
                 out.write(chunk)
     except OSError as e:
         out.discard()
-        raise _output_error(target, e) from e
+        raise output_error(target, e) from e
     out.records = records
     return out.commit()
+
+
+def land(blobs, files: list, out: str, spool_dir: str) -> None:
+    """Write the files a worker returned (``--driver-writes``) to their places: shard outputs to ``out``
+    (any fsspec URL, temporary name then rename), spool files to the local ``spool_dir``; rewrites the
+    paths in ``files`` (relative, as the worker saw them) to where they now are."""
+    roles = {f["path"]: f["role"] for f in files}
+    where = {}
+    for rel, data in blobs:
+        head, _, rest = rel.partition("/")
+        target = join(spool_dir, rest) if head == SPOOL_DIR else join(out, *rel.split("/"))
+        if head != SPOOL_DIR:
+            makedirs(join(out, head))
+        try:
+            f = AtomicFile(target, roles.get(rel, "data"))
+            try:
+                f.write(data)
+            except OSError:
+                f.discard()
+                raise
+            f.commit()
+        except OSError as e:
+            raise output_error(target, e) from e
+        where[rel] = target
+    for f in files:
+        f["path"] = where[f["path"]]
 
 
 class RecordIOSink:
@@ -293,7 +325,7 @@ class RecordIOSink:
                     sha.update(chunk)
                 self._files[ext], self._sha[ext] = f, sha
         except OSError as e:
-            raise _output_error(self.partial[".rec"], e) from e
+            raise output_error(self.partial[".rec"], e) from e
         self.records = records
         self.sidecar = sidecar
         return self
@@ -329,7 +361,7 @@ class RecordIOSink:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
-            raise _output_error(self.partial[".rec"], e) from e
+            raise output_error(self.partial[".rec"], e) from e
         self.records += len(lines)
         return self.lengths()
 
@@ -355,7 +387,7 @@ class RecordIOSink:
                 try:
                     os.replace(self.partial[ext], io.local_path(target))
                 except OSError as e:
-                    raise _output_error(target, e) from e
+                    raise output_error(target, e) from e
             else:
                 copy_file(self.partial[ext], target, roles[ext], self.records)
                 os.remove(self.partial[ext])

@@ -50,6 +50,7 @@ class _Output:
     path: str  # what the format's reader opens
     split: str
     records: int
+    dtype: str = "uint8"  # what raw pixels must be stored as (--store-dtype)
 
 
 def _sha256(url: str) -> tuple[int, str]:
@@ -98,10 +99,24 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
             if decode and sample.kind == "encoded":
                 decode_image(bytes(sample.payload), f"{o.path} record {n} ({sample.key})", max_pixels=2**62)
                 decoded += 1
+            elif sample.kind == "raw":
+                _check_pixels(o, n, sample)
             n += 1
     finally:
         reader.close()
     return n, decoded, dict(counts)
+
+
+def _check_pixels(o: _Output, n: int, sample) -> None:
+    """Raw pixels: an HWC array of the stored dtype with 1 or 3 channels, and for floats no NaN or inf."""
+    import numpy as np
+
+    px = np.asarray(sample.payload)
+    if px.ndim != 3 or px.shape[2] not in (1, 3) or px.dtype.name != o.dtype:
+        raise CorruptRecordError(o.path, n, None, f"raw pixels of shape {px.shape} and dtype {px.dtype}, not an "
+                                                  f"HxWx(1|3) {o.dtype} image as the manifest's options say")
+    if px.dtype.kind == "f" and not np.isfinite(px).all():
+        raise CorruptRecordError(o.path, n, None, "normalised pixels hold NaN or infinity")
 
 
 def _check_remote_lmdb(o: _Output, decode: bool) -> tuple[int, int, dict]:
@@ -137,6 +152,7 @@ def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
     from gpufeed.formats.naming import parse_shard_name
 
     outputs, lists = [], []
+    dtype = (manifest.get("output_options") or {}).get("store_dtype") or "uint8"
     for f in manifest["files"]:
         parts = f["path"].split("/")
         if f["role"] == "list" and parts[0] == "recordio":
@@ -152,7 +168,7 @@ def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
             parsed = parse_shard_name(name)
             split = parsed[0] if parsed else name[:-len(".rec")]
             path = join(out, f["path"])
-        outputs.append(_Output(fmt, path, split, f["records"]))
+        outputs.append(_Output(fmt, path, split, f["records"], dtype))
     return outputs, lists
 
 
@@ -178,6 +194,8 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                                     f"{manifest.get('manifest_version')} is not {manifest_mod.MANIFEST_VERSION}; "
                                     "verify it with the gpufeed version that wrote it")
     outputs, lists = _outputs(out, manifest)
+    if out.startswith("memory://"):
+        workers = 1  # a memory:// filesystem exists only in this process
     pool = None
     if workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))

@@ -122,8 +122,6 @@ def test_remote_like_destination_builds_lmdb_locally_and_copies_it(src, referenc
     convert(options(src, f"local://{out}", workers=2))
     assert tree_bytes(out) == tree_bytes(ref_out)
     verify(f"local://{out}")
-    with pytest.raises(ConfigError, match="memory://"):
-        convert(options(src, "memory://gpufeed-test/out"))
     with pytest.raises(OutputError, match="nosuchprotocol://x/out: cannot be written"):
         convert(options(src, "nosuchprotocol://x/out"))
 
