@@ -652,7 +652,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         if missing:
             raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
                               "rerun the same command to resume")
-    summary = _finish(options, out, source, splits, journal, state_dir, stats_split, t0, prepass_stats)
+    summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0, prepass_stats)
     summary.prepass_shards = prepass_shards
     return summary
 
@@ -689,7 +689,7 @@ def _shard_usable(st: _Split, sp: ShardPlan, spool_dir: str) -> bool:
     if ev is None:
         return False
     for f in ev["files"]:
-        if f["role"] == "spool" or "/.gpufeed/" in f["path"].replace(os.sep, "/"):
+        if _is_spool(f, spool_dir):
             continue
         if sinks.file_size(f["path"]) != f["bytes"]:
             return False
@@ -697,6 +697,11 @@ def _shard_usable(st: _Split, sp: ShardPlan, spool_dir: str) -> bool:
         if sp.shard >= nxt and sinks.file_size(sinks.spool_path(spool_dir, sp.split, sink, sp.shard)) is None:
             return False
     return True
+
+
+def _is_spool(f: dict, spool_dir: str) -> bool:
+    """A file for an ordered sink (not an output of its own)."""
+    return f["role"] == "spool" or f["path"].startswith(spool_dir.rstrip("/") + "/")
 
 
 def _journal_shard(journal, state_dir, result) -> dict:
@@ -738,7 +743,8 @@ def _commit_ready(st: _Split, journal, spool_dir: str) -> None:
             del st.next[sink_name]
 
 
-def _finish(options, out, source, splits, journal, state_dir, stats_split, t0, prepass_stats=None) -> Summary:
+def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
+            prepass_stats=None) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
 
     samples, skipped, files, nbytes = {}, [], [], 0
@@ -749,8 +755,7 @@ def _finish(options, out, source, splits, journal, state_dir, stats_split, t0, p
         samples[s] = {"planned": len(st.plan), "written": written, "skipped": len(sk), "shards": len(st.plan.shards),
                       "formats": {f: written for f in options.formats}}
         for i in sorted(st.results):
-            files.extend(f for f in st.results[i]["files"] if f["role"] != "spool"
-                         and "/.gpufeed/" not in f["path"].replace(os.sep, "/"))
+            files.extend(f for f in st.results[i]["files"] if not _is_spool(f, spool_dir))
         for sink_files in st.finished.values():
             files.extend(sink_files)
     listing = [(x.origin, x.reason) for x in source.skipped()]
