@@ -4,8 +4,9 @@
 many training samples in the official pickle layout and converts it to every format;
 ``python -m gpufeed.bench.scale imagenet --gigabytes 20 --work /data/scale`` does the same with an
 ImageNet-like tree of that many bytes of JPEGs (resize 256, JPEG q95). While ``gpufeed convert`` runs as a
-subprocess, every ``--interval`` seconds the resident memory of each process of its tree (driver, Ray's
-raylet and GCS, each worker) and the samples the journal says are done are recorded. The verdict is
+subprocess, every ``--interval`` seconds the anonymous resident memory (``RssAnon``: file pages mapped by
+LMDB are page cache, not held memory) of each process of its tree (driver, Ray's raylet and GCS, each
+worker) and the samples the journal says are done are recorded. The verdict is
 whether peak memory is flat: the peak of each process role over the second half of the run is compared with
 its peak over the first half, which would grow if memory scaled with the dataset.
 
@@ -41,6 +42,19 @@ def _role(proc) -> str:
     if "gpufeed" in cmd or "convert" in cmd:
         return "driver"
     return "ray-other" if "ray" in cmd else "other"
+
+
+def _anon_rss(pid: int) -> int | None:
+    """Private anonymous resident memory: RSS less the file pages a process maps (LMDB's memory map counts
+    in RSS but is page cache the kernel can drop, not memory the process holds)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _samples_done(state_dir: str) -> int:
@@ -80,12 +94,16 @@ def monitor(cmd: list[str], state_dir: str, interval: float) -> dict:
                 rss = p.memory_info().rss
             except psutil.Error:
                 continue
+            anon = _anon_rss(p.pid)
+            if anon is not None:
+                rss = anon
             role = _role(p)
             by_role[role] = by_role.get(role, 0) + rss
             rec = peaks.setdefault(p.pid, {"role": role, "peak_rss": 0, "samples": []})
             rec["peak_rss"] = max(rec["peak_rss"], rss)
             rec["samples"].append((round(now, 1), rss))
-        timeline.append({"t": round(now, 1), "done": _samples_done(state_dir),
+        done = max(_samples_done(state_dir), timeline[-1]["done"] if timeline else 0)
+        timeline.append({"t": round(now, 1), "done": done,
                          "rss_by_role": by_role, "rss_total": sum(by_role.values())})
         time.sleep(interval)
     rc = proc.wait()
