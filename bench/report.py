@@ -122,9 +122,13 @@ def choose_baseline(rows: Sequence[dict], requested: str | None = None) -> str |
     return tiers[0] if tiers else None
 
 
+#: Parameters that name paths, which differ from tier to tier for the same configuration.
+_PATH_PARAMS = frozenset({"tier_path", "command"})
+
+
 def _config_key(row: dict) -> tuple:
     """Everything that identifies a configuration except its tier, for matching rows across tiers."""
-    p = {k: v for k, v in params(row).items() if k not in ("tier_path",)}
+    p = {k: v for k, v in params(row).items() if k not in _PATH_PARAMS}
     return (row.get("bench"), row.get("format"), row.get("metric"), repr(sorted(p.items(), key=str)))
 
 
@@ -608,7 +612,7 @@ def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | 
     ratio to the baseline tier; parameters shared by every row go in the note."""
     rows = of_bench(rows, bench)
     ratios = ratio_to_baseline(rows, baseline)
-    keys = sorted({k for r in rows for k in params(r)} - {"tier_path"})
+    keys = sorted({k for r in rows for k in params(r)} - _PATH_PARAMS)
     shared = {k: params(rows[0]).get(k) for k in keys
               if len(rows) > 1 and len({repr(params(r).get(k)) for r in rows}) == 1}
     keys = [k for k in keys if k not in shared]
