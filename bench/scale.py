@@ -150,12 +150,23 @@ def _synth(kind: str, src: str, args) -> int:
         per_class = -(-args.samples // 10)
         synth.synth_cifar10(src, per_class=per_class, test_per_class=100, seed=args.seed, forms=("python",))
         return per_class * 10
-    # ~114 KB per ImageNet-like JPEG (PERFORMANCE.md); 100 classes.
-    total = int(args.gigabytes * 1e9 / 114_000)
-    per_class = -(-total // 100)
-    synth.synth_imagenet(src, classes=100, per_class=per_class, val_per_class=1, seed=args.seed,
+    # Synthesising a photo-like JPEG costs about as much as converting it, so --unique images are made and
+    # then copied (real bytes, not links: the copies are read from disk like any other file) under new
+    # names until the tree holds --gigabytes.
+    unique = max(100, args.unique)
+    synth.synth_imagenet(src, classes=100, per_class=unique // 100, val_per_class=1, seed=args.seed,
                          layout="tree", bad_files=False)
-    return per_class * 100
+    train = os.path.join(src, "train")
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(train) for f in fs)
+    have = sum(os.path.getsize(f) for f in files)
+    n, copy = len(files), 0
+    while have < args.gigabytes * 1e9:
+        f = files[copy % len(files)]
+        stem, ext = os.path.splitext(f)
+        shutil.copyfile(f, f"{stem}_c{copy // len(files)}{ext}")
+        have += os.path.getsize(f)
+        copy += 1
+    return n + copy
 
 
 def main(argv=None) -> int:
@@ -164,6 +175,7 @@ def main(argv=None) -> int:
     p.add_argument("--work", required=True, help="folder for the synthetic source and the output")
     p.add_argument("--samples", type=int, default=200_000, help="cifar: training samples")
     p.add_argument("--gigabytes", type=float, default=20.0, help="imagenet: bytes of source JPEGs")
+    p.add_argument("--unique", type=int, default=20_000, help="imagenet: distinct synthetic JPEGs (then copied)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     p.add_argument("--to", default="lmdb,recordio,tfrecord")
     p.add_argument("--encode", default=None, help="imagenet: jpeg (resize 256, q95) or pass")
