@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpufeed.convert.options import DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD, STORE_DTYPES
+from gpufeed.convert.options import (DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD, STORE_DTYPES,
+                                     TASK_RETRIES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-writes", action="store_true",
                    help="workers return finished shards through Ray's object store and the driver writes them "
                         "to DST, for a destination the workers cannot reach (always on for memory://)")
+    p.add_argument("--task-retries", type=int, default=TASK_RETRIES, metavar="N",
+                   help="retries of a shard whose worker dies; then its inputs are bisected to find the one that "
+                        "kills the worker (named, or skipped with --on-error skip)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
     p.add_argument("--dry-run", action="store_true", help="list splits, samples and shards; write nothing")
@@ -103,7 +107,8 @@ def options_from_args(args):
         std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,
-        seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes)
+        seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
+        task_retries=args.task_retries)
 
 
 def run(args) -> int:

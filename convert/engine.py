@@ -25,8 +25,6 @@ from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
 
-#: Retries of a shard whose worker process or node died (not of errors the task raises itself).
-TASK_RETRIES = 3
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
 #: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle.
@@ -338,7 +336,7 @@ def _open_ray(options: ConvertOptions):
     return ray, True
 
 
-def _unwrap(err, sp: ShardPlan, items: list) -> BaseException:
+def _unwrap(err, sp: ShardPlan, items: list, retries: int) -> BaseException:
     """Turn what Ray raised for a shard into one clear gpufeed error (never a Ray traceback)."""
     cause = getattr(err, "cause", None)
     if isinstance(cause, BaseException):
@@ -354,7 +352,7 @@ def _unwrap(err, sp: ShardPlan, items: list) -> BaseException:
     first = items[0].origin if items else "?"
     last = items[-1].origin if items else "?"
     return InputError(first, f"shard {sp.id} (inputs {first} .. {last}) crashed its Ray worker "
-                             f"{TASK_RETRIES + 1} times ({type(err).__name__}) and no single input crashes it alone",
+                             f"{retries + 1} times ({type(err).__name__}) and no single input crashes it alone",
                       "check the workers' memory and the Ray logs, then rerun the same command to resume")
 
 
@@ -372,7 +370,8 @@ class _Tasks:
 
     def __init__(self, ray, fn, options, items_of, admit=None):
         self.ray = ray
-        self.task = ray.remote(fn).options(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)
+        self.retries = options.task_retries
+        self.task = ray.remote(fn).options(num_cpus=1, max_retries=self.retries, retry_exceptions=False)
         self.probe = ray.remote(probe_items).options(num_cpus=1, max_retries=0, retry_exceptions=False)
         self.workers = options.workers
         self.on_error = options.on_error
@@ -401,14 +400,14 @@ class _Tasks:
             except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
                 items = self.items_of(job.plan)
                 if not _crashed(e):
-                    raise _unwrap(e, job.plan, items) from None
+                    raise _unwrap(e, job.plan, items, self.retries) from None
                 found = self._bisect(job, items)
                 if found is None:
-                    raise _unwrap(e, job.plan, items) from None
+                    raise _unwrap(e, job.plan, items, self.retries) from None
                 index, item = found
                 if self.on_error == "fail":
                     raise InputError(item.origin, f"this input crashes the worker (shard {job.plan.id} failed "
-                                                  f"{TASK_RETRIES + 1} times; bisecting its inputs isolated it)",
+                                                  f"{self.retries + 1} times; bisecting its inputs isolated it)",
                                      "skip it with --on-error skip, or remove it, then rerun the same command "
                                      "to resume") from None
                 self.pending.appendleft(dataclasses.replace(job, exclude=(*job.exclude, index)))

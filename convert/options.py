@@ -27,7 +27,9 @@ DEFAULT_QUALITY = 95
 SAMPLES_PER_SHARD = 1250
 
 #: Options that do not change a single output byte, left out of the resume check.
-_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress", "driver_writes")
+_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress", "driver_writes", "task_retries")
+#: Retries of a shard whose worker process or node died (not of errors the task raises itself).
+TASK_RETRIES = 3
 
 
 def _choice(name: str, value, valid) -> None:
@@ -69,6 +71,7 @@ class ConvertOptions:
     ptb_mode: str = "window"
     progress: bool = True
     driver_writes: bool = False
+    task_retries: int = TASK_RETRIES
 
     def __post_init__(self):
         _choice("dataset", self.dataset, DATASETS)
@@ -78,6 +81,8 @@ class ConvertOptions:
             _choice("format", f, FORMATS)
         if len(set(self.formats)) != len(self.formats):
             raise ConfigError(f"--to names a format twice: {','.join(self.formats)}")
+        if self.task_retries < 0:
+            raise ConfigError(f"--task-retries must be 0 or more, not {self.task_retries}")
         if self.workers < 1:
             raise ConfigError(f"--workers must be at least 1, not {self.workers}")
         if self.encode is not None:

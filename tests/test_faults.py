@@ -122,7 +122,6 @@ def _kill_every_worker_running(name: str, stop: threading.Event, killed: list) -
 
 
 def test_task_that_keeps_crashing_its_worker_names_its_inputs(src, ray_local, tmp_path):
-    from gpufeed.convert.engine import TASK_RETRIES
     from gpufeed.errors import InputError
 
     stop, killed = threading.Event(), []
@@ -131,12 +130,13 @@ def test_task_that_keeps_crashing_its_worker_names_its_inputs(src, ray_local, tm
     try:
         with pytest.raises(InputError) as err:
             convert(options(src, tmp_path / "out", workers=1, formats=("tfrecord",), shard_size=100,
-                            splits=("val",)))
+                            splits=("val",), task_retries=1))
     finally:
         stop.set()
         watcher.join()
-    assert len(killed) == TASK_RETRIES + 1
-    assert f"crashed its Ray worker {TASK_RETRIES + 1} times" in str(err.value) and "val/" in str(err.value)
+    assert len(killed) == 2  # the task and its one retry; the bisection's probes do not crash
+    assert "crashed its Ray worker 2 times" in str(err.value) and "no single input" in str(err.value)
+    assert "val/" in str(err.value)
 
 
 def _limit_file_size(limit):
@@ -197,3 +197,94 @@ def test_two_node_cluster_finishes_when_a_node_dies(src, ray_local, tmp_path):
         ray_local.shutdown()
         cluster.shutdown()
         ray_local.init(**init_args)
+
+
+# -- faults inside the workers and at the destination --------------------------------------------------------
+
+def _val(src, out, **kw):
+    return options(src, out, formats=("tfrecord",), splits=("val",), **kw)
+
+
+def test_disk_full_inside_a_worker_names_the_shard_and_resumes(src, ray_local, tmp_path, monkeypatch):
+    import json
+
+    from gpufeed.convert.engine import TEST_FAULTS_ENV
+    from gpufeed.errors import OutputError
+
+    ref = tmp_path / "ref"
+    convert(_val(src, ref, shard_size=3))
+    out = tmp_path / "out"
+    # A file size limit set inside the Ray worker while it writes a shard: writes past it fail with EFBIG,
+    # the path a full disk (ENOSPC) takes.
+    monkeypatch.setenv(TEST_FAULTS_ENV, json.dumps({"fsize": 2048}))
+    with pytest.raises(OutputError) as err:
+        convert(_val(src, out, shard_size=3))
+    text = str(err.value)
+    assert "tfrecord/val-0000" in text and "File too large" in text and "rerun the same command" in text
+    assert ".tmp-" not in text  # the output's name, not its temporary one
+    with pytest.raises(IncompleteOutputError):
+        verify(str(out))
+    monkeypatch.delenv(TEST_FAULTS_ENV)
+    convert(_val(src, out, shard_size=3))
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(str(out))
+
+
+def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_path, monkeypatch):
+    import shutil
+
+    from gpufeed.errors import OutputError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the journal of a remote destination
+    ref = tmp_path / "ref"
+    convert(_val(src, ref, shard_size=1, workers=1))
+    out = tmp_path / "remote"
+
+    class ReplaceDestinationWithAFile:
+        """After the first shard, the destination directory disappears and a file takes its place."""
+
+        def start(self, total, already):
+            pass
+
+        def update(self, samples, nbytes):
+            if out.is_dir():
+                shutil.rmtree(out)
+                out.write_bytes(b"not a directory")
+
+        def close(self):
+            pass
+
+    with pytest.raises(OutputError) as err:
+        convert(_val(src, f"local://{out}", shard_size=1, workers=1), ReplaceDestinationWithAFile())
+    text = str(err.value)
+    assert f"{out}/tfrecord/val-0000" in text and "rerun the same command" in text
+    out.unlink()
+    convert(_val(src, f"local://{out}", shard_size=1, workers=1))
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(f"local://{out}")
+
+
+def test_the_input_that_crashes_its_worker_is_found_and_skipped(src, ray_local, tmp_path, monkeypatch):
+    import json
+
+    from gpufeed.convert.engine import CRASH_REASON, TEST_FAULTS_ENV
+    from gpufeed.convert.plan import plan_split
+    from gpufeed.errors import InputError
+    from gpufeed.pipelines import open_source
+
+    items = open_source("imagenet", src).items("val")
+    # The val split is one shard; the last input in its shuffled order crashes the worker, so the
+    # bisection's probes of first halves pass and only the final confirmation crashes (each crash costs a
+    # worker start).
+    plan = plan_split("val", [it.key for it in items], 0, True, None, shard_size=len(items))
+    bad = items[plan.order[-1]].origin
+    monkeypatch.setenv(TEST_FAULTS_ENV, json.dumps({"crash_on": bad}))
+    opts = dict(shard_size=len(items), workers=1, task_retries=1)
+    with pytest.raises(InputError) as err:
+        convert(_val(src, tmp_path / "fail", on_error="fail", **opts))
+    assert err.value.path == bad
+    assert "crashes the worker" in str(err.value) and "--on-error skip" in str(err.value)
+    summary = convert(_val(src, tmp_path / "skip", **opts))
+    assert summary.skipped == [(bad, CRASH_REASON)]
+    assert summary.samples["val"]["written"] == len(items) - 1
+    verify(str(tmp_path / "skip"))
