@@ -505,8 +505,10 @@ def _stand_in(rows: Sequence[dict], bench: str, tier: str) -> tuple[str, str]:
     return best, f" The measured tier '{best}' (a real local disk) stands in for NVMe."
 
 
-def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slow: str) -> list[tuple[str, float]]:
-    """``[(configuration, speed(fast) / speed(slow) - 1)]`` over configurations measured on both tiers."""
+def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slow: str
+              ) -> list[tuple[str, float, float]]:
+    """``[(configuration, speed(fast) / speed(slow) - 1, the larger spread of the two rows)]`` over
+    configurations measured on both tiers."""
     by_tier: dict[str, dict[tuple, dict]] = {fast: {}, slow: {}}
     for r in of_bench(rows, bench):
         if r.get("tier") in by_tier and (task is None or params(r).get("task") == task) and r.get("valid", True):
@@ -515,7 +517,8 @@ def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slo
     for key, rf in by_tier[fast].items():
         rs = by_tier[slow].get(key)
         if rs and _speed(rf) and _speed(rs):
-            gaps.append((_describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1))
+            gaps.append((_describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1,
+                         max(rf.get("spread") or 0.0, rs.get("spread") or 0.0)))
     return gaps
 
 
@@ -524,7 +527,8 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
 
     A "~X% faster" claim is confirmed when our median gap over matching configurations lies within half to
     twice X (same direction, same order of magnitude), refuted otherwise; "insensitive (~1%)" is confirmed when
-    the gap is within 3%. Tiers absent from the rows give "no data".
+    the gap is within 3%. When the rows' repeats spread more than the gap (or, for a confirmation, more than
+    the claim), the verdict is "inconclusive". Tiers absent from the rows give "no data".
     """
     checks = []
     for bench, task, fast, slow, claimed, claim in PUBLISHED:
@@ -540,21 +544,28 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
                                 + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"
                                 + hint))
             continue
-        med = statistics.median(g for _, g in gaps)
+        med = statistics.median(g for _, g, _ in gaps)
+        noise = statistics.median(n for _, _, n in gaps)
         if claimed <= 0.02:
             ok = abs(med) <= INSENSITIVE_TOLERANCE
             rule = f"within {INSENSITIVE_TOLERANCE:.0%}"
         else:
             ok = claimed / 2 <= med <= claimed * 2
             rule = f"between {claimed / 2:.0%} and {claimed * 2:.0%}"
-        each = "; ".join(f"{name}: {fmt_pct(g, signed=True)}" for name, g in gaps)
+        each = "; ".join(f"{name}: {fmt_pct(g, signed=True)}" for name, g, _ in gaps)
         direction = "faster" if med >= 0 else "slower"
         detail = (f"{fast} is {fmt_pct(abs(med))} {direction} than {slow} (median of {len(gaps)} configuration(s): "
                   f"{each}); the claim holds if the gap is {rule}.")
-        if not ok and med > claimed * 2:
+        verdict = "confirmed" if ok else "refuted"
+        noisy = noise > INSENSITIVE_TOLERANCE if claimed <= 0.02 else noise > abs(med) or (ok and noise > claimed)
+        if noisy:
+            verdict = "inconclusive"
+            detail += (f" But the runs spread by {fmt_pct(noise)} (max - min over median), more than the gap or "
+                       "the claim: repeat on a quieter machine.")
+        elif not ok and med > claimed * 2:
             detail += " The gap is far larger than published: the disk matters much more here."
         detail += note
-        checks.append(Check(claim, "confirmed" if ok else "refuted", fmt_pct(med, signed=True), detail))
+        checks.append(Check(claim, verdict, fmt_pct(med, signed=True), detail))
     return checks
 
 
@@ -865,10 +876,10 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
         "slower on ultra. Our numbers, claim by claim:", finding_table(checks)])
     confirmed = [c.claim for c in checks if c.verdict == "confirmed"]
     refuted = [c.claim for c in checks if c.verdict == "refuted"]
-    missing = [c.claim for c in checks if c.verdict == "no data"]
+    missing = [c.claim for c in checks if c.verdict in ("no data", "inconclusive")]
     finding.blocks.append([f"Our data confirm: {'; '.join(confirmed) if confirmed else 'none of the claims'}.",
                            f"Our data refute: {'; '.join(refuted) if refuted else 'none of the claims'}.",
-                           f"No data for: {'; '.join(missing) if missing else 'nothing, every claim was tested'}."])
+                           f"No data, or too noisy to say: {'; '.join(missing) if missing else 'none, every claim was tested'}."])
     ds = demands(rows)
     if any(not d.emulated for d in ds):
         gpu = next(d for d in ds if not d.emulated)
@@ -943,7 +954,7 @@ th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
 caption{text-align:left;font-weight:600;padding:.3em 0}
 .note{color:#555;font-size:.85em;margin-top:-.8em}
 .verdict-confirmed{color:#17692b;font-weight:700}.verdict-refuted{color:#a11;font-weight:700}
-.verdict-no{color:#777;font-weight:700}
+.verdict-no,.verdict-inconclusive{color:#777;font-weight:700}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.85em}
 """
 
@@ -964,7 +975,7 @@ def table_html(t: Table) -> str:
         cells = []
         for c in row:
             cls = ""
-            if c in ("CONFIRMED", "REFUTED", "NO DATA"):
+            if c in ("CONFIRMED", "REFUTED", "NO DATA", "INCONCLUSIVE"):
                 cls = f' class="verdict-{c.split()[0].lower()}"'
             cells.append(f"<td{cls}>{_inline(c)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")

@@ -85,6 +85,8 @@ def test_published_finding_verdicts(results):
     assert [c.verdict for c in checks] == ["confirmed", "refuted", "confirmed", "refuted"], checks
     infer = checks[3]
     assert "far larger than published" in infer.detail and infer.measured.startswith("+4")
+    noisy = [dict(r, spread=2.0) if r["bench"] == "convert" else r for r in load_results(results)]
+    assert [c.verdict for c in report.finding_checks(noisy)[:2]] == ["inconclusive", "inconclusive"]
     empty = report.finding_checks([r for r in load_results(results) if r["bench"] != "convert"])
     assert [c.verdict for c in empty[:2]] == ["no data", "no data"]
 
