@@ -557,8 +557,8 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
         detail = (f"{fast} is {fmt_pct(abs(med))} {direction} than {slow} (median of {len(gaps)} configuration(s): "
                   f"{each}); the claim holds if the gap is {rule}.")
         verdict = "confirmed" if ok else "refuted"
-        noisy = noise > INSENSITIVE_TOLERANCE if claimed <= 0.02 else noise > abs(med) or (ok and noise > claimed)
-        if noisy:
+        # Noise larger than the gap could have made a refutation; larger than the claim, a confirmation.
+        if (not ok and noise > abs(med)) or (ok and noise > max(claimed, INSENSITIVE_TOLERANCE * (claimed <= 0.02))):
             verdict = "inconclusive"
             detail += (f" But the runs spread by {fmt_pct(noise)} (max - min over median), more than the gap or "
                        "the claim: repeat on a quieter machine.")
@@ -879,7 +879,8 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     missing = [c.claim for c in checks if c.verdict in ("no data", "inconclusive")]
     finding.blocks.append([f"Our data confirm: {'; '.join(confirmed) if confirmed else 'none of the claims'}.",
                            f"Our data refute: {'; '.join(refuted) if refuted else 'none of the claims'}.",
-                           f"No data, or too noisy to say: {'; '.join(missing) if missing else 'none, every claim was tested'}."])
+                           "No data, or too noisy to say: "
+                           f"{'; '.join(missing) if missing else 'none, every claim was tested'}."])
     ds = demands(rows)
     if any(not d.emulated for d in ds):
         gpu = next(d for d in ds if not d.emulated)
