@@ -155,16 +155,56 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
     return info
 
 
-def load_dataset_info(out: str) -> dict:
-    """What :func:`build_dataset` wrote under ``out``."""
+def load_dataset_info(out: str, split: str | None = None) -> dict:
+    """What :func:`build_dataset` wrote under ``out``, or the same description of a ``gpufeed convert``
+    output (read from its ``manifest.json``; ``split`` defaults to ``train``), so the benchmarks run on the
+    files people actually train from."""
     from gpufeed.errors import SourceNotFound
 
     path = os.path.join(out, MANIFEST)
-    if not os.path.exists(path):
-        raise SourceNotFound(path, "benchmark dataset manifest",
-                             "build one with `gpufeed bench dataset OUT` (or gpufeed.bench.dataset.build_dataset)")
-    with open(path) as fh:
-        return json.load(fh)
+    if os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    converted = os.path.join(out, "manifest.json")
+    if os.path.exists(converted):
+        with open(converted) as fh:
+            return _from_convert_manifest(out, json.load(fh), split)
+    raise SourceNotFound(path, "benchmark dataset manifest (or a gpufeed convert manifest.json)",
+                         "build one with `gpufeed bench dataset OUT`, or point at a `gpufeed convert` output")
+
+
+def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
+    splits = m["splits"]
+    split = split or ("train" if "train" in splits else sorted(splits)[0])
+    if split not in splits:
+        raise ConfigError(f"{out}: no split {split!r} in manifest.json; it holds {', '.join(sorted(splits))}")
+    n = splits[split]["written"]
+    options = m.get("options", {})
+    info = {"out": os.path.abspath(out), "n": n, "image": "cifar" if str(options.get("dataset", "")).startswith(
+        "cifar") else "imagenet", "resize": options.get("resize"), "seed": options.get("seed"),
+        "split": split, "source": "gpufeed convert", "formats": {}}
+
+    def in_split(rel: str) -> bool:
+        name = os.path.basename(os.path.dirname(rel) if rel.endswith("data.mdb") else rel)
+        return name.startswith((f"{split}.", f"{split}_", f"{split}-"))
+
+    sample_bytes = []
+    for fmt in m["formats"]:
+        files = [f for f in m["files"] if f["path"].startswith(fmt + "/") and in_split(f["path"])]
+        data = [f for f in files if f["role"] == "data"]
+        if not data or n == 0:
+            continue
+        rel = sorted(os.path.dirname(f["path"]) if fmt == "lmdb" else f["path"] for f in data)
+        data_bytes = sum(f["bytes"] for f in data)
+        info["formats"][fmt] = {"relpaths": rel, "paths": [os.path.join(info["out"], r) for r in rel],
+                                "files": files, "data_bytes": data_bytes,
+                                "total_bytes": sum(f["bytes"] for f in files), "record_bytes": data_bytes / n}
+        sample_bytes.append(data_bytes / n)
+    if not info["formats"]:
+        raise ConfigError(f"{out}: manifest.json lists no data files for split {split!r}")
+    info["sample_bytes"] = min(sample_bytes)
+    info["shards"] = max(len(f["relpaths"]) for f in info["formats"].values())
+    return info
 
 
 class _InProcess:

@@ -277,12 +277,15 @@ def tier_dataset(tier, dst: str) -> str:
     """The dataset directory for ``tier``: ``dst`` on the host disk, or a copy of it on a measured mount."""
     from gpufeed.bench.dataset import MANIFEST
 
+    def described(d):
+        return os.path.exists(os.path.join(d, MANIFEST)) or os.path.exists(os.path.join(d, "manifest.json"))
+
     if tier.path is None:
         return dst
-    if os.path.exists(os.path.join(tier.path, MANIFEST)):
+    if described(tier.path):
         return tier.path
     target = os.path.join(tier.path, "gpufeed-bench", os.path.basename(os.path.abspath(dst)))
-    if not os.path.exists(os.path.join(target, MANIFEST)):
+    if not described(target):
         tmp = target + ".partial"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(dst, tmp)
@@ -293,6 +296,9 @@ def tier_dataset(tier, dst: str) -> str:
 def dataset_paths(info: dict, directory: str, fmt: str) -> list[str]:
     from gpufeed.bench.dataset import output_path
 
+    rel = info["formats"][fmt].get("relpaths")
+    if rel is not None:  # a gpufeed convert output: each format has its own files
+        return [os.path.join(directory, r) for r in rel]
     return [output_path(directory, fmt, s, info["shards"]) for s in range(info["shards"])]
 
 

@@ -98,3 +98,23 @@ def test_bench_modules_do_not_import_ray_or_torch(tmp_path):
             "print('ray' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_bench_read_runs_on_a_gpufeed_convert_output(tmp_path, ray_local):
+    """The benchmarks take the files people train from: a `gpufeed convert` output described by its manifest."""
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    src = tmp_path / "src"
+    synth_imagenet(str(src), classes=2, per_class=6, val_per_class=1, bad_files=False)
+    out = tmp_path / "out"
+    assert main(["convert", "imagenet", str(src), "--to", "lmdb,recordio,tfrecord", "--out", str(out),
+                    "--resize", "64", "--shard-size", "5", "--workers", "1", "--no-progress"]) == 0
+    info = load_dataset_info(str(out))
+    assert info["n"] == 12 and set(info["formats"]) == set(FORMATS)
+    assert len(info["formats"]["tfrecord"]["relpaths"]) >= 2 and len(info["formats"]["recordio"]["relpaths"]) == 1
+    results = tmp_path / "read.jsonl"
+    assert main(["bench", "read", str(out), "--tier", f"host={tmp_path}", "--results", str(results),
+                 "--samples", "6", "--batch-size", "3", "--workers", "0", "--modes", "raw", "--cache", "warm",
+                 "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"]) == 0
+    rows = load_results(str(results))
+    assert {r["format"] for r in rows} == set(FORMATS) and all(r["n_samples"] == 12 for r in rows)
