@@ -4,7 +4,13 @@ One Ray task per shard (:func:`run_shard`): it reads each item, makes the sample
 it for every requested format, and writes TFRecord / sharded RecordIO files itself, or spool files for the
 driver's ordered sinks (:mod:`.sinks`). The driver keeps at most ``2 x workers`` shards between submission
 and commit, reacts to completions with ``ray.wait``, journals every completed shard and commit
-(:mod:`.state`), and receives only small result dicts: payloads never pass through it except as spool files.
+(:mod:`.state`), and receives only small result dicts: payloads never pass through it except as spool files,
+or, for a destination the workers cannot write (``memory://``, ``--driver-writes``), as the finished files'
+bytes, which it writes to the destination at once.
+
+A shard whose worker dies on every retry is bisected with probe tasks down to the one input that kills the
+worker (:class:`_Tasks`). With ``--store-dtype float*`` and no given mean/std, a statistics pre-pass over
+the train split (:func:`_prepass`) runs first.
 
 Determinism: the plan (:mod:`.plan`) fixes which items form each shard and each sample's index; a shard's
 bytes depend only on its items and the options, so the number of workers, nodes, retries or resumes changes

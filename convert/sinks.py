@@ -5,7 +5,8 @@ straight to the destination through the format's atomic :class:`~gpufeed.formats
 
 Two outputs need every record of a split in one place, in order: an LMDB environment (one writer) and a
 single ``.rec``. Workers hand them their records through spool files in ``DST/.gpufeed/spool`` (reachable
-from every node, as the destination is), and the driver takes the shards in order as they complete while
+from every node, as the destination is; with ``--driver-writes`` the driver puts them in its local state
+directory, see :func:`land`), and the driver takes the shards in order as they complete while
 the workers go on encoding:
 
 * LMDB: the spool is a sequence of CRC-checked frames (:func:`gpufeed.formats.tfrecord.frame`), one per

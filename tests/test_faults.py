@@ -231,8 +231,6 @@ def test_disk_full_inside_a_worker_names_the_shard_and_resumes(src, ray_local, t
 
 
 def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_path, monkeypatch):
-    import shutil
-
     from gpufeed.errors import OutputError
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the journal of a remote destination
@@ -248,7 +246,8 @@ def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_
 
         def update(self, samples, nbytes):
             if out.is_dir():
-                shutil.rmtree(out)
+                # A rename is atomic, where removing the tree would race with the worker writing into it.
+                out.rename(tmp_path / "gone")
                 out.write_bytes(b"not a directory")
 
         def close(self):
