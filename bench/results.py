@@ -74,15 +74,20 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _ram_bytes() -> int | None:
+def proc_kib_field(path: str, key: str) -> int | None:
+    """Bytes of a ``Key:  N kB`` line of a /proc file (``/proc/meminfo``, ``/proc/<pid>/status``)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _ram_bytes() -> int | None:
+    return proc_kib_field("/proc/meminfo", "MemTotal")
 
 
 def _physical_cores() -> int | None:

@@ -47,14 +47,9 @@ def _role(proc) -> str:
 def _anon_rss(pid: int) -> int | None:
     """Private anonymous resident memory: RSS less the file pages a process maps (LMDB's memory map counts
     in RSS but is page cache the kernel can drop, not memory the process holds)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from gpufeed.bench.results import proc_kib_field
+
+    return proc_kib_field(f"/proc/{pid}/status", "RssAnon")
 
 
 def _samples_done(state_dir: str) -> int:
