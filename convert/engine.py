@@ -138,15 +138,16 @@ def _maybe_crash(job: ShardJob, item) -> None:
 
 def _records(job: ShardJob, fmts, item, index, stats):
     """Make one sample and encode it for every format; crash on purpose under the ``crash_on`` test fault."""
-    from gpufeed.pipelines.transforms import make_sample
+    from gpufeed.pipelines.transforms import decode_image, make_sample
 
     _maybe_crash(job, item)
     opts = job.image_options
     if stats is not None and opts.encode == "pass":
         # Pass-through with statistics: the full decode that gathers them also validates, so the
         # 1/8-scale validation decode is left out (each image is decoded once).
+        # Stored bytes are decoded to RGB by their readers (a gray JPEG too), so that is what is counted.
         sample = make_sample(item, dataclasses.replace(opts, validate=False), index)
-        stats.update_from_sample(sample)
+        stats.update(decode_image(sample.payload, item.origin, max_pixels=opts.max_pixels))
     else:
         sample = make_sample(item, opts, index, stats=stats)
     return [fmt.encode(sample) for fmt in fmts]

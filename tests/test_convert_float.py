@@ -124,21 +124,22 @@ def test_verify_rejects_non_finite_pixels(cifar, tmp_path, ray_local):
 
 def test_pass_through_statistics_count_each_image_once(tmp_path, ray_local):
     from gpufeed.pipelines import open_source
-    from gpufeed.pipelines.transforms import ChannelStats, ImageOptions, make_sample
+    from gpufeed.pipelines.base import read_item
+    from gpufeed.pipelines.transforms import ChannelStats, decode_image
 
     src = synth_source(tmp_path / "src")
     out = tmp_path / "o"
     summary = convert(options(src, out, formats=("tfrecord",), resize=None, encode="pass", normalize=True,
-                              splits=("val",)))
+                              splits=("train",)))
     doc = json.loads((out / "mean_std.json").read_text())
-    # The statistics are those of exactly the images written, each decoded as a reader decodes it.
-    assert doc["images"] == summary.samples["val"]["written"] > 0
+    # The statistics are those of exactly the images written (a gray JPEG among them), each decoded to RGB
+    # as a reader decodes it; the broken files are skipped and not counted.
+    assert doc["images"] == summary.samples["train"]["written"] > 0 and summary.skipped
     skipped = {origin for origin, _ in summary.skipped}
     stats = ChannelStats()
-    for item in open_source("imagenet", src).items("val"):
-        if item.origin in skipped:
-            continue
-        stats.update_from_sample(make_sample(item, ImageOptions(encode="pass", validate=False), 0))
+    for item in open_source("imagenet", src).items("train"):
+        if item.origin not in skipped:
+            stats.update(decode_image(read_item(item), item.origin))
     assert doc["images"] == stats.images and doc["mean"] == pytest.approx(stats.mean, abs=1e-9)
     verify(str(out))
     assert os.path.exists(out / "manifest.json")
