@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to decode). Default: pass when nothing changes the pixels, jpeg when they are "
                         "resized or cropped, raw for CIFAR%(default).0s")
     p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality (im2rec's default)")
+    p.add_argument("--label-offset", type=int, default=0, choices=(0, 1),
+                   help="TFRecord image/class/label: 0-based class indices, or 1 for TensorFlow's "
+                        "build_imagenet_data convention (1..1000, 0 = background); RecordIO and LMDB stay 0-based")
     p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
                    help="with --encode pass, decode each image (at 1/8 scale) so broken files are caught; "
                         "--no-validate copies the bytes unchecked, as fast as the disk")
@@ -101,6 +104,7 @@ def options_from_args(args):
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
         resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
         center_crop=args.center_crop, encode=args.encode, quality=args.quality, validate=args.validate,
+        label_offset=args.label_offset,
         gray=args.gray,
         normalize=args.normalize, store_dtype=args.store_dtype,
         mean=parse_floats(args.mean, "--mean") if args.mean else None,

@@ -54,6 +54,16 @@ class ShardJob:
     driver_writes: bool = False  # write into a worker-local directory and return the files' bytes
     exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
     faults: dict | None = None  # test-only fault injection (see _test_faults)
+    label_offset: int = 0  # TFRecord labels: 0-based, or 1 for TensorFlow's 1..1000
+
+
+def _job_formats(job: ShardJob) -> list:
+    """The job's formats, configured as the options ask (TFRecord's label convention)."""
+    from gpufeed.formats import get_format
+    from gpufeed.formats.tfrecord import TFRecordFormat
+
+    return [TFRecordFormat(label_offset=job.label_offset) if name == "tfrecord" else get_format(name)
+            for name in job.formats]
 
 
 @dataclasses.dataclass
@@ -155,13 +165,10 @@ def _records(job: ShardJob, fmts, item, index, stats):
 
 def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
     """``[(format, writer, final path)]`` for one shard."""
-    from gpufeed.formats import get_format
-
     sp = job.plan
     outputs = []
     try:
-        for name in job.formats:
-            fmt = get_format(name)
+        for name, fmt in zip(job.formats, _job_formats(job)):
             if name == "tfrecord":
                 path = sinks.tfrecord_path(out, sp.split, sp.shard, sp.count)
                 writer = fmt.writer(path)
@@ -198,7 +205,6 @@ def run_shard(job: ShardJob, items: list) -> dict:
     from gpufeed.pipelines.transforms import ChannelStats
 
     t0, c0 = time.perf_counter(), time.process_time()
-    sp = job.plan
     local = tempfile.mkdtemp(prefix="gpufeed-shard-") if job.driver_writes else None
     try:
         out, spool_dir = job.out, job.spool_dir
@@ -280,9 +286,7 @@ def probe_items(job: ShardJob, pairs: list) -> None:
     """Make and encode ``pairs`` (planned index, item) without writing: bisection runs this to find the
     input that kills its worker. Inputs that merely fail are ignored here (``--on-error`` handles them)."""
     _worker_setup()
-    from gpufeed.formats import get_format
-
-    fmts = [get_format(name) for name in job.formats]
+    fmts = _job_formats(job)
     for index, item in pairs:
         try:
             _records(job, fmts, item, index, None)
@@ -624,7 +628,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             faults = _test_faults()
             tasks.pending.extend(
                 ShardJob(sp, out, options.formats, sharded_rec, image_options, options.on_error,
-                         sp.split == stats_split, spool_dir, driver_writes, faults=faults) for sp in todo)
+                         sp.split == stats_split, spool_dir, driver_writes, faults=faults,
+                         label_offset=options.label_offset) for sp in todo)
             while tasks:
                 job, result = tasks.next()
                 sp = job.plan

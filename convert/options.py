@@ -53,6 +53,7 @@ class ConvertOptions:
     center_crop: bool = False
     encode: str | None = None
     quality: int = DEFAULT_QUALITY
+    label_offset: int = 0  # added to TFRecord class labels: 1 gives TensorFlow's 1..1000 (0 = background)
     validate: bool = True
     gray: bool = False
     normalize: bool = False
@@ -89,6 +90,11 @@ class ConvertOptions:
             _choice("--encode", self.encode, ENCODINGS)
         _choice("--on-error", self.on_error, ON_ERROR)
         _choice("--ptb-mode", self.ptb_mode, PTB_MODES)
+        if self.label_offset not in (0, 1):
+            raise ConfigError(f"--label-offset must be 0 (0-based labels) or 1 (TensorFlow's 1..1000 with 0 = "
+                              f"background), not {self.label_offset}")
+        if self.label_offset and "tfrecord" not in self.formats:
+            raise ConfigError("--label-offset applies to TFRecord labels; add tfrecord to --to or leave it out")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be within 1..100, not {self.quality}")
         geometry = [n for n, v in (("--resize", self.resize), ("--size", self.size),

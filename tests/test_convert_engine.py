@@ -196,3 +196,25 @@ def test_cifar_raw_pixels_and_ptb_tokens(tmp_path, ray_local):
     # Windows keep stream order (no shuffle for language models): each starts where the last ended.
     assert first.payload[-1] == second.payload[0]
     assert (out / "vocab.txt").exists()
+
+
+def test_label_offset_gives_tensorflow_labels_in_tfrecord_only(src, tmp_path, ray_local):
+    """--label-offset 1: TFRecord stores TensorFlow's 1..1000 convention; RecordIO and LMDB stay 0-based,
+    and every reader gives the same 0-based class index back."""
+    from gpufeed.formats import get_format
+    from tfrecord import example_pb2
+
+    out = tmp_path / "o"
+    convert(options(src, out, formats=("tfrecord", "recordio"), splits=("val",), label_offset=1))
+    shard = [p for p in sorted((out / "tfrecord").glob("val-*")) if not p.suffix][0]
+    raw = next(iter(get_format("tfrecord").reader(str(shard)).iter_raw()))
+    ex = example_pb2.Example()
+    ex.ParseFromString(bytes(raw))
+    stored = ex.features.feature["image/class/label"].int64_list.value[0]
+    first = next(iter(get_format("tfrecord").reader(str(shard))))
+    assert stored == first.label + 1
+    rec = {s.index: s.label for s in get_format("recordio").reader(str(out / "recordio" / "val.rec"))}
+    assert rec[first.index] == first.label
+    verify(str(out))
+    with pytest.raises(ConfigError, match="label-offset"):
+        options(src, out, formats=("recordio",), label_offset=1)
