@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
+from forked import in_child
 from gpufeed.errors import CorruptRecordError, GpufeedError, RecordTooLargeError
 from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.base import Sample
@@ -147,19 +148,6 @@ def test_payload_holding_recordio_magic(fmt_name, tmp_path, rng):
     path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
     got = read_everything(fmt_name, path)
     assert [bytes(g.payload) for g in got] == payloads
-
-
-def in_child(fn, *args):
-    """Run ``fn`` in a forked process: a reader that crashes on damaged input (SIGBUS from a memory map
-    past the end of a truncated file) fails the test instead of killing the test session."""
-    proc = multiprocessing.get_context("fork").Process(target=fn, args=args)
-    proc.start()
-    proc.join(120)
-    if proc.exitcode is None:
-        proc.kill()
-        pytest.fail("the reader hung on damaged input")
-    assert proc.exitcode == 0, (f"the reader crashed (signal {-proc.exitcode})" if proc.exitcode < 0
-                                else "see the child's traceback above")
 
 
 def _check_truncations(fmt_name, path, target, whole):

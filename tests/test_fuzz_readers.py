@@ -9,7 +9,6 @@ lives in fuzz/atheris_readers.py.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import struct
@@ -20,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from forked import in_child
 from gpufeed.errors import GpufeedError
 from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.base import Sample
@@ -78,16 +78,6 @@ def identical_or_gpufeed_error(name, path, use_mmap=True):
     assert rand == expected(), "damaged input was read at random as different data"
 
 
-def _child(fn, *args):
-    proc = multiprocessing.get_context("fork").Process(target=fn, args=args)
-    proc.start()
-    proc.join(60)
-    if proc.exitcode is None:
-        proc.kill()
-        pytest.fail("the reader hung")
-    assert proc.exitcode == 0, f"the reader crashed (exit {proc.exitcode}) on damaged input"
-
-
 def copy_output(name, src, dst_dir):
     dst = os.path.join(dst_dir, os.path.basename(src))
     if os.path.isdir(src):
@@ -134,7 +124,7 @@ def test_mutated_data_file(name, written, tmp_path_factory, ops, use_mmap):
     with open(target, "wb") as f:
         f.write(mutate(original, ops))
     if name == "lmdb":
-        _child(identical_or_gpufeed_error, name, path)
+        in_child(identical_or_gpufeed_error, name, path, timeout=60)
     else:
         identical_or_gpufeed_error(name, path, use_mmap)
     shutil.rmtree(work)
