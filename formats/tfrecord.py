@@ -5,7 +5,8 @@ A record on disk is ``u64 length, u32 masked_crc32c(length bytes), payload, u32 
 package skips them by default and then returns damaged images without a word (bench/formats_speed.py compares
 it with this module). CRC-32C comes from the ``crc32c`` package (hardware instructions, GIL released).
 
-Payloads are ``tf.train.Example`` protobufs built with the ``tfrecord`` package's generated ``example_pb2``.
+Payloads are ``tf.train.Example`` protobufs built with ``proto/tf_example_pb2`` (TensorFlow's messages, generated
+and checked in: the ``tfrecord`` package's own copy would import torch into every conversion worker).
 Images use the feature keys of TensorFlow's ``build_imagenet_data.py`` (``image/encoded``, ``image/format``,
 ``image/class/label``, ``image/class/synset``, ``image/class/text``, ``image/height``, ``image/width``,
 ``image/channels``, ``image/colorspace``, ``image/filename``). ``image/class/label`` is the 0-based class index
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 import crc32c
 import numpy as np
 from google.protobuf.message import DecodeError
-from tfrecord import example_pb2
+from gpufeed.formats.proto import tf_example_pb2 as example_pb2
 
 from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
