@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-#: sub-subcommand -> (module, one-line help). ``train`` is D2's module; the others live here in bench/.
+#: sub-subcommand -> (module, one-line help). each module holds its own arguments and run().
 SUBCOMMANDS = {
     "convert": ("gpufeed.bench.convert_bench", "time `gpufeed convert` per format, tier and worker count"),
     "read": ("gpufeed.bench.read", "read throughput and latency per format and tier, cold and warm"),
