@@ -43,6 +43,7 @@ from gpufeed import io as gio
 from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
                             ShardNotFound)
 from gpufeed.formats import naming
+from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed.formats.proto import caffe_pb2
 
@@ -251,16 +252,9 @@ def write_mean_binaryproto(path: str, mean_chw: np.ndarray, order: str = "BGR") 
         mean = mean[[2, 1, 0, 3][:mean.shape[0]]]
     blob = caffe_pb2.BlobProto(num=1, channels=mean.shape[0], height=mean.shape[1], width=mean.shape[2])
     blob.data.extend(mean.ravel().tolist())
-    payload = blob.SerializeToString()
-    if gio.is_local(path):
-        final = gio.local_path(path)
-        tmp = naming.temp_name(final)
-        with gio.open_file(tmp, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, final)
-    else:
-        with gio.open_file(path, "wb") as f:
-            f.write(payload)
+    out = AtomicFile(path, "mean")
+    out.write(blob.SerializeToString())
+    out.commit()
 
 
 def read_mean_binaryproto(path: str) -> np.ndarray:
