@@ -46,6 +46,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from gpufeed.bench.cache import pread_read_bytes
 from gpufeed.errors import ConfigError, GpufeedError
 
 #: State file layout: magic, limits (iops, bytes/s, latency s, io unit, burst s), accounting mode
@@ -93,12 +94,10 @@ class _ThreadIO(threading.local):
         try:
             if self.fd is None:
                 self.fd = os.open("/proc/thread-self/io", os.O_RDONLY)
-            text = os.pread(self.fd, 512, 0)
+            return pread_read_bytes(self.fd)
         except OSError:
             self.broken = True
             return None
-        i = text.index(b"read_bytes:") + len(b"read_bytes:")
-        return int(text[i:text.index(b"\n", i)])
 
     def new_faults(self) -> int | None:
         """Major page faults (each one a synchronous read from disk) since the last call."""

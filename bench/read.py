@@ -23,6 +23,7 @@ import shutil
 import statistics
 import time
 
+from gpufeed.bench.cache import pread_read_bytes
 from gpufeed.errors import ConfigError, GpufeedError
 
 DECODE_MODES = ("raw", "decode")
@@ -72,9 +73,7 @@ class TimedDataset:
     def _read_bytes(self) -> int:
         # The fd was opened by this process's thread that first used the dataset; DataLoader workers and pool
         # workers read from one thread, so it names the thread doing the reads.
-        text = os.pread(self._io_fd, 512, 0)
-        i = text.index(b"read_bytes:") + len(b"read_bytes:")
-        return int(text[i:text.index(b"\n", i)])
+        return pread_read_bytes(self._io_fd)
 
     def __getitem__(self, i: int):
         self._open()
