@@ -116,13 +116,6 @@ def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
     return clean
 
 
-def _file_size(f) -> int:
-    here = f.tell()
-    size = f.seek(0, io.SEEK_END)
-    f.seek(here)
-    return size
-
-
 def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
               on_problem: Callable[[Exception], None] | None = None,
               nested: Callable[[TarEntry], bool] | None = None) -> list[tuple[TarEntry, list[TarEntry] | None]]:
@@ -134,7 +127,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     it the error is raised. Limits breaches always raise.
     """
     with open_file(url) as f:
-        size = _file_size(f)
+        size = f.seek(0, io.SEEK_END)  # every read below seeks to an absolute offset first
         budget = _Budget(limits, url)
         out = []
         for entry in _index(f, 0, size, url, budget, on_problem):
