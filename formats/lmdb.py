@@ -758,24 +758,17 @@ class LMDBReader(Reader):
             raise IndexError(f"{self.path}: record {i} out of range (the LMDB holds {self._len})")
         i %= self._len
         try:
-            if self._seekable:
-                prefix = b"%08d_" % i
+            if not self._seekable and self._keys is None:
+                self._keys = self._list_keys()
+            if self._seekable or isinstance(self._keys, np.ndarray):
+                prefix = b"%08d_" % (i if self._seekable else self._keys[i])
                 cur = self._cursor
                 if not cur.set_range(prefix) or not bytes(cur.key()[:len(prefix)]) == prefix:
                     raise CorruptRecordError(self.data_path, i, None, f"no key with prefix {prefix!r}")
                 key, value = cur.item()
             else:
-                if self._keys is None:
-                    self._keys = self._list_keys()
-                if isinstance(self._keys, np.ndarray):
-                    prefix = b"%08d_" % self._keys[i]
-                    cur = self._cursor
-                    if not cur.set_range(prefix) or not bytes(cur.key()[:len(prefix)]) == prefix:
-                        raise CorruptRecordError(self.data_path, i, None, f"no key with prefix {prefix!r}")
-                    key, value = cur.item()
-                else:
-                    key = self._keys[i]
-                    value = self._txn.get(key)
+                key = self._keys[i]
+                value = self._txn.get(key)
         except self._errors as e:
             raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
         gio.charge(len(value))
