@@ -8,7 +8,7 @@ list can be planned, shuffled and shipped to Ray workers cheaply; a worker fetch
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, Union
 
 import numpy as np
@@ -112,7 +112,3 @@ def read_item(item: Item) -> Union[bytes, np.ndarray]:
     from gpufeed.pipelines.sources import read_ref
 
     return read_ref(item.ref)
-
-
-def iter_items(source: Source, split: str) -> Iterator[Item]:
-    yield from source.items(split)
