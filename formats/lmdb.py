@@ -44,6 +44,7 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
                             ShardNotFound)
 from gpufeed.formats import naming
 from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats._filebytes import position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed.formats.proto import caffe_pb2
 
@@ -754,9 +755,7 @@ class LMDBReader(Reader):
 
     def _key_value(self, i: int):
         self._open()
-        if not -self._len <= i < self._len:
-            raise IndexError(f"{self.path}: record {i} out of range (the LMDB holds {self._len})")
-        i %= self._len
+        i = position(i, self._len, self.path)
         try:
             if not self._seekable and self._keys is None:
                 self._keys = self._list_keys()
