@@ -99,9 +99,8 @@ def save_stats(stats, file: str) -> None:
     """Persist one shard's partial :class:`~gpufeed.pipelines.transforms.ChannelStats` (exact integer
     sums as decimal strings, the per-pixel sum as an array) so a resumed run can merge it."""
     os.makedirs(os.path.dirname(file), exist_ok=True)
-    state = vars(stats)
-    scalars = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
-    arrays = {"pixel_sum": state["_pixel_sum"]} if state.get("_pixel_sum") is not None else {}
+    scalars, pixel_sum = stats.state()
+    arrays = {"pixel_sum": pixel_sum} if pixel_sum is not None else {}
     tmp = file + ".tmp"
     with open(tmp, "wb") as f:
         np.savez(f, scalars=np.frombuffer(json.dumps(scalars).encode(), np.uint8), **arrays)
@@ -111,11 +110,9 @@ def save_stats(stats, file: str) -> None:
 def _load_stats(file: str):
     from gpufeed.pipelines.transforms import ChannelStats
 
-    stats = ChannelStats()
     with np.load(file, allow_pickle=False) as z:
-        vars(stats).update(json.loads(z["scalars"].tobytes()))
-        stats._pixel_sum = z["pixel_sum"] if "pixel_sum" in z.files else None
-    return stats
+        return ChannelStats.from_state(json.loads(z["scalars"].tobytes()),
+                                       z["pixel_sum"] if "pixel_sum" in z.files else None)
 
 
 def merge_stats(state_dir: str, split: str):

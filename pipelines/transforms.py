@@ -333,6 +333,18 @@ class ChannelStats:
         else:
             raise ConfigError(f"sample {sample.key!r} holds {sample.kind}; channel statistics are for images")
 
+    def state(self) -> tuple[dict, np.ndarray | None]:
+        """What rebuilds these statistics elsewhere (:meth:`from_state`): the JSON-safe fields, with exact
+        integer sums, and the per-pixel sum (``None`` once shapes differ)."""
+        return {k: v for k, v in vars(self).items() if k != "_pixel_sum"}, self._pixel_sum
+
+    @classmethod
+    def from_state(cls, fields: dict, pixel_sum: np.ndarray | None) -> "ChannelStats":
+        stats = cls()
+        vars(stats).update(fields)
+        stats._pixel_sum = pixel_sum
+        return stats
+
     def merge(self, other: "ChannelStats") -> "ChannelStats":
         """Add ``other``'s partial sums into this one (order does not matter); returns ``self``."""
         if other.images == 0:
