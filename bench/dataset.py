@@ -173,6 +173,16 @@ def load_dataset_info(out: str, split: str | None = None) -> dict:
                          "build one with `gpufeed bench dataset OUT`, or point at a `gpufeed convert` output")
 
 
+def dataset_fields(info: dict, fmt: str) -> dict:
+    """The dataset part of a benchmark row, from :func:`load_dataset_info`'s ``info``."""
+    from gpufeed.bench.results import dataset_ram_ratio
+
+    f = info["formats"][fmt]
+    return {"image": info["image"], "resize": info["resize"], "n_samples": info["n"],
+            "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
+            "total_bytes": f["total_bytes"], "dataset_ram_ratio": dataset_ram_ratio(f["total_bytes"])}
+
+
 def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
     splits = m["splits"]
     split = split or ("train" if "train" in splits else sorted(splits)[0])

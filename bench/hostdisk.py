@@ -133,6 +133,11 @@ def measure_host(directory: str, seconds: float = 1.0, file_bytes: int = 256 * M
     return out
 
 
+def row_figures(host: dict) -> dict:
+    """What a benchmark row keeps of :func:`measure_host`'s result: requests/s and MB/s per pattern."""
+    return {k: {"iops": v["iops"], "mb_per_s": v["mb_per_s"]} for k, v in host["patterns"].items()}
+
+
 def check_emulation(host: dict, limits: Limits, factor: float = CLEARLY_FASTER) -> list[str]:
     """Reasons the host cannot emulate ``limits`` (empty when it can): for each pattern, the host's cold
     requests/s must be ``factor`` x what the profile allows, from the device and not from cache."""

@@ -350,10 +350,10 @@ def bench_read(args) -> list[dict]:
     """The whole grid of ``gpufeed bench read``; returns the rows it wrote."""
     from gpufeed.bench.cache import evict
     from gpufeed.bench.cli import tiers_from_args
-    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.dataset import dataset_fields, load_dataset_info
     from gpufeed.bench.emulate import Throttle
-    from gpufeed.bench.hostdisk import measure_host, require_valid
-    from gpufeed.bench.results import ResultWriter, dataset_ram_ratio, disk_info, metrics_block, repeat, summarize
+    from gpufeed.bench.hostdisk import measure_host, require_valid, row_figures
+    from gpufeed.bench.results import ResultWriter, disk_info, metrics_block, repeat, summarize
 
     info = load_dataset_info(args.dst)
     formats = _csv(args.formats, list(info["formats"]), "formats") if args.formats else list(info["formats"])
@@ -383,7 +383,7 @@ def bench_read(args) -> list[dict]:
             invalid = require_valid(tier, host, args.allow_invalid)
         for fmt in formats:
             paths = dataset_paths(info, directory, fmt)
-            fmt_info = info["formats"][fmt]
+            fmt_fields = dataset_fields(info, fmt)
             for mode in modes:
                 for workers in args.workers:
                     for cache in caches:
@@ -413,16 +413,12 @@ def bench_read(args) -> list[dict]:
                                           "cache": cache, "access": args.access, "batch_size": args.batch_size,
                                           "samples": cfg["samples"], "crop": crop if mode == "decode" else None,
                                           "loader": loader, "warmup": args.warmup},
-                               "image": info["image"], "resize": info["resize"], "n_samples": info["n"],
-                               "sample_bytes": info["sample_bytes"], "record_bytes": fmt_info["record_bytes"],
-                               "total_bytes": fmt_info["total_bytes"],
-                               "dataset_ram_ratio": dataset_ram_ratio(fmt_info["total_bytes"]),
+                               **fmt_fields,
                                f"{cache}_verified": verified,
                                "valid": invalid is None, "invalid_reason": invalid,
                                **summarize("samples_per_s", "samples/s", [r["samples_per_s"] for r in runs]),
                                "metrics": metrics_block(runs, _UNITS)}
                         if host is not None:
-                            row["host_disk"] = {k: {"iops": v["iops"], "mb_per_s": v["mb_per_s"]}
-                                                for k, v in host["patterns"].items()}
+                            row["host_disk"] = row_figures(host)
                         rows.append(writer.write(row))
     return rows

@@ -513,30 +513,20 @@ def tier_scope(tier, data_dir: str, allow_invalid: bool):
         yield {"valid": True, "invalid_reason": None}
         return
     from gpufeed.bench.emulate import Throttle
-    from gpufeed.bench.hostdisk import measure_host, require_valid
+    from gpufeed.bench.hostdisk import measure_host, require_valid, row_figures
 
     host = measure_host(data_dir)
     reason = require_valid(tier, host, allow_invalid)
     with Throttle.emulate(tier.limits, state_dir=data_dir):
         yield {"valid": reason is None, "invalid_reason": reason,
-               "host_disk": {k: {"iops": v["iops"], "mb_per_s": v["mb_per_s"]} for k, v in host["patterns"].items()}}
-
-
-def dataset_fields(info: dict, fmt: str) -> dict:
-    """The dataset part of a row, from ``bench_dataset.json``."""
-    from gpufeed.bench.results import dataset_ram_ratio
-
-    f = info["formats"][fmt]
-    return {"image": info["image"], "resize": info["resize"], "n_samples": info["n"],
-            "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
-            "total_bytes": f["total_bytes"], "dataset_ram_ratio": dataset_ram_ratio(f["total_bytes"])}
+               "host_disk": row_figures(host)}
 
 
 def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions, writer=None,
                   log: Callable[[str], None] = print) -> list[dict]:
     """The whole grid: per task, the synthetic baseline, then every tier x decode x format. Returns the rows,
     appending each to ``writer`` as soon as it is measured, so a run cut short keeps what it finished."""
-    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.dataset import dataset_fields, load_dataset_info
     from gpufeed.bench.read import dataset_paths, tier_dataset
 
     kind = resolve_accelerator(opts.accelerator)
