@@ -37,6 +37,26 @@ KINDS = ("encoded", "raw", "tokens")
 
 Label = Union[int, float, Sequence[float]]
 
+#: Image files are recognised by their first bytes, never by name (ImageNet ships a PNG named ``.JPEG``).
+JPEG_MAGIC = b"\xff\xd8\xff"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_OTHER_MAGICS = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+                 (b"MM\x00*", "TIFF"))
+
+
+def sniff_image_format(data: bytes) -> str | None:
+    """The image format from the first bytes (``"JPEG"``, ``"PNG"``, ``"WEBP"``, ``"GIF"``...), or ``None``."""
+    if data[:3] == JPEG_MAGIC:
+        return "JPEG"
+    if data[:8] == PNG_MAGIC:
+        return "PNG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    for magic, name in _OTHER_MAGICS:
+        if data[:len(magic)] == magic:
+            return name
+    return None
+
 
 @dataclasses.dataclass
 class Sample:

@@ -45,7 +45,7 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
 from gpufeed.formats import naming
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats._filebytes import position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 from gpufeed.formats.proto import caffe_pb2
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
@@ -141,14 +141,6 @@ def _int_label(sample: Sample, labels: tuple) -> int:
     return int(first)
 
 
-def _image_format(data: bytes) -> str | None:
-    if data[:3] == b"\xff\xd8\xff":
-        return "JPEG"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "PNG"
-    return None
-
-
 def _float_fields(values) -> bytes:
     """``values`` as Datum.float_data entries, exactly the bytes protobuf would write, at numpy speed."""
     values = np.asarray(values, np.float32).ravel()
@@ -218,7 +210,7 @@ def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | 
     meta: dict[str, Any] = {}
     if datum.encoded or not datum.HasField("encoded") and datum.HasField("data") and not datum.channels:
         label = tuple(floats) if floats else datum.label
-        meta["format"] = _image_format(datum.data)
+        meta["format"] = sniff_image_format(datum.data)
         return Sample(name, label, datum.data, "encoded", index or 0, meta)
     c, h, w = datum.channels, datum.height, datum.width
     if datum.HasField("data"):

@@ -37,7 +37,7 @@ from gpufeed.formats.proto import tf_example_pb2 as example_pb2
 from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, StreamCursor, position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 from gpufeed import io
 
 #: Record header: payload length and the masked CRC-32C of those 8 length bytes.
@@ -157,14 +157,6 @@ def _add_labels(feat, key, labels, offset):
         feat[key].float_list.value.extend(values)
 
 
-def _sniff_format(data: bytes) -> bytes:
-    if data[:3] == b"\xff\xd8\xff":
-        return b"JPEG"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return b"PNG"
-    return b""
-
-
 class TFRecordFormat(Format):
     """``label_offset`` is added to integer class labels when encoding (1 gives TensorFlow's 1..1000)."""
 
@@ -207,7 +199,7 @@ class TFRecordFormat(Format):
                 feat["image/dtype"].bytes_list.value.append(arr.dtype.name.encode())
             elif sample.kind == "encoded":
                 data = bytes(sample.payload)
-                fmt = str(meta["format"]).encode() if meta.get("format") else _sniff_format(data)
+                fmt = str(meta["format"]).encode() if meta.get("format") else (sniff_image_format(data) or "").encode()
                 height, width, channels = meta.get("height"), meta.get("width"), meta.get("channels")
             else:
                 raise InputError(sample.key, f"unknown sample kind {sample.kind!r}")

@@ -18,15 +18,10 @@ import struct
 import numpy as np
 
 from gpufeed.errors import BadImageError, DecompressionBombError
+from gpufeed.formats.base import PNG_MAGIC, sniff_image_format
 
 #: Pillow's own default limit (``PIL.Image.MAX_IMAGE_PIXELS``): about a 9459x9459 image, 256 MiB of RGB.
 DEFAULT_MAX_PIXELS = 89_478_485
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Formats Pillow decodes for us (rare in datasets, common enough in scraped folders).
-_OTHER_MAGICS = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
-                 (b"MM\x00*", "TIFF"))
 
 # JPEG markers. SOF0-15 except DHT (C4), JPG (C8) and DAC (CC) carry the frame size.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -76,20 +71,6 @@ class ImageInfo:
         return (self.width, self.height) if self.orientation >= 5 else (self.height, self.width)
 
 
-def sniff_format(data: bytes) -> str | None:
-    """The image format from the first bytes, or ``None``."""
-    if data.startswith(_JPEG_MAGIC):
-        return "JPEG"
-    if data.startswith(_PNG_MAGIC):
-        return "PNG"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    for magic, name in _OTHER_MAGICS:
-        if data.startswith(magic):
-            return name
-    return None
-
-
 def probe(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Read the header of ``data`` and refuse what cannot be decoded safely.
 
@@ -99,7 +80,7 @@ def probe(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     if len(data) == 0:
         raise BadImageError(origin, "the file is empty (0 bytes)",
                             "re-download it, or remove it from the dataset")
-    fmt = sniff_format(data)
+    fmt = sniff_image_format(data)
     if fmt == "JPEG":
         info = _probe_jpeg(data, origin)
     elif fmt == "PNG":
@@ -206,7 +187,7 @@ def _probe_png(data: bytes, origin: str) -> ImageInfo:
 
 def _png_orientation(data: bytes) -> int:
     """Orientation from an ``eXIf`` chunk (a bare TIFF block), which must come before the image data."""
-    pos, n = len(_PNG_MAGIC), len(data)
+    pos, n = len(PNG_MAGIC), len(data)
     while pos + 8 <= n:
         length, kind = _PNG_CHUNK.unpack_from(data, pos)
         if kind in (b"IDAT", b"IEND"):
