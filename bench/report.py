@@ -25,7 +25,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
 from gpufeed.errors import ConfigError
@@ -113,13 +113,21 @@ def choose_baseline(rows: Sequence[dict], requested: str | None = None) -> str |
         return requested
     if PREFERRED_BASELINE in tiers:
         return PREFERRED_BASELINE
-    speed = defaultdict(list)
-    for r in rows:
-        if r.get("bench") in ("read", "train") and not is_synthetic(r) and r.get("median"):
-            speed[r["tier"]].append(r["median"])
-    if speed:
-        return max(speed, key=lambda t: statistics.median(speed[t]))
+    fastest = _fastest_tier((r for r in rows if r.get("bench") in ("read", "train") and not is_synthetic(r)),
+                            lambda r: r.get("median"))
+    if fastest is not None:
+        return fastest
     return tiers[0] if tiers else None
+
+
+def _fastest_tier(rows: Iterable[dict], speed: Callable[[dict], float | None]) -> str | None:
+    """The tier whose rows have the highest median ``speed`` (rows without one left out); None if none has."""
+    by_tier = defaultdict(list)
+    for r in rows:
+        v = speed(r)
+        if v:
+            by_tier[r["tier"]].append(v)
+    return max(by_tier, key=lambda t: statistics.median(by_tier[t])) if by_tier else None
 
 
 #: Parameters that name paths, which differ from tier to tier for the same configuration.
@@ -492,16 +500,10 @@ def _stand_in(rows: Sequence[dict], bench: str, tier: str) -> tuple[str, str]:
     have = {r.get("tier") for r in of_bench(rows, bench)}
     if tier in have or tier != PREFERRED_BASELINE:
         return tier, ""
-    measured = [r for r in of_bench(rows, bench) if r.get("mode") == "measured" and not is_synthetic(r)]
-    if not measured:
+    best = _fastest_tier((r for r in of_bench(rows, bench) if r.get("mode") == "measured" and not is_synthetic(r)),
+                         _speed)
+    if best is None:
         return tier, ""
-    speed = defaultdict(list)
-    for r in measured:
-        if _speed(r):
-            speed[r["tier"]].append(_speed(r))
-    if not speed:
-        return tier, ""
-    best = max(speed, key=lambda t: statistics.median(speed[t]))
     return best, f" The measured tier '{best}' (a real local disk) stands in for NVMe."
 
 
