@@ -85,13 +85,12 @@ def monitor(cmd: list[str], state_dir: str, interval: float) -> dict:
             break
         by_role: dict[str, int] = {}
         for p in procs:
-            try:
-                rss = p.memory_info().rss
-            except psutil.Error:
-                continue
-            anon = _anon_rss(p.pid)
-            if anon is not None:
-                rss = anon
+            rss = _anon_rss(p.pid)
+            if rss is None:
+                try:
+                    rss = p.memory_info().rss
+                except psutil.Error:
+                    continue
             role = _role(p)
             by_role[role] = by_role.get(role, 0) + rss
             rec = peaks.setdefault(p.pid, {"role": role, "peak_rss": 0, "samples": []})
