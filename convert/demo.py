@@ -9,7 +9,9 @@ then ``gpufeed verify``, and prints where everything is.
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
 
 
 def add_arguments(p) -> None:
@@ -21,8 +23,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from gpufeed.convert import command
     from gpufeed.convert.engine import convert
-    from gpufeed.convert.options import ConvertOptions
     from gpufeed.convert.progress import Progress, format_summary
     from gpufeed.convert.verify import verify
     from gpufeed.pipelines.synth import synth_imagenet
@@ -33,12 +35,14 @@ def run(args) -> int:
                           val_per_class=max(1, args.per_class // 4), layout="archives", bad_files=True)
     print(f"synthesised {made['images']} ImageNet-like images ({made['image_bytes'] / 1e6:.1f} MB, "
           f"{len(made['bad_files'])} planted bad files) in {src}")
-    command = (f"convert imagenet {src} --to lmdb,recordio,tfrecord --out {dst} --resize 256 --shard-size 50 "
-               f"--workers {args.workers} --on-error skip --no-resume")
-    print(f"running: {command}")
-    options = ConvertOptions(dataset="imagenet", src=src, formats=("lmdb", "recordio", "tfrecord"), out=dst,
-                             workers=args.workers, resize=256, on_error="skip", resume=False, shard_size=50)
-    summary = convert(options, Progress())
+    # The command printed is the command run: parsed as `gpufeed convert` parses it.
+    argv = ["imagenet", src, "--to", "lmdb,recordio,tfrecord", "--out", dst, "--resize", "256", "--shard-size", "50",
+            "--workers", str(args.workers), "--on-error", "skip", "--no-resume"]
+    print(f"running: convert {shlex.join(argv)}")
+    parser = argparse.ArgumentParser(prog="gpufeed convert")
+    command.add_arguments(parser)
+    options = command.options_from_args(parser.parse_args(argv))
+    summary = convert(options, Progress(options.progress))
     print(format_summary(summary))
     print(f"running: gpufeed verify {dst}")
     print(verify(dst, workers=args.workers).text())
