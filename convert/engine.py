@@ -198,7 +198,6 @@ def run_shard(job: ShardJob, items: list) -> dict:
 
     With ``job.driver_writes`` the files are written into a worker-local directory and returned as bytes
     (``blobs``: relative path and content), for the driver to write to the destination."""
-    import shutil
     import tempfile
 
     _worker_setup()
