@@ -184,12 +184,12 @@ class ConvertOptions:
 
     def output_key(self) -> dict:
         """The options that determine the output bytes, as JSON-ready values (journal and manifest)."""
-        d = dataclasses.asdict(self)
+        d = self.to_json()
         for k in _RUNTIME_ONLY:
             d.pop(k)
         d["encode"] = self.effective_encode
         d["shuffle"] = self.effective_shuffle
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+        return d
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
