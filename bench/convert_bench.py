@@ -128,14 +128,13 @@ def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: 
 
 def _tier_source(tier, src: str) -> str:
     """The source for ``tier``: ``src`` itself, or a copy of it on the tier's mount."""
+    from gpufeed.bench.tiers import copy_to_mount
+
     if tier.path is None:
         return src
     target = os.path.join(tier.path, "gpufeed-bench-src", os.path.basename(os.path.abspath(src)))
     if not os.path.exists(target):
-        tmp = target + ".partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        os.replace(tmp, target)
+        copy_to_mount(src, target)
     return target
 
 

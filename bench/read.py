@@ -19,7 +19,6 @@ too: compare within one run).
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import time
 
@@ -275,6 +274,7 @@ def warm(paths: list[str]) -> int:
 def tier_dataset(tier, dst: str) -> str:
     """The dataset directory for ``tier``: ``dst`` on the host disk, or a copy of it on a measured mount."""
     from gpufeed.bench.dataset import MANIFEST
+    from gpufeed.bench.tiers import copy_to_mount
 
     def described(d):
         return os.path.exists(os.path.join(d, MANIFEST)) or os.path.exists(os.path.join(d, "manifest.json"))
@@ -285,10 +285,7 @@ def tier_dataset(tier, dst: str) -> str:
         return tier.path
     target = os.path.join(tier.path, "gpufeed-bench", os.path.basename(os.path.abspath(dst)))
     if not described(target):
-        tmp = target + ".partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(dst, tmp)
-        os.replace(tmp, target)
+        copy_to_mount(dst, target)
     return target
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
 
 from gpufeed.errors import ConfigError
 
@@ -138,9 +139,14 @@ class TierSpec:
             fields["tier_limits"] = self.profile.describe(self.size_gib)
         return fields
 
-    def data_dir(self, default: str) -> str:
-        """Where this tier's data lives: the mount for a measured tier, ``default`` (host disk) otherwise."""
-        return self.path or default
+
+def copy_to_mount(src: str, target: str) -> None:
+    """Copy the directory ``src`` to ``target`` (on a measured tier's mount) through ``target.partial``, so a
+    copy cut short is never taken for a finished one."""
+    tmp = target + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, target)
 
 
 def parse_tier(spec: str) -> TierSpec:
