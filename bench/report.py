@@ -582,6 +582,8 @@ def finding_table(checks: Sequence[Check]) -> Table:
 def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     """One line per configuration; the synthetic baseline once per accelerator and task (median over every
     `gpufeed bench train` call, each of which measures its own; spread across those calls)."""
+    from gpufeed.bench.results import stat
+
     train = of_bench(rows, "train")
     ratios = ratio_to_baseline(train, baseline)
     t = Table("Training and inference loop", ["task", "format", "stored", "tier", "cache", "decode",
@@ -592,10 +594,10 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
         if is_synthetic(r):
             synthetic[(params(r).get("task"), params(r).get("accelerator"))].append(r)
     for (task, _acc), rs in sorted(synthetic.items(), key=lambda kv: str(kv[0])):
-        p, speeds = params(rs[0]), [r["median"] for r in rs]
-        med = statistics.median(speeds)
-        t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]), fmt_num(med),
-                       fmt_pct((max(speeds) - min(speeds)) / med) + (f" ({len(rs)} calls)" if len(rs) > 1 else ""),
+        p, across = params(rs[0]), stat([r["median"] for r in rs])
+        t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]),
+                       fmt_num(across["median"]),
+                       fmt_pct(across["spread"]) + (f" ({len(rs)} calls)" if len(rs) > 1 else ""),
                        "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
     for r in sorted((r for r in train if not is_synthetic(r)),
                     key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored_size(r)),
