@@ -99,6 +99,11 @@ def _physical_cores() -> int | None:
         return None
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which a container or taskset narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _gpus() -> list[dict[str, str]]:
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -176,7 +181,7 @@ def machine_info(data_path: str | None = None) -> dict[str, Any]:
     """CPU, cores, RAM, GPUs, kernel, and (given ``data_path``) the disk and filesystem holding the data."""
     info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": _cpu_model(),
             "logical_cores": os.cpu_count(), "physical_cores": _physical_cores(),
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "usable_cores": usable_cores(),
             "ram_bytes": _ram_bytes(), "gpus": _gpus()}
     if data_path is not None:
         info["disk"] = disk_info(data_path)

@@ -425,8 +425,9 @@ class TrainOptions:
 
 def default_workers() -> int:
     """One DataLoader worker per usable core, at most 16 (the H200 machine's core count)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(16, cores))
+    from gpufeed.bench.results import usable_cores
+
+    return max(1, min(16, usable_cores()))
 
 
 def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, pin: bool):
