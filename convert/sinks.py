@@ -377,7 +377,7 @@ class RecordIOSink:
 
     def finish(self) -> list[WrittenFile]:
         written = []
-        self._hex = {}
+        digest = {}
         makedirs(join(self.out, "recordio"))
         roles = {".rec": "data", ".idx": "index", ".lst": "list"}
         for ext, f in self._files.items():
@@ -392,13 +392,13 @@ class RecordIOSink:
             else:
                 copy_file(self.partial[ext], target, roles[ext], self.records)
                 os.remove(self.partial[ext])
-            self._hex[ext] = self._sha[ext].hexdigest()
-            written.append(WrittenFile(target, self.records, size, self._hex[ext], roles[ext]))
+            digest[ext] = self._sha[ext].hexdigest()
+            written.append(WrittenFile(target, self.records, size, digest[ext], roles[ext]))
         self._files = {}
         # The sidecar of the whole file: the fragments' layout, with the whole file's record count.
         side = dict(self.sidecar or {}, records=self.records)
         if "sha256" in side:  # the side files' checksums, which the reader checks
-            side["sha256"] = {"idx": self._hex[".idx"], "lst": self._hex[".lst"]}
+            side["sha256"] = {"idx": digest[".idx"], "lst": digest[".lst"]}
         out = AtomicFile(self.final[".rec"] + ".json", "sidecar")
         out.write(json.dumps(side, indent=1, sort_keys=True).encode() + b"\n")
         out.records = self.records
