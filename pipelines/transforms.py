@@ -362,7 +362,7 @@ class ChannelStats:
         self.images += other.images
         if (self.same_shape and other.same_shape and self._pixel_sum is not None
                 and other._pixel_sum is not None and self._pixel_sum.shape == other._pixel_sum.shape):
-            self._pixel_sum = self._pixel_sum + other._pixel_sum
+            self._pixel_sum += other._pixel_sum  # this object owns its array (copied on first merge)
         else:
             self._pixel_sum, self.same_shape = None, False
         return self
