@@ -46,9 +46,12 @@ def _finish(proc, timeout=120):
 
 
 def _start_and_kill(args, address, out, after: int, sig=signal.SIGKILL):
+    """Start the CLI and signal it once it has journalled ``after`` more shards than the journal held before
+    (counting from zero would signal a resumed run at once, while Python is still starting up)."""
+    target = _journal_shards(out) + after
     proc = cli(args, address)
     deadline = time.time() + 120
-    while _journal_shards(out) < after and proc.poll() is None and time.time() < deadline:
+    while _journal_shards(out) < target and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     assert proc.poll() is None, _finish(proc)
     proc.send_signal(sig)
@@ -68,8 +71,7 @@ def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path
     code, _, err = _finish(cli([*args, "--quality", "90"], address))
     assert code == 2 and "quality: journal 95, now 90" in err and "--no-resume" in err
     # Ctrl-C later in the resumed run: a clean stop that says how to resume.
-    # (Not too late: on a loaded machine the run could finish before the signal lands.)
-    code, _, err = _start_and_kill(args, address, out, after=5, sig=signal.SIGINT)
+    code, _, err = _start_and_kill(args, address, out, after=2, sig=signal.SIGINT)
     assert code == 130 and "rerun the same command to resume" in err and "Traceback" not in err
     with pytest.raises(IncompleteOutputError):
         verify(out)
