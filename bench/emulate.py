@@ -190,20 +190,22 @@ class Throttle:
                 burst_s: float = DEFAULT_BURST_S):
         """Create a state file, export ``GPUFEED_TIER_STATE`` (child processes inherit the tier), yield the
         Throttle; restore the environment and remove the file afterwards."""
-        from gpufeed.io import ENV_VAR
+        from gpufeed.io import ENV_VAR, HOOK_VAR
 
         fd, path = tempfile.mkstemp(prefix="gpufeed-tier-", suffix=".state", dir=state_dir)
         os.close(fd)
-        previous = os.environ.get(ENV_VAR)
+        previous = {var: os.environ.get(var) for var in (ENV_VAR, HOOK_VAR)}
         try:
             t = cls.create(path, limits, accounting=accounting, burst_s=burst_s)
+            os.environ[HOOK_VAR] = f"{__name__}:{cls.__name__}.attach"
             os.environ[ENV_VAR] = path
             yield t
         finally:
-            if previous is None:
-                os.environ.pop(ENV_VAR, None)
-            else:
-                os.environ[ENV_VAR] = previous
+            for var, value in previous.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
             cls._attached.pop(path, None)
             try:
                 os.unlink(path)

@@ -33,6 +33,7 @@ from importlib import metadata
 from typing import Any
 
 from gpufeed.errors import ConfigError, CorruptRecordError
+from gpufeed.machine import usable_cores  # noqa: F401 (bench modules import it from here)
 
 #: Bumped when a field changes meaning; readers check it.
 SCHEMA_VERSION = 1
@@ -97,11 +98,6 @@ def _physical_cores() -> int | None:
         return psutil.cpu_count(logical=False)
     except ImportError:
         return None
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which a container or taskset narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _gpus() -> list[dict[str, str]]:

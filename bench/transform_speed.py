@@ -52,23 +52,39 @@ def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
     return corpus
 
 
+def _reduced() -> dict:
+    import cv2
+
+    return {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+            8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
 def _shorter_side(h: int, w: int, size: int) -> tuple[int, int]:
     return (h * size // w, size) if h > w else (size, w * size // h)
 
 
-def loop_limit(corpus) -> int:
+def limit_one(data: bytes, h: int | None = None, w: int | None = None) -> int:
+    """The per-core limit's work on one JPEG (its size read from the header when not given): decode with
+    DCT-domain downscale where the image is >= 2x the target, resize the shorter side, encode q95."""
     import cv2
 
-    enc = (cv2.IMWRITE_JPEG_QUALITY, QUALITY)
-    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-             8: cv2.IMREAD_REDUCED_COLOR_8}
+    if h is None:
+        from gpufeed.pipelines.imageio import probe
+
+        info = probe(data, "limit")
+        h, w = info.height, info.width
+    short = min(h, w)
+    f = next((f for f in (8, 4, 2) if short >= f * TARGET), 1)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), _reduced()[f])
+    oh, ow = _shorter_side(h, w, TARGET)
+    img = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
+    cv2.imencode(".jpg", img, (cv2.IMWRITE_JPEG_QUALITY, QUALITY))
+    return 1
+
+
+def loop_limit(corpus) -> int:
     for data, h, w in corpus:
-        short = min(h, w)
-        f = next((f for f in (8, 4, 2) if short >= f * TARGET), 1)
-        img = cv2.imdecode(np.frombuffer(data, np.uint8), flags[f])
-        oh, ow = _shorter_side(h, w, TARGET)
-        img = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
-        cv2.imencode(".jpg", img, enc)
+        limit_one(data, h, w)
     return len(corpus)
 
 

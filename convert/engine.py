@@ -30,6 +30,9 @@ from gpufeed.convert import sinks
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
+from gpufeed.formats.base import PER_SHARD, PER_SPLIT
+from gpufeed.machine import usable_cores
+from gpufeed.pipelines.base import item_size, needs_read, read_item
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
@@ -37,6 +40,12 @@ from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, R
 WINDOW_PER_WORKER = 2
 #: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops the run.
 _INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
+#: Inputs read ahead of the one being converted, inside each worker, by this many threads: enough to keep
+#: a cold disk's latency behind decoding (an ImageNet JPEG decodes in ~4 ms, a cold read takes ~1 ms), and
+#: at most this many bytes of them held (one large image is always read).
+READ_AHEAD = 8
+READ_THREADS = 2
+READ_AHEAD_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,25 +54,14 @@ class ShardJob:
 
     plan: ShardPlan
     out: str
-    formats: tuple[str, ...]
-    sharded_recordio: bool
+    formats: tuple  # gpufeed.formats.base.Format instances, configured (ConvertOptions.output_formats)
     image_options: object  # gpufeed.pipelines.transforms.ImageOptions
     on_error: str
     stats: bool
-    spool_dir: str = ""  # where spool files for the ordered sinks go
+    spool_dir: str = ""  # where spool files for the split sinks go
     driver_writes: bool = False  # write into a worker-local directory and return the files' bytes
     exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
     faults: dict | None = None  # test-only fault injection (see _test_faults)
-    label_offset: int = 0  # TFRecord labels: 0-based, or 1 for TensorFlow's 1..1000
-
-
-def _job_formats(job: ShardJob) -> list:
-    """The job's formats, configured as the options ask (TFRecord's label convention)."""
-    from gpufeed.formats import get_format
-    from gpufeed.formats.tfrecord import TFRecordFormat
-
-    return [TFRecordFormat(label_offset=job.label_offset) if name == "tfrecord" else get_format(name)
-            for name in job.formats]
 
 
 @dataclasses.dataclass
@@ -81,6 +79,7 @@ class Summary:
     worker_seconds: float = 0.0  # summed wall time of the shards converted, inside the workers
     worker_cpu_seconds: float = 0.0  # and their CPU time
     prepass_shards: int = 0  # shards whose statistics this run computed in the pre-pass (not resumed)
+    first_shard_started: float | None = None  # when a worker began this run's first shard (epoch seconds)
 
     @property
     def written(self) -> int:
@@ -146,8 +145,9 @@ def _maybe_crash(job: ShardJob, item) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _records(job: ShardJob, fmts, item, index, stats):
-    """Make one sample and encode it for every format; crash on purpose under the ``crash_on`` test fault."""
+def _records(job: ShardJob, fmts, item, index, stats, data=None):
+    """Make one sample (from ``data``, the item's bytes when already read) and encode it for every format;
+    crash on purpose under the ``crash_on`` test fault."""
     from gpufeed.pipelines.transforms import decode_image, make_sample
 
     _maybe_crash(job, item)
@@ -156,31 +156,26 @@ def _records(job: ShardJob, fmts, item, index, stats):
         # Pass-through with statistics: the full decode that gathers them also validates, so the
         # 1/8-scale validation decode is left out (each image is decoded once).
         # Stored bytes are decoded to RGB by their readers (a gray JPEG too), so that is what is counted.
-        sample = make_sample(item, dataclasses.replace(opts, validate=False), index)
+        sample = make_sample(item, dataclasses.replace(opts, validate=False), index, data=data)
         stats.update(decode_image(sample.payload, item.origin, max_pixels=opts.max_pixels))
     else:
-        sample = make_sample(item, opts, index, stats=stats)
+        sample = make_sample(item, opts, index, stats=stats, data=data)
     return [fmt.encode(sample) for fmt in fmts]
 
 
 def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
-    """``[(format, writer, final path)]`` for one shard."""
+    """``[(format, writer, final path)]`` for one shard: its own output, or the spool of a split sink."""
     sp = job.plan
     outputs = []
+    path = out
     try:
-        for name, fmt in zip(job.formats, _job_formats(job)):
-            if name == "tfrecord":
-                path = sinks.tfrecord_path(out, sp.split, sp.shard, sp.count)
-                writer = fmt.writer(path)
-            elif name == "recordio" and job.sharded_recordio:
-                path = sinks.recordio_shard_path(out, sp.split, sp.shard, sp.count)
-                writer = fmt.writer(path)
-            elif name == "recordio":
-                path = sinks.spool_path(spool_dir, sp.split, "recordio", sp.shard)
+        for fmt in job.formats:
+            if fmt.layout == PER_SHARD:
+                path = fmt.output_path(out, sp.split, sp.shard, sp.count)
                 writer = fmt.writer(path)
             else:
-                path = sinks.spool_path(spool_dir, sp.split, "lmdb", sp.shard)
-                writer = sinks.SpoolWriter(path)
+                path = sinks.spool_path(spool_dir, sp.split, fmt.name, sp.shard)
+                writer = sinks.SPLIT_SINKS[fmt.name].spool_writer(fmt, path)
             outputs.append((fmt, writer, path))
     except OSError as e:
         for _, w, _ in outputs:
@@ -203,17 +198,17 @@ def run_shard(job: ShardJob, items: list) -> dict:
     _worker_setup()
     from gpufeed.pipelines.transforms import ChannelStats
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, started = time.perf_counter(), time.process_time(), time.time()
     local = tempfile.mkdtemp(prefix="gpufeed-shard-") if job.driver_writes else None
     try:
         out, spool_dir = job.out, job.spool_dir
         if local is not None:
             out, spool_dir = local, os.path.join(local, sinks.SPOOL_DIR)
-            for d in (*job.formats, sinks.SPOOL_DIR):
+            for d in (*(f.name for f in job.formats), sinks.SPOOL_DIR):
                 os.makedirs(os.path.join(local, d), exist_ok=True)
         with _FileSizeLimit(job.faults):
             result = _convert_items(job, items, out, spool_dir, ChannelStats() if job.stats else None)
-        result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0)
+        result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, started=started)
         if local is not None:
             result["blobs"] = _collect(local)
             for f in result["files"]:
@@ -235,6 +230,48 @@ def _collect(root: str) -> list:
     return sorted(blobs)
 
 
+class _ReadAhead:
+    """Reads a shard's inputs a few items ahead of the one being converted, in threads, so a cold read
+    overlaps decoding instead of stalling it (file reads release the GIL). At most ``depth`` items, and no
+    more than ``max_bytes`` of them, are read and not yet taken; a read's error is raised by :meth:`take`
+    for that item, where ``--on-error`` handles it as if the worker had read it itself."""
+
+    def __init__(self, items: list, skip, depth: int = READ_AHEAD, max_bytes: int = READ_AHEAD_BYTES):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._items = [(i, it) for i, it in enumerate(items) if not skip(i) and needs_read(it)]
+        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="gpufeed-read")
+        self._depth, self._max_bytes = depth, max_bytes
+        self._futures = {}
+        self._next = 0  # the next item (position in self._items) to submit
+        self._bytes = 0
+
+    def _fill(self) -> None:
+        while (self._next < len(self._items) and len(self._futures) < self._depth
+               and (not self._futures or self._bytes < self._max_bytes)):
+            i, item = self._items[self._next]
+            self._futures[i] = self._pool.submit(read_item, item)
+            self._bytes += item_size(item)
+            self._next += 1
+
+    def take(self, i: int, item):
+        """The data of item ``i`` (raising what reading it raised)."""
+        self._fill()
+        future = self._futures.pop(i, None)
+        if future is None:
+            return read_item(item)
+        self._bytes -= item_size(item)
+        try:
+            return future.result()
+        finally:
+            self._fill()
+
+    def close(self) -> None:
+        for f in self._futures.values():
+            f.cancel()
+        self._pool.shutdown(wait=True)
+
+
 def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) -> dict:
     from gpufeed.pipelines.transforms import ChannelStats
 
@@ -242,6 +279,8 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
     outputs = _open_outputs(job, out, spool_dir)
     fmts = [fmt for fmt, _, _ in outputs]
     skipped, written, out_bytes = [], 0, 0
+    counts = [0] * len(outputs)
+    ahead = _ReadAhead(items, lambda i: sp.start + i in job.exclude)
     try:
         for index, item in zip(range(sp.start, sp.stop), items):
             if index in job.exclude:
@@ -251,18 +290,20 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             # its pixels were seen (an encode that fails) is not counted.
             one = ChannelStats() if stats is not None else None
             try:
-                records = _records(job, fmts, item, index, one)
+                data = ahead.take(index - sp.start, item)
+                records = _records(job, fmts, item, index, one, data)
             except _INPUT_ERRORS as e:
                 if job.on_error == "fail":
                     raise
                 skipped.append((item.origin, getattr(e, "reason", None) or str(e)))
                 continue
-            for (_, writer, path), record in zip(outputs, records):
+            for k, ((_, writer, path), record) in enumerate(zip(outputs, records)):
                 try:
                     writer.write_encoded(record)
                 except OSError as e:
                     raise sinks.output_error(path, e) from e
                 out_bytes += len(record.value)
+                counts[k] += 1
             if one is not None:
                 stats.merge(one)
             written += 1
@@ -277,18 +318,28 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
         for _, w, _ in outputs:
             w.abort()
         raise
+    finally:
+        ahead.close()
     return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped,
-            "files": [dataclasses.asdict(f) for f in files], "bytes": out_bytes, "stats": stats}
+            "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
+            "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats}
+
+
+def file_entry(f) -> dict:
+    """A :class:`~gpufeed.formats.base.WrittenFile` as the journal and manifest record it."""
+    entry = dataclasses.asdict(f)
+    if not entry["parts"]:
+        del entry["parts"]
+    return entry
 
 
 def probe_items(job: ShardJob, pairs: list) -> None:
     """Make and encode ``pairs`` (planned index, item) without writing: bisection runs this to find the
     input that kills its worker. Inputs that merely fail are ignored here (``--on-error`` handles them)."""
     _worker_setup()
-    fmts = _job_formats(job)
     for index, item in pairs:
         try:
-            _records(job, fmts, item, index, None)
+            _records(job, job.formats, item, index, None)
         except _INPUT_ERRORS:
             continue
 
@@ -328,8 +379,9 @@ def _open_ray(options: ConvertOptions):
     env = {"env_vars": {"PYTHONHASHSEED": "0"}}
     # Ray workers are started by the raylet, not by this process: an emulated storage tier reaches them
     # only through runtime_env.
-    if os.environ.get(io.ENV_VAR):
-        env["env_vars"][io.ENV_VAR] = os.environ[io.ENV_VAR]
+    for var in io.TIER_VARS:
+        if os.environ.get(var):
+            env["env_vars"][var] = os.environ[var]
     try:
         if options.address:
             ray.init(address=options.address, logging_level=logging.ERROR, log_to_driver=False,
@@ -459,14 +511,83 @@ class _Split:
         return [self.items[i] for i in self.plan.order[sp.start:sp.stop]]
 
 
+class _RayStart:
+    """Ray started (or joined) in a thread while the driver lists and plans, so its seconds of start-up
+    overlap that work; :meth:`get` waits for it. The thread lives until :meth:`shutdown`: the processes
+    Ray starts (GCS, raylet) die with the thread that started them. A run that turns out to need no
+    workers (already complete) shuts down what it started."""
+
+    def __init__(self, options: ConvertOptions):
+        import threading
+
+        self.options = options
+        self._result = None
+        self._error = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = _open_ray(self.options)
+        except BaseException as e:  # handed to the caller of get()
+            self._error = e
+        finally:
+            self._ready.set()
+        self._stop.wait()
+        if self._result is not None and self._result[1]:
+            self._result[0].shutdown()
+
+    def get(self, progress=None):
+        """``(ray, started_here)``, once Ray is up."""
+        if not self._ready.is_set() and progress is not None:
+            progress.phase("starting Ray" if not self.options.address else f"joining Ray at {self.options.address}")
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def shutdown(self) -> None:
+        self._ready.wait()
+        self._stop.set()
+        self._thread.join()
+
+
+def _cap_workers(options: ConvertOptions, cpus: int, where: str, progress) -> ConvertOptions:
+    """At most one worker per CPU that Ray can schedule: more would only queue (a cluster) or make the
+    workers fight over cores (a local runtime told it has more CPUs than the machine)."""
+    if options.workers <= cpus:
+        return options
+    if progress is not None:
+        progress.warn(f"--workers {options.workers} is more than the {cpus} CPUs {where}; using {cpus}")
+    return dataclasses.replace(options, workers=cpus)
+
+
 def convert(options: ConvertOptions, progress=None) -> Summary:
     """Run one conversion. ``progress`` is a :class:`gpufeed.convert.progress.Progress` or ``None``."""
+    t0 = time.perf_counter()
+    if not options.address:
+        import ray
+
+        if not ray.is_initialized():
+            options = _cap_workers(options, usable_cores(), "this machine has", progress)
+    ray_start = None if options.dry_run else _RayStart(options)
+    try:
+        return _convert(options, progress, t0, ray_start)
+    finally:
+        if ray_start is not None:
+            ray_start.shutdown()
+
+
+def _convert(options: ConvertOptions, progress, t0: float, ray_start) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import Journal, state_dir_for
     from gpufeed.pipelines import open_source
 
-    t0 = time.perf_counter()
     out = options.out.rstrip("/") if not io.is_local(options.out) else io.local_path(options.out)
+    if progress is not None:
+        progress.phase(f"listing {options.src}")
     source = open_source(options.dataset, options.src, on_error=options.on_error, **options.source_options())
     available = source.splits()
     splits = list(options.splits or available)
@@ -479,6 +600,10 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
                               options.shards, options.shard_size)
         items_by_split[s] = items
+    if progress is not None:
+        progress.phase(f"listed {sum(len(v) for v in items_by_split.values())} inputs "
+                       f"({', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())}); planned "
+                       f"{sum(len(p.shards) for p in plans.values())} shards")
     if options.dry_run:
         return _dry_run(options, out, plans)
 
@@ -500,7 +625,7 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     try:
         for s, plan in plans.items():
             journal.check_plan(s, plan.digest, len(plan.shards))
-        return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0)
+        return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)
     finally:
         journal.close()
 
@@ -532,7 +657,8 @@ def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_optio
             if sp.shard not in done or not os.path.exists(os.path.join(stats_dir, f"{prefix}-{sp.shard:05d}.npz"))]
     if todo:
         tasks = _Tasks(ray_once(), stats_shard, options, st.shard_items)
-        tasks.pending.extend(ShardJob(sp, out, options.formats, False, image_options, options.on_error, True,
+        formats = tuple(options.output_formats())
+        tasks.pending.extend(ShardJob(sp, out, formats, image_options, options.on_error, True,
                                       faults=_test_faults()) for sp in todo)
         try:
             while tasks:
@@ -549,10 +675,11 @@ def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_optio
     return stats, len(todo)
 
 
-def _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0) -> Summary:
+def _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
 
-    ordered = [f for f in options.formats if f == "lmdb" or (f == "recordio" and options.shards is None)]
+    formats = options.output_formats()
+    ordered = [f.name for f in formats if f.layout == PER_SPLIT]
     prepass_split = _stats_split(options, plans) if options.statistics_prepass else None
     stats_split = None if prepass_split else _stats_split(options, plans)
     image_options = options.image_options()
@@ -573,7 +700,6 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     if not shard_events:
         manifest_mod.remove_stale_outputs(out, options.formats, list(plans))
     finals = {(e["sink"], e["split"]): e["files"] for e in journal.events if e["event"] == "final"}
-    rec_commits = journal.commits("recordio")
     todo = []
     for s, st in splits.items():
         for sp in st.plan.shards:
@@ -584,51 +710,47 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             if (sink, s) in finals:
                 st.finished[sink] = finals[(sink, s)]
                 continue
-            if sink == "lmdb":
-                st.sinks[sink] = sinks.LmdbSink(state_dir, out, s, float_dtype).open()
-                st.next[sink] = _lmdb_position(st, st.sinks[sink].entries())
-            else:
-                last = rec_commits.get(s)
-                records = last["records"] if last else 0
-                st.sinks[sink] = sinks.RecordIOSink(state_dir, out, s).open(
-                    last and last["lengths"], records, last and last["sidecar"])
-                st.next[sink] = last["shard"] + 1 if last else 0
+            commits = journal.commit_events(sink, s)
+            st.sinks[sink] = sinks.SPLIT_SINKS[sink](state_dir, out, s, float_dtype).open(commits)
+            st.next[sink] = commits[-1]["shard"] + 1 if commits else 0
         for sp in st.plan.shards:
             if not _shard_usable(st, sp, spool_dir):
                 st.results.pop(sp.shard, None)
                 todo.append(sp)
 
     ray = None
-    started = False
 
     def ray_once():
-        nonlocal ray, started
+        nonlocal ray, options
         if ray is None:
-            ray, started = _open_ray(options)
+            ray, _ = ray_start.get(progress)
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if cpus:
+                options = _cap_workers(options, cpus, "the Ray cluster has" if options.address else
+                                       "this Ray runtime has", progress)
         return ray
 
-    window = WINDOW_PER_WORKER * options.workers
     total = sum(sp.stop - sp.start for sp in todo)
     tasks = None
     prepass_stats, prepass_shards = None, 0
     try:
         if prepass_split:
+            ray_once()  # the worker count is settled before the pre-pass submits anything
             prepass_stats, prepass_shards = _prepass(ray_once, options, out, splits[prepass_split], journal,
                                                      state_dir, image_options)
             image_options = dataclasses.replace(image_options, mean=prepass_stats.mean, std=prepass_stats.std)
         if progress is not None:
-            progress.start(total, sum(len(p) for p in plans.values()) - total)
+            progress.start(total, sum(len(p) for p in plans.values()) - total,
+                           unit="img" if source.modality == "image" else "seq")
         for st in splits.values():
-            _commit_ready(st, journal, spool_dir)
+            _commit_ready(st, journal, spool_dir, progress)
         if todo:
-            sharded_rec = options.shards is not None and "recordio" in options.formats
             tasks = _Tasks(ray_once(), run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
-                           lambda inflight: inflight + _awaiting(splits) < window)
+                           lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers)
             faults = _test_faults()
             tasks.pending.extend(
-                ShardJob(sp, out, options.formats, sharded_rec, image_options, options.on_error,
-                         sp.split == stats_split, spool_dir, driver_writes, faults=faults,
-                         label_offset=options.label_offset) for sp in todo)
+                ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
+                         spool_dir, driver_writes, faults=faults) for sp in todo)
             while tasks:
                 job, result = tasks.next()
                 sp = job.plan
@@ -642,7 +764,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 st.results[sp.shard] = event
                 if progress is not None:
                     progress.update(result["written"] + len(result["skipped"]), result["bytes"])
-                _commit_ready(st, journal, spool_dir)
+                _commit_ready(st, journal, spool_dir, progress)
     except BaseException:
         if tasks is not None:
             tasks.cancel()
@@ -653,11 +775,10 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     finally:
         if progress is not None:
             progress.close()
-        if started:
-            ray.shutdown()
+        ray_start.shutdown()
 
     for st in splits.values():
-        _commit_ready(st, journal, spool_dir)
+        _commit_ready(st, journal, spool_dir, progress)
         missing = [sink for sink in ordered if sink not in st.finished]
         if missing:
             raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
@@ -675,22 +796,6 @@ def _awaiting(splits) -> int:
             low = min(st.next.values())
             n += sum(1 for i in st.results if i >= low)
     return n
-
-
-def _lmdb_position(st: _Split, entries: int) -> int:
-    """The first shard not yet in the partial LMDB, from its record count and the journalled shard counts."""
-    total, i = 0, 0
-    shards = st.plan.shards
-    while total < entries and i < len(shards) and i in st.results:
-        total += st.results[i]["written"]
-        i += 1
-    if total != entries:
-        raise OutputError(f"the partial {st.plan.split} LMDB holds {entries} records, which matches no shard "
-                          "boundary in the journal; rerun with --no-resume to start over")
-    # Shards with nothing written (every input skipped) add no records but are committed all the same.
-    while i < len(shards) and i in st.results and st.results[i]["written"] == 0:
-        i += 1
-    return i
 
 
 def _shard_usable(st: _Split, sp: ShardPlan, spool_dir: str) -> bool:
@@ -725,32 +830,41 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, spool_dir: str) -> None:
+def _commit_ready(st: _Split, journal, spool_dir: str, progress=None) -> None:
     """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):
         while st.next[sink_name] < len(shards) and st.next[sink_name] in st.results:
             i = st.next[sink_name]
             spool = sinks.spool_path(spool_dir, st.plan.split, sink_name, i)
-            if sink_name == "lmdb":
-                entries = sink.commit(spool)
-                journal.append({"event": "commit", "sink": "lmdb", "split": st.plan.split, "shard": i,
-                                "records": entries})
-                sinks.remove(spool)
-            else:
-                lengths = sink.commit(spool)
-                journal.append({"event": "commit", "sink": "recordio", "split": st.plan.split, "shard": i,
-                                "lengths": lengths, "records": sink.records, "sidecar": sink.sidecar})
-                base = spool[:-len(".rec")]
-                for path in (spool, base + ".idx", base + ".lst", spool + ".json"):
-                    sinks.remove(path)
+            fields = sink.commit(spool, st.results[i]["files"])
+            journal.append({"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": i, **fields})
+            for path in sink.spool_files(spool):
+                sinks.remove(path)
             st.next[sink_name] = i + 1
         if st.next[sink_name] == len(shards):
-            files = [dataclasses.asdict(f) for f in sink.finish()]
+            if progress is not None:
+                progress.phase(f"finishing the {st.plan.split} {sink_name} output")
+            files = [file_entry(f) for f in sink.finish()]
             journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
             st.finished[sink_name] = files
             del st.sinks[sink_name]
             del st.next[sink_name]
+
+
+def _records_per_format(formats, st: _Split) -> dict:
+    """Records each format holds for a split, counted: per shard by its worker (split sinks add no record
+    that a shard did not write; their finished file's own count is checked against that)."""
+    counts = {f: 0 for f in formats}
+    for ev in st.results.values():
+        for f, n in ev["records"].items():
+            counts[f] += n
+    for sink, files in st.finished.items():
+        data = sum(f["records"] for f in files if f["role"] == "data")
+        if data != counts[sink]:
+            raise OutputError(f"the {st.plan.split} {sink} output holds {data} records but its shards wrote "
+                              f"{counts[sink]}; this is a bug, please report it (rerun with --no-resume)")
+    return counts
 
 
 def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
@@ -763,7 +877,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
         sk = [tuple(x) for i in sorted(st.results) for x in st.results[i]["skipped"]]
         skipped.extend(sk)
         samples[s] = {"planned": len(st.plan), "written": written, "skipped": len(sk), "shards": len(st.plan.shards),
-                      "formats": {f: written for f in options.formats}}
+                      "formats": _records_per_format(options.formats, st)}
         for i in sorted(st.results):
             files.extend(f for f in st.results[i]["files"] if not _is_spool(f, spool_dir))
         for sink_files in st.finished.values():
@@ -777,7 +891,8 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     events = [ev for st in splits.values() for ev in st.results.values()]
     summary = Summary(out, samples, listing + skipped, nbytes, seconds, files,
                       worker_seconds=sum(ev.get("seconds", 0.0) for ev in events),
-                      worker_cpu_seconds=sum(ev.get("cpu_seconds", 0.0) for ev in events))
+                      worker_cpu_seconds=sum(ev.get("cpu_seconds", 0.0) for ev in events),
+                      first_shard_started=min((ev["started"] for ev in events if "started" in ev), default=None))
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))

@@ -156,8 +156,11 @@ def write(options, summary, classes, stats) -> dict:
                 extra.append(_small_file(sinks.join(out, stats_doc[name]), "stats"))
     files = []
     for f in [*summary.files, *extra]:
-        files.append({"path": _relative(out, f["path"]), "role": f["role"], "records": f["records"],
-                      "bytes": f["bytes"], "sha256": f["sha256"]})
+        entry = {"path": _relative(out, f["path"]), "role": f["role"], "records": f["records"],
+                 "bytes": f["bytes"], "sha256": f["sha256"]}
+        if f.get("parts"):
+            entry["parts"] = [list(p) for p in f["parts"]]
+        files.append(entry)
     files.sort(key=lambda f: f["path"])
     doc = {
         "manifest_version": MANIFEST_VERSION,
@@ -173,7 +176,8 @@ def write(options, summary, classes, stats) -> dict:
         "skipped": [list(s) for s in summary.skipped],
         "bytes_written": summary.bytes_written,
         "timings": {"seconds": round(summary.seconds, 3),
-                    "images_per_second": round(summary.images_per_second, 1)},
+                    "images_per_second": round(summary.images_per_second, 1),
+                    "first_shard_started": summary.first_shard_started},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
     target = AtomicFile(path(out), "manifest")

@@ -169,6 +169,14 @@ class ConvertOptions:
         changed = any(v is not None for v in (self.resize, self.size, self.max_size))
         return "jpeg" if changed or self.center_crop or self.gray else "pass"
 
+    def output_formats(self) -> list:
+        """The formats to write, each configured as these options ask: TFRecord's label convention,
+        RecordIO as one ``.rec`` per split or (``--shards``) one per shard."""
+        from gpufeed.formats import get_format
+
+        settings = {"tfrecord": {"label_offset": self.label_offset}, "recordio": {"single": self.shards is None}}
+        return [get_format(name, **settings.get(name, {})) for name in self.formats]
+
     def image_options(self):
         from gpufeed.pipelines.transforms import ImageOptions
 

@@ -16,14 +16,31 @@ class Progress:
         self._bytes = 0
         self._t0 = None
 
-    def start(self, total: int, already: int) -> None:
+    def phase(self, text: str) -> None:
+        """Say what the run is doing now (listing, starting Ray, finishing an LMDB...): the bar's label
+        while the bar is up, else a line of its own, so the first seconds are never silent."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_description_str(text)
+        else:
+            print(f"{text} ...", file=self.file, flush=True)
+
+    def warn(self, text: str) -> None:
+        """A one-line warning, shown even without a progress bar."""
+        if self._bar is not None:
+            self._bar.write(f"warning: {text}", file=self.file)
+        else:
+            print(f"warning: {text}", file=self.file, flush=True)
+
+    def start(self, total: int, already: int, unit: str = "img") -> None:
         self._t0 = time.perf_counter()
         if not self.enabled:
             return
         from tqdm import tqdm
 
         desc = "converting" if not already else f"resuming ({already} samples already done)"
-        self._bar = tqdm(total=total, unit="img", desc=desc, file=self.file, dynamic_ncols=True,
+        self._bar = tqdm(total=total, unit=unit, desc=desc, file=self.file, dynamic_ncols=True,
                          smoothing=0.1, mininterval=0.5)
 
     def update(self, samples: int, nbytes: int) -> None:

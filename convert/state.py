@@ -25,7 +25,7 @@ from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
 #: Bumped when the journal's meaning changes, so an old journal is never misread.
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
 
 
 def state_dir_for(out: str) -> str:
@@ -130,13 +130,9 @@ class Journal:
     def shards_done(self) -> dict[tuple[str, int], dict]:
         return {(e["split"], e["shard"]): e for e in self.events if e["event"] == "shard"}
 
-    def commits(self, sink: str) -> dict[str, dict]:
-        """The last commit of ``sink`` per split."""
-        last = {}
-        for e in self.events:
-            if e["event"] == "commit" and e["sink"] == sink:
-                last[e["split"]] = e
-        return last
+    def commit_events(self, sink: str, split: str) -> list[dict]:
+        """Every commit of ``sink`` for ``split``, in order."""
+        return [e for e in self.events if e["event"] == "commit" and e["sink"] == sink and e["split"] == split]
 
     def close(self) -> None:
         if self._f is not None:

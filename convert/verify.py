@@ -53,28 +53,51 @@ class _Output:
     dtype: str = "uint8"  # what raw pixels must be stored as (--store-dtype)
 
 
-def _sha256(url: str) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
+def _sha256(url: str, parts=()) -> tuple[int, list[str]]:
+    """The file's size and SHA-256; for a file assembled from ``parts`` (``[bytes, sha256]`` each), the
+    SHA-256 of each part's byte range instead."""
+    sizes = [p[0] for p in parts] or [None]
+    digests, size = [], 0
     with io.open_file(url, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+        for want in sizes:
+            h = hashlib.sha256()
+            left = want
+            while left is None or left > 0:
+                chunk = f.read(8 << 20 if left is None else min(8 << 20, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                size += len(chunk)
+                if left is not None:
+                    left -= len(chunk)
+            digests.append(h.hexdigest())
+        size += len(f.read()) if parts else 0
+    return size, digests
 
 
 def _check_file(out: str, entry: dict) -> None:
-    from gpufeed.convert.sinks import join
+    from gpufeed.convert.sinks import parts_digest
 
-    url = join(out, entry["path"])
+    url = io.join(out, entry["path"])
+    parts = entry.get("parts") or ()
     try:
-        size, digest = _sha256(url)
+        size, digests = _sha256(url, parts)
     except FileNotFoundError:
         raise ShardNotFound(url, "convert again (rerun the same gpufeed convert command)") from None
     if size != entry["bytes"]:
         raise IncompleteOutputError(f"{url}: {size} bytes, the manifest says {entry['bytes']}; the file was "
                                     "truncated or replaced: convert again")
-    if digest != entry["sha256"]:
+    if parts:
+        offset = 0
+        for (n, want), got in zip(parts, digests):
+            if got != want:
+                raise IncompleteOutputError(f"{url}: the SHA-256 of bytes {offset}..{offset + n} differs from the "
+                                            "manifest; the file was modified or damaged: convert again")
+            offset += n
+        if parts_digest(parts) != entry["sha256"]:
+            raise IncompleteOutputError(f"{url}: the manifest's parts do not make its SHA-256; manifest.json "
+                                        "was edited: convert again")
+    elif digests[0] != entry["sha256"]:
         raise IncompleteOutputError(f"{url}: SHA-256 differs from the manifest; the file was modified or "
                                     "damaged: convert again")
 

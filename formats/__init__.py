@@ -16,11 +16,12 @@ _REGISTRY = {
 FORMATS = tuple(_REGISTRY)
 
 
-def get_format(name: str):
-    """The :class:`~gpufeed.formats.base.Format` instance called ``name``."""
+def get_format(name: str, **options):
+    """The :class:`~gpufeed.formats.base.Format` instance called ``name``, configured with ``options``
+    (TFRecord's ``label_offset``, RecordIO's ``single``)."""
     try:
         target = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)(**options)

@@ -85,34 +85,6 @@ def commit_all(files) -> list[WrittenFile]:
         raise
 
 
-def _rename(src: str, dst: str) -> None:
-    if io.is_local(src):
-        os.replace(io.local_path(src), io.local_path(dst))
-        return
-    import fsspec
-
-    fs, src_path = fsspec.core.url_to_fs(src)
-    fs.mv(src_path, fsspec.core.url_to_fs(dst)[1])
-
-
-def _remove(path: str) -> None:
-    try:
-        if io.is_local(path):
-            os.remove(io.local_path(path))
-        else:
-            import fsspec
-
-            fs, p = fsspec.core.url_to_fs(path)
-            if fs.exists(p):
-                fs.rm(p)
-    except FileNotFoundError:
-        pass
-
-
-def exists(path: str) -> bool:
-    if io.is_local(path):
-        return os.path.exists(io.local_path(path))
-    import fsspec
-
-    fs, p = fsspec.core.url_to_fs(path)
-    return fs.exists(p)
+_rename = io.rename
+_remove = io.remove
+exists = io.exists

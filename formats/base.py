@@ -118,6 +118,9 @@ class WrittenFile:
     bytes: int
     sha256: str
     role: str = "data"  # "data", "index", "list", "sidecar"
+    #: A file assembled from parts each hashed as it was written (a single ``.rec``): ``(bytes, sha256)``
+    #: of each part in order, and ``sha256`` is :func:`gpufeed.convert.sinks.parts_digest` of them.
+    parts: tuple = ()
 
 
 class Writer(abc.ABC):
@@ -210,12 +213,38 @@ class Reader(abc.ABC):
         return False
 
 
+#: Where a format's output goes: one output per shard, written by the worker that encodes the shard
+#: (TFRecord, RecordIO with ``--shards``), or one per split, assembled from every shard in order by one
+#: writer (LMDB, a single ``.rec``).
+PER_SHARD, PER_SPLIT = "shard", "split"
+
+
 class Format(abc.ABC):
-    """A format: how one sample becomes one record, and how records are framed into files."""
+    """A format: how one sample becomes one record, how records are framed into files, and where a
+    conversion's output goes (:attr:`layout`, :meth:`output_path`, :meth:`parse_output`)."""
 
     name: ClassVar[str]
     #: True when :meth:`reader` supports ``len``/``[i]`` from an index.
     indexed: ClassVar[bool] = True
+    #: :data:`PER_SHARD` or :data:`PER_SPLIT`.
+    layout: str = PER_SHARD
+
+    def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
+        """What the reader opens for a split's shard (a per-split output ignores ``shard`` and ``count``):
+        ``out/<format>/<split>-00000-of-00008``; a directory or URL, local or fsspec."""
+        from gpufeed.formats.naming import shard_name
+        from gpufeed.io import join
+
+        return join(out, self.name, shard_name(split, shard, count))
+
+    def parse_output(self, relpath: str) -> str | None:
+        """The split of an output that :meth:`output_path` names (relative to the destination, ``/``-separated),
+        or ``None`` when the path is not one of this format's outputs."""
+        from gpufeed.formats.naming import parse_shard_name
+
+        head, _, name = relpath.partition("/")
+        parsed = parse_shard_name(name) if head == self.name and "/" not in name else None
+        return parsed[0] if parsed and not parsed[3] else None
 
     @abc.abstractmethod
     def encode(self, sample: Sample) -> EncodedRecord:

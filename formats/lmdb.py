@@ -45,7 +45,7 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
 from gpufeed.formats import naming
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats._filebytes import position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
+from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 from gpufeed.formats.proto import caffe_pb2
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
@@ -275,26 +275,32 @@ def _check(key, value) -> int:
     return crc32c.crc32c(value, crc32c.crc32c(key))
 
 
-def _page_checks(data_path: str, psize: int) -> np.ndarray:
+def _page_checks(data_path: str, psize: int, sha256: bool = False) -> tuple[np.ndarray, str | None]:
     """CRC-32C of every meta/branch/leaf page of a compacted ``data.mdb``, which holds no free pages, so a
-    front-to-back walk meets only those and overflow runs (skipped by their page count)."""
-    import mmap
-
+    front-to-back walk meets only those and overflow runs (skipped by their page count); and, with
+    ``sha256``, the whole file's SHA-256 from the same single read."""
     out = []
-    with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        view = memoryview(m)
-        pages = len(m) // psize
-        pgno = 0
-        while pgno < pages:
-            off = pgno * psize
-            _, _, flags, count = _PAGE_HEADER.unpack_from(m, off)
-            if flags & _P_OVERFLOW:
-                pgno += max(count, 1)
-            else:
-                out.append((pgno, crc32c.crc32c(view[off:off + psize])))
-                pgno += 1
-        view.release()
-    return np.array(out, _PAGE_DTYPE)
+    h = hashlib.sha256() if sha256 else None
+    chunk_pages = max((8 << 20) // psize, 1)
+    with open(data_path, "rb") as f:
+        pgno = 0  # the next page whose header has not been read
+        base = 0  # page number of the chunk's first page
+        while chunk := f.read(chunk_pages * psize):
+            if h is not None:
+                h.update(chunk)
+            view = memoryview(chunk)
+            end = base + len(chunk) // psize
+            while pgno < end:
+                off = (pgno - base) * psize
+                _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
+                if flags & _P_OVERFLOW:
+                    pgno += max(count, 1)
+                else:
+                    out.append((pgno, crc32c.crc32c(view[off:off + psize])))
+                    pgno += 1
+            view.release()
+            base = end
+    return np.array(out, _PAGE_DTYPE), (h.hexdigest() if h is not None else None)
 
 
 def _verify_pages(directory: str, meta: dict) -> None:
@@ -499,6 +505,20 @@ class LMDBWriter(Writer):
         if len(self._pending) >= self.options.batch_records or self._pending_bytes >= self.options.batch_bytes:
             self._commit()
 
+    def flush(self) -> None:
+        """Commit the records written so far in one transaction (callers that choose their own transaction
+        boundaries, such as a conversion's shards, pass huge ``batch_records``/``batch_bytes``)."""
+        if self._closed:
+            raise ConfigError(f"{self.path}: the writer is closed")
+        self._commit()
+
+    def release(self) -> None:
+        """Close the environment without committing pending records, keeping the working environment for a
+        later ``resume`` or rebuild (unlike :meth:`abort`, which removes it)."""
+        if not self._closed:
+            self._closed = True
+            self._env.close()
+
     def _commit(self):
         if not self._pending:
             return
@@ -548,6 +568,8 @@ class LMDBWriter(Writer):
             data = os.path.join(final_tmp, DATA)
             with open(data, "rb+") as f:
                 os.fsync(f.fileno())
+            # LMDB's C code wrote the file, so it is read back once, for its SHA-256 and the page CRCs.
+            pages, digest = _page_checks(data, psize, sha256=True) if self.options.compact else (None, None)
             with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
                 f.write(self._checks(0, len(self._crc)).tobytes())
             sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
@@ -556,7 +578,7 @@ class LMDBWriter(Writer):
                        "raw_float_dtype": self._float_dtype, "stats": stats}
             if self.options.compact:
                 with open(os.path.join(final_tmp, PAGES), "wb") as f:
-                    f.write(_page_checks(data, psize).tobytes())
+                    f.write(pages.tobytes())
                 sidecar["pages"] = PAGES
             stats["file_bytes"] = os.path.getsize(data)
             gio.charge(stats["file_bytes"], write=True)
@@ -572,12 +594,13 @@ class LMDBWriter(Writer):
         self._closed = True
         self._final_stats = stats
         side = [PAGES] if self.options.compact else []
-        return ([self._written(DATA, "data", len(self._crc)), self._written(CHECKSUMS, "sidecar", len(self._crc))]
+        return ([self._written(DATA, "data", len(self._crc), digest),
+                 self._written(CHECKSUMS, "sidecar", len(self._crc))]
                 + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
 
-    def _written(self, name, role, records):
+    def _written(self, name, role, records, digest=None):
         p = os.path.join(self.path, name)
-        return WrittenFile(p, records, os.path.getsize(p), _sha256(p), role)
+        return WrittenFile(p, records, os.path.getsize(p), digest or _sha256(p), role)
 
     def _replace(self, new_dir: str):
         """Move ``new_dir`` to the target; an existing output is swapped out first, then removed."""
@@ -838,6 +861,16 @@ class LMDBReader(Reader):
 class LMDBFormat(Format):
     name = "lmdb"
     indexed = True
+    #: One environment per split (``<split>_lmdb``), as Caffe's tools make.
+    layout = PER_SPLIT
+
+    def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
+        return gio.join(out, self.name, f"{split}_lmdb")
+
+    def parse_output(self, relpath: str) -> str | None:
+        head, _, name = relpath.partition("/")
+        env = name.split("/")[0]
+        return env[:-len("_lmdb")] if head == self.name and env.endswith("_lmdb") else None
 
     def encode(self, sample: Sample) -> EncodedRecord:
         return EncodedRecord(make_key(sample.index, sample.key), encode_datum(sample), sample.index, sample.key,

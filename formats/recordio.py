@@ -38,7 +38,7 @@ from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTooLargeError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, ViewCursor, position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.base import PER_SHARD, PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 
 #: dmlc's ``RecordIOWriter::kMagic``; little-endian on disk like every other field.
 MAGIC = 0xCED7230A
@@ -255,8 +255,32 @@ def _read_body(cur, path, i, offset, n, aligned=False):
 
 
 class RecordIOFormat(Format):
+    """``single=True`` (what im2rec writes, the default): a conversion writes one ``<split>.rec`` per split;
+    ``single=False``: one ``.rec`` per shard (``convert --shards``)."""
+
     name = "recordio"
     indexed = True
+
+    def __init__(self, single: bool = True):
+        self.single = bool(single)
+        self.layout = PER_SPLIT if self.single else PER_SHARD
+
+    def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
+        from gpufeed.formats.naming import shard_name
+        from gpufeed.io import join
+
+        return join(out, self.name, f"{split}.rec" if self.single else shard_name(split, shard, count, ".rec"))
+
+    def parse_output(self, relpath: str) -> str | None:
+        from gpufeed.formats.naming import parse_shard_name
+
+        head, _, name = relpath.partition("/")
+        if head != self.name or "/" in name or not name.endswith(".rec"):
+            return None
+        parsed = parse_shard_name(name)
+        if parsed:
+            return parsed[0] if parsed[3] == ".rec" else None
+        return name[:-len(".rec")]
 
     def encode(self, sample: Sample) -> EncodedRecord:
         if not 0 <= sample.index < 1 << 64:

@@ -1,20 +1,28 @@
 """gpufeed's own I/O layer: every reader and writer opens files through here.
 
-Two reasons it exists. Paths may be fsspec URLs (``memory://``, ``s3://``...) as well as local paths; and
-storage-tier emulation (:mod:`gpufeed.bench.emulate`) must see every byte gpufeed moves, from every process
-(DataLoader workers, Ray workers), without root. A tier is switched on for a process tree by the
-environment variable ``GPUFEED_TIER_STATE`` (the path of the emulator's shared state file), so child
-processes inherit it. With the variable unset, the cost is one dict lookup per open.
+Two reasons it exists. Paths may be fsspec URLs (``memory://``, ``s3://``...) as well as local paths: the
+helpers below are the one place that tells them apart. And storage-tier emulation must see every byte
+gpufeed moves, from every process (DataLoader workers, Ray workers), without root. This layer knows no
+emulator: one plugs in from above through the environment, so child processes inherit it.
+``GPUFEED_TIER_STATE`` is the path of the emulator's shared state file and ``GPUFEED_TIER_HOOK`` the
+``module:callable`` that attaches to it (:class:`gpufeed.bench.emulate.Throttle` sets both); the callable
+returns an object with ``wrap(file)`` and ``charge(nbytes, write=)``. With the variables unset, the cost is
+one dict lookup per open.
 
 Memory-mapped reads (LMDB) bypass ``read()``: their readers call :func:`charge` with the bytes they touch.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 from typing import IO
 
 ENV_VAR = "GPUFEED_TIER_STATE"
+HOOK_VAR = "GPUFEED_TIER_HOOK"
+#: What a process hands its children (Ray workers get it through their runtime environment).
+TIER_VARS = (ENV_VAR, HOOK_VAR)
 
 _throttle = None
 _throttle_key = None
@@ -31,15 +39,21 @@ def local_path(path: str) -> str:
 
 
 def throttle():
-    """The active tier emulator for this process, or ``None``. Re-read if the variable changes."""
+    """The active tier emulator for this process, or ``None``. Re-read if the variables change."""
     global _throttle, _throttle_key
-    state = os.environ.get(ENV_VAR)
-    if state != _throttle_key:
-        _throttle_key = state
+    key = (os.environ.get(ENV_VAR), os.environ.get(HOOK_VAR))
+    if key != _throttle_key:
+        _throttle_key = key
+        state, hook = key
+        if state and not hook:
+            raise RuntimeError(f"{ENV_VAR} is set but {HOOK_VAR} is not: set both (the emulator's "
+                               "'module:callable' and its state file), or neither")
         if state:
-            from gpufeed.bench.emulate import Throttle
-
-            _throttle = Throttle.attach(state)
+            module, _, attr = hook.partition(":")
+            target = importlib.import_module(module)
+            for name in attr.split("."):
+                target = getattr(target, name)
+            _throttle = target(state)
         else:
             _throttle = None
     return _throttle
@@ -64,3 +78,75 @@ def open_file(path: str, mode: str = "rb", buffering: int = -1) -> IO[bytes]:
         f = fsspec.open(path, mode).open()
     t = throttle()
     return t.wrap(f) if t is not None else f
+
+
+# -- local path or fsspec URL ----------------------------------------------------------------------------
+
+def join(base: str, *parts: str) -> str:
+    base = os.fspath(base)
+    if is_local(base):
+        return os.path.join(local_path(base), *parts)
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def makedirs(url: str) -> None:
+    if is_local(url):
+        os.makedirs(local_path(url), exist_ok=True)
+    else:
+        fs, p = _fs(url)
+        fs.makedirs(p, exist_ok=True)
+
+
+def file_size(url: str) -> int | None:
+    """The size of a file, or ``None`` if it cannot be found or read."""
+    try:
+        if is_local(url):
+            return os.path.getsize(local_path(url))
+        fs, p = _fs(url)
+        return fs.size(p)
+    except OSError:
+        return None
+
+
+def exists(url: str) -> bool:
+    if is_local(url):
+        return os.path.exists(local_path(url))
+    fs, p = _fs(url)
+    return fs.exists(p)
+
+
+def remove(url: str) -> None:
+    """Delete a file; one already gone is fine."""
+    try:
+        if is_local(url):
+            os.remove(local_path(url))
+        else:
+            fs, p = _fs(url)
+            if fs.exists(p):
+                fs.rm(p)
+    except FileNotFoundError:
+        pass
+
+
+def remove_tree(url: str) -> None:
+    if is_local(url):
+        shutil.rmtree(local_path(url), ignore_errors=True)
+        return
+    fs, p = _fs(url)
+    if fs.exists(p):
+        fs.rm(p, recursive=True)
+
+
+def rename(src: str, dst: str) -> None:
+    """Give ``src`` the name ``dst`` (atomic on a local filesystem; a move on an object store)."""
+    if is_local(src):
+        os.replace(local_path(src), local_path(dst))
+        return
+    fs, src_path = _fs(src)
+    fs.mv(src_path, _fs(dst)[1])
+
+
+def _fs(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)

@@ -112,3 +112,14 @@ def read_item(item: Item) -> Union[bytes, np.ndarray]:
     from gpufeed.pipelines.sources import read_ref
 
     return read_ref(item.ref)
+
+
+
+def item_size(item: Item) -> int:
+    """The bytes reading ``item`` will take when known before reading (a tar member's header), else 0."""
+    return item.ref.size if isinstance(item.ref, TarMemberRef) else 0
+
+
+def needs_read(item: Item) -> bool:
+    """False for data already in memory (CIFAR pixels, PTB tokens)."""
+    return not isinstance(item.ref, InlineRef)

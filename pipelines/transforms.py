@@ -150,18 +150,21 @@ def _crop_resize(img: np.ndarray, full_hw, box, out_hw) -> np.ndarray:
     return img
 
 
-def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelStats | None" = None) -> Sample:
+def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelStats | None" = None,
+                data=None) -> Sample:
     """Turn one source item into the :class:`Sample` a writer stores.
 
     Image files are decoded once, transformed and encoded per ``options``; inline HWC uint8 RGB arrays
     (CIFAR) take the same transforms; inline 1-D integer arrays (PTB) become ``kind="tokens"``. When
     ``stats`` is given it is updated with the stored pixels before encoding (no second decode); with
     ``encode="pass"`` nothing is decoded in full, so ``stats`` is left alone: use
-    :meth:`ChannelStats.update_from_sample` on the result.
+    :meth:`ChannelStats.update_from_sample` on the result. ``data`` is the item's bytes when the caller
+    has already read them (a worker reading ahead), else they are read here.
     Raises :class:`~gpufeed.errors.BadImageError`, :class:`~gpufeed.errors.DecompressionBombError` or
     :class:`~gpufeed.errors.InputError`, each naming ``item.origin``.
     """
-    data = read_item(item)
+    if data is None:
+        data = read_item(item)
     origin = item.origin
     meta = dict(item.meta)
     meta["source"] = origin

@@ -10,6 +10,7 @@ import pytest
 
 from convert_fixtures import options, synth_source, tree_bytes
 from gpufeed.convert.engine import convert
+from gpufeed.convert.progress import Progress
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, CorruptRecordError
@@ -91,19 +92,13 @@ def test_float16_normalised_with_a_statistics_prepass_in_every_format(cifar, tmp
             np.testing.assert_array_equal(np.asarray(s.payload), want, err_msg=name)
 
     # Interrupted after the pre-pass: the resumed run takes the journalled statistics, same bytes.
-    class StopAfterFirstShard:
-        def start(self, total, already):
-            pass
-
+    class StopAfterFirstShard(Progress):
         def update(self, samples, nbytes):
             raise KeyboardInterrupt
 
-        def close(self):
-            pass
-
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        convert(_cifar_options(cifar, out, workers=1), StopAfterFirstShard())
+        convert(_cifar_options(cifar, out, workers=1), StopAfterFirstShard(enabled=False))
     again = convert(_cifar_options(cifar, out, workers=1))
     assert again.prepass_shards == 0
     assert tree_bytes(out) == tree_bytes(ref)

@@ -18,6 +18,7 @@ import pytest
 
 from convert_fixtures import cli, cli_args, options, synth_source, tree_bytes
 from gpufeed.convert.engine import convert
+from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
 from gpufeed.errors import IncompleteOutputError
 
@@ -241,11 +242,8 @@ def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_
     convert(_val(src, ref, shard_size=1, workers=1))
     out = tmp_path / "remote"
 
-    class ReplaceDestinationWithAFile:
+    class ReplaceDestinationWithAFile(Progress):
         """After the first shard, the destination directory disappears and a file takes its place."""
-
-        def start(self, total, already):
-            pass
 
         def update(self, samples, nbytes):
             if out.is_dir():
@@ -253,11 +251,8 @@ def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_
                 out.rename(tmp_path / "gone")
                 out.write_bytes(b"not a directory")
 
-        def close(self):
-            pass
-
     with pytest.raises(OutputError) as err:
-        convert(_val(src, f"local://{out}", shard_size=1, workers=1), ReplaceDestinationWithAFile())
+        convert(_val(src, f"local://{out}", shard_size=1, workers=1), ReplaceDestinationWithAFile(enabled=False))
     text = str(err.value)
     assert f"{out}/tfrecord/val-0000" in text and "rerun the same command" in text
     out.unlink()

@@ -1,0 +1,302 @@
+"""Conversion at node scale: ``gpufeed convert --workers P`` against the machine's own parallel limit.
+
+On one ImageNet-like corpus of ``n`` files (``unique`` photo-like JPEGs from
+:func:`gpufeed.bench.transform_speed.make_corpus`, copied under new names: decode cost depends on the size,
+not the content; 90% ~500x375, 10% 1600x1200), each run starts from a cold page cache and they run side by
+side in one invocation:
+
+* ``limit``: a plain ``multiprocessing.Pool(P)`` reading each file and running the per-core limit loop on
+  it (DCT-domain downscale decode, cv2 resize of the shorter side to 256, JPEG q95 encode; nothing
+  written): what P cores can do with no framework at all. Also one process on a sample, for the hardware's
+  own P-way scaling;
+* ``convert`` at ``--workers P`` for each format alone and all together (``--resize 256``), as a user types
+  it: a fresh ``python -m gpufeed convert`` process timed from its start to its exit (Ray's start-up,
+  listing, planning, assembling the single-file outputs, the manifest: all counted);
+* ``--encode pass`` to every format on the first ``pass_n`` files against ``cp -r`` of the same files
+  (fsync'd), in bytes of input per second.
+
+For each conversion it records images/s and the ratio to the limit, how busy the machine's CPUs were
+(``/proc/stat``), when the first shard began converting (from the manifest's timings) and the driver's
+peak anonymous RSS in the first and second half of the run. From the rate per worker it projects ImageNet-1k's
+1,281,167 train images onto a 64-core node (linear in workers: the projection says so).
+
+    python -m gpufeed.bench.convert_node --n 120000 --unique 3000 --workers 16 --work /tmp/gpufeed-node \
+        --results results/convert-node.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+#: The runs a full invocation makes, in order; ``--runs`` picks a subset.
+RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "pass", "cp")
+ALL = "lmdb,recordio,tfrecord"
+IMAGENET_TRAIN = 1_281_167
+#: The targets of the node-scale issue: each format alone, all three, pass-through against cp.
+TARGETS = {"recordio": 0.90, "tfrecord": 0.90, "lmdb": 0.90, "all": 0.85, "pass": 0.80}
+
+
+def _make_unique(args) -> list[bytes]:
+    from gpufeed.bench.transform_speed import make_corpus
+
+    n, seed = args
+    return [data for data, _, _ in make_corpus(n, seed=seed)]
+
+
+def build_corpus(root: str, n: int, unique: int, processes: int, classes: int = 100) -> tuple[int, list[str]]:
+    """``n`` files under ``root/class%03d/`` (copies of ``unique`` synthesised JPEGs); returns the bytes and
+    the paths in listing order."""
+    chunks = [(unique // processes + (i < unique % processes), 1000 + i) for i in range(processes)]
+    with multiprocessing.Pool(processes) as pool:
+        datas = [d for part in pool.map(_make_unique, [c for c in chunks if c[0]]) for d in part]
+    total, paths = 0, []
+    for i in range(n):
+        d = os.path.join(root, f"class{i % classes:03d}")
+        if i < classes:
+            os.makedirs(d, exist_ok=True)
+        p = os.path.join(d, f"{i:07d}.JPEG")
+        data = datas[i % len(datas)]
+        with open(p, "wb") as f:
+            f.write(data)
+        total += len(data)
+        paths.append(p)
+    return total, paths
+
+
+def drop_caches(*trees: str) -> str:
+    """Cold page cache: the kernel's drop_caches where this process may write it (root), else every file
+    of ``trees`` evicted with fadvise (gpufeed.bench.cache.evict). Returns which was used."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        from gpufeed.bench.cache import evict
+
+        for t in trees:
+            evict(t)
+        return "fadvise"
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat; idle and iowait count as not busy."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def _limit_one(path: str) -> int:
+    from gpufeed.bench.transform_speed import limit_one
+
+    with open(path, "rb") as f:
+        return limit_one(f.read())
+
+
+def _pool_init() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def limit_rate(paths: list[str], processes: int) -> float:
+    """Images/s of the plain-multiprocessing limit loop over ``paths`` (pool start-up counted)."""
+    t0 = time.perf_counter()
+    with multiprocessing.Pool(processes, initializer=_pool_init) as pool:
+        n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
+    return n / (time.perf_counter() - t0)
+
+
+class _RssSampler(threading.Thread):
+    """Samples a process's anonymous RSS (its heap; an LMDB map's file pages are page cache, not the
+    process's memory) every ``period`` s until it exits: ``[(t, bytes)]``."""
+
+    def __init__(self, pid: int, period: float = 0.25):
+        super().__init__(daemon=True)
+        self.pid, self.period, self.samples = pid, period, []
+
+    def run(self) -> None:
+        from gpufeed.bench.results import proc_kib_field
+
+        t0 = time.perf_counter()
+        while True:
+            rss = proc_kib_field(f"/proc/{self.pid}/status", "RssAnon")  # bytes
+            if not rss:  # gone, or a zombie (no memory left to report)
+                break
+            self.samples.append((time.perf_counter() - t0, rss))
+            time.sleep(self.period)
+
+    def halves(self) -> tuple[int, int]:
+        if not self.samples:
+            return 0, 0
+        mid = self.samples[-1][0] / 2
+        first = max((r for t, r in self.samples if t <= mid), default=0)
+        second = max((r for t, r in self.samples if t > mid), default=0)
+        return first, second
+
+
+def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> dict:
+    """One ``gpufeed convert`` process, timed from start to exit; its summary figures."""
+    cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
+           "--workers", str(workers), "--no-progress", "--no-resume", *extra]
+    busy0, total0 = _cpu_ticks()
+    start = time.time()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    rss = _RssSampler(proc.pid)
+    rss.start()
+    stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    busy1, total1 = _cpu_ticks()
+    rss.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr.decode()[-3000:]}")
+    with open(os.path.join(out, "manifest.json")) as f:
+        doc = json.load(f)
+    written = sum(s["written"] for s in doc["splits"].values())
+    timings = doc["timings"]
+    first, second = rss.halves()
+    return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
+            "images_per_second": round(written / wall, 1), "bytes_written": doc["bytes_written"],
+            "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
+            "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
+            if timings.get("first_shard_started") else None,
+            "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
+            "stderr": stderr.decode()[-2000:]}
+
+
+def copy_run(src: str, dst: str) -> float:
+    """Seconds for ``cp -r`` of ``src`` and an fsync of the copy (as a conversion's outputs are fsync'd)."""
+    t0 = time.perf_counter()
+    subprocess.run(["cp", "-r", src, dst], check=True)
+    subprocess.run(["sync", "-f", dst], check=True)
+    return time.perf_counter() - t0
+
+
+def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | None = None,
+        results: str | None = None, keep_corpus: bool = True) -> list[dict]:
+    from gpufeed.bench.results import machine_info
+
+    os.makedirs(work, exist_ok=True)
+    src = os.path.join(work, "src")
+    meta_path = os.path.join(work, "corpus.json")
+    if keep_corpus and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+    else:
+        shutil.rmtree(src, ignore_errors=True)
+        t0 = time.perf_counter()
+        nbytes, _ = build_corpus(src, n, unique, workers)
+        meta = {"n": n, "unique": unique, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+    paths = sorted(os.path.join(d, name) for d, _, names in os.walk(src) for name in names)
+    pass_n = min(pass_n or n, len(paths))
+    pass_src = os.path.join(work, "pass-src")
+    if ("pass" in runs or "cp" in runs) and not os.path.isdir(pass_src):
+        for p in paths[:pass_n]:  # hard links: the same files, read cold by both runs
+            q = os.path.join(pass_src, os.path.relpath(p, src))
+            os.makedirs(os.path.dirname(q), exist_ok=True)
+            os.link(p, q)
+    pass_bytes = sum(os.path.getsize(p) for p in paths[:pass_n])
+    rows = []
+    base = {"bench": "convert-node", "n": len(paths), "unique": meta["unique"], "input_bytes": meta["bytes"],
+            "machine": machine_info()}
+    limit = None
+
+    def emit(row):
+        row = {**base, **row}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("machine", "stderr")}), flush=True)
+        if results:
+            with open(results, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    out = os.path.join(work, "out")
+    for name in runs:
+        shutil.rmtree(out, ignore_errors=True)
+        cache = drop_caches(src)
+        if name == "limit":
+            sample = paths[:: max(len(paths) // 2000, 1)]
+            one = limit_rate(sample, 1)
+            drop_caches(src)
+            limit = limit_rate(paths, workers)
+            emit({"run": "limit", "workers": workers, "images_per_second": round(limit, 1),
+                  "one_process_images_per_second": round(one, 1),
+                  "hardware_scaling": round(limit / (workers * one), 3), "cache": cache})
+        elif name == "cp":
+            seconds = copy_run(pass_src, out)
+            emit({"run": "cp", "images": pass_n, "seconds": round(seconds, 2), "input_bytes": pass_bytes,
+                  "input_mb_per_second": round(pass_bytes / seconds / 1e6, 1), "cache": cache})
+        elif name == "pass":
+            row = convert_run(pass_src, out, ALL, workers, "--encode", "pass")
+            row["input_bytes"] = pass_bytes
+            row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
+            emit({"run": "pass", **row, "cache": cache})
+        else:
+            row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256")
+            if limit:
+                row["of_limit"] = round(row["images_per_second"] / limit, 3)
+                row["target"] = TARGETS.get(name)
+            # A 64-core node, linear in workers from this run's rate per worker.
+            row["projected_imagenet_64_cores_minutes"] = round(
+                IMAGENET_TRAIN / (row["images_per_second"] / workers * 64) / 60, 1)
+            emit({"run": name, **row, "cache": cache})
+    shutil.rmtree(out, ignore_errors=True)
+    copy = next((r for r in rows if r["run"] == "cp"), None)
+    passed = next((r for r in rows if r["run"] == "pass"), None)
+    if copy and passed:
+        emit({"run": "pass/cp", "ratio": round(passed["input_mb_per_second"] / copy["input_mb_per_second"], 3),
+              "target": TARGETS["pass"]})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| run | img/s | of limit (target) | CPUs busy | first shard at | driver anon. RSS MiB (1st/2nd half) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["run"] in ("limit",):
+            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | | "
+                         f"(1 process {r['one_process_images_per_second']:,.0f}; scaling {r['hardware_scaling']}) |")
+        elif r["run"] == "cp":
+            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | |")
+        elif r["run"] == "pass/cp":
+            lines.append(f"| pass-through / cp | | {r['ratio']} ({r['target']}) | | | |")
+        else:
+            of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
+            rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"] == "pass"
+                    else f"{r['images_per_second']:,.0f}")
+            lines.append(f"| convert {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
+                         f"{r['first_shard_started_s']} s | {r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.convert_node", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=120_000, help="files in the corpus")
+    p.add_argument("--unique", type=int, default=3000, help="distinct synthesised JPEGs among them")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes / Ray workers")
+    p.add_argument("--pass-n", type=int, default=40_000, help="files for the pass-through and cp runs")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"a subset of {','.join(RUNS)}")
+    p.add_argument("--work", required=True, help="a directory on the disk to measure (the corpus stays there)")
+    p.add_argument("--results", help="append JSON rows here")
+    args = p.parse_args(argv)
+    runs = tuple(r for r in args.runs.split(",") if r)
+    unknown = set(runs) - set(RUNS)
+    if unknown:
+        p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
+    rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Conversion at node scale on the GPU machine (16 cores): the plain-multiprocessing limit loop against
+# `gpufeed convert --workers 16` for each format alone and all three, and pass-through against cp, on
+# 120,000 ImageNet-like JPEGs, cold cache for every run (bench/convert_node.py says what each run is).
+#
+#   bash scripts/device_wheels.sh                         # here, once: .whl/ with Ray, lmdb, crc32c
+#   device run, carry .whl:  OUT=$OUT bash scripts/convert_node.sh
+#   N=2000 UNIQUE=200 PASS_N=1000 WORKERS=2 OUT=/tmp/o bash scripts/convert_node.sh   # a small dry run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${OUT:-$PWD/out}")
+mkdir -p "$OUT"
+[ "${INSTALL:-1}" = 1 ] && source scripts/device_setup.sh
+cd /tmp  # the checkout's gpufeed/ would shadow the installed package
+echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
+df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
+python3 -m gpufeed.bench.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
+  --pass-n "${PASS_N:-40000}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,cp}" \
+  --work "${WORK:-/tmp/gpufeed-node}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
+echo "[$(date -u +%H:%M:%S)] done"
