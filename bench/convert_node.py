@@ -171,6 +171,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
             "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
+            "timeline": timings.get("timeline"),
             "stderr": stderr.decode()[-2000:]}
 
 
@@ -276,7 +277,8 @@ def table(rows: list[dict]) -> str:
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"] == "pass"
                     else f"{r['images_per_second']:,.0f}")
             lines.append(f"| convert {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
-                         f"{r['first_shard_started_s']} s | {r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
+                         f"{r['first_shard_started_s']} s | "
+                         f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
     return "\n".join(lines)
 
 

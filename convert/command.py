@@ -89,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "kills the worker (named, or skipped with --on-error skip)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished conversion in DST made with other options: its files (those its "
+                        "manifest.json lists) are removed first; files gpufeed did not write are never touched")
     p.add_argument("--dry-run", action="store_true", help="list splits, samples and shards; write nothing")
     p.add_argument("--seq-len", type=int, default=35, help="ptb: tokens per window (a record holds seq_len+1)")
     p.add_argument("--ptb-mode", choices=PTB_MODES, default="window",
@@ -110,7 +113,8 @@ def options_from_args(args):
         mean=parse_floats(args.mean, "--mean") if args.mean else None,
         std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
-        on_error=args.on_error, address=args.address, resume=args.resume, dry_run=args.dry_run,
+        on_error=args.on_error, address=args.address, resume=args.resume, overwrite=args.overwrite,
+        dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
         task_retries=args.task_retries)
 

@@ -19,6 +19,7 @@ nothing. A skipped input keeps its planned index unused (see docs/convert.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -80,6 +81,7 @@ class Summary:
     worker_cpu_seconds: float = 0.0  # and their CPU time
     prepass_shards: int = 0  # shards whose statistics this run computed in the pre-pass (not resumed)
     first_shard_started: float | None = None  # when a worker began this run's first shard (epoch seconds)
+    timeline: dict = dataclasses.field(default_factory=dict)  # seconds from the start to each step
 
     @property
     def written(self) -> int:
@@ -113,6 +115,20 @@ def _worker_setup() -> None:
 
     # One Ray worker per core: OpenCV's own thread pool would only make workers fight over cores.
     cv2.setNumThreads(1)
+
+
+def _warm_worker() -> None:
+    """Run once per worker while the driver is still listing: what a first shard would otherwise wait for
+    (OpenCV, the transforms, every format's module)."""
+    import importlib
+
+    from gpufeed.formats import _REGISTRY
+
+    _worker_setup()
+    import gpufeed.pipelines.transforms  # noqa: F401
+
+    for target in _REGISTRY.values():
+        importlib.import_module(target.split(":")[0])
 
 
 class _FileSizeLimit:
@@ -531,6 +547,10 @@ class _RayStart:
     def _run(self) -> None:
         try:
             self._result = _open_ray(self.options)
+            ray, started = self._result
+            if started:  # a runtime of our own: its workers are ours to warm up
+                warm = ray.remote(_warm_worker).options(num_cpus=1, max_retries=0)
+                self._warm = [warm.remote() for _ in range(self.options.workers)]
         except BaseException as e:  # handed to the caller of get()
             self._error = e
         finally:
@@ -564,9 +584,39 @@ def _cap_workers(options: ConvertOptions, cpus: int, where: str, progress) -> Co
     return dataclasses.replace(options, workers=cpus)
 
 
+class _Clock:
+    """When the run reached each step (seconds since it began), and the driver's own busy time: the
+    summary's ``timeline``, so a slow run shows where its time went."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.epoch = time.time()
+        self.marks = {}
+        self.busy = {"commit": 0.0, "finish": 0.0}
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, round(time.perf_counter() - self.t0, 3))
+
+    @contextlib.contextmanager
+    def timed(self, what: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy[what] += time.perf_counter() - start
+
+    def timeline(self, first_started: float | None) -> dict:
+        out = dict(self.marks)
+        if first_started is not None:
+            out["first_shard_started"] = round(first_started - self.epoch, 3)
+        out.update({f"driver_{k}_s": round(v, 3) for k, v in self.busy.items()})
+        out["total"] = round(time.perf_counter() - self.t0, 3)
+        return out
+
+
 def convert(options: ConvertOptions, progress=None) -> Summary:
     """Run one conversion. ``progress`` is a :class:`gpufeed.convert.progress.Progress` or ``None``."""
-    t0 = time.perf_counter()
+    t0 = _Clock()
     if not options.address:
         import ray
 
@@ -580,9 +630,9 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
             ray_start.shutdown()
 
 
-def _convert(options: ConvertOptions, progress, t0: float, ray_start) -> Summary:
+def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
-    from gpufeed.convert.state import Journal, state_dir_for
+    from gpufeed.convert.state import DestinationLock, Journal, state_dir_for
     from gpufeed.pipelines import open_source
 
     out = options.out.rstrip("/") if not io.is_local(options.out) else io.local_path(options.out)
@@ -598,8 +648,9 @@ def _convert(options: ConvertOptions, progress, t0: float, ray_start) -> Summary
     for s in splits:
         items = source.items(s)
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
-                              options.shards, options.shard_size)
+                              options.shards, options.shard_size, identities=_identities(items))
         items_by_split[s] = items
+    t0.mark("listed")
     if progress is not None:
         progress.phase(f"listed {sum(len(v) for v in items_by_split.values())} inputs "
                        f"({', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())}); planned "
@@ -612,22 +663,90 @@ def _convert(options: ConvertOptions, progress, t0: float, ray_start) -> Summary
     except Exception as e:  # fsspec backends raise their own errors for bad URLs, credentials, networks
         raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the path or URL, its "
                           "credentials and the network") from e
-    if options.resume:
-        done = manifest_mod.load_if_complete(out, options.output_key())
-        if done is not None:
-            return Summary(out, done["splits"], [tuple(s) for s in done["skipped"]], done["bytes_written"], 0.0,
-                           note="already complete; nothing to do (add --no-resume to convert again)")
-    manifest_mod.remove(out)
     state_dir = state_dir_for(out)
-    if not options.resume:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    journal = Journal.open(state_dir, out, options.output_key(), options.resume)
+    lock = DestinationLock.acquire(state_dir, out)
+    journal = None
     try:
+        done = _finished_output(options, out)
+        if done is not None:
+            return done
+        try:
+            manifest_mod.remove(out)
+        except OSError as e:
+            raise OutputError(f"{manifest_mod.path(out)}: cannot be removed ({e.strerror or e}); the destination "
+                              "must be writable: fix its permissions or mount, or choose another --out") from e
+        if not options.resume:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        journal = Journal.open(state_dir, out, options.output_key(), options.resume)
         for s, plan in plans.items():
-            journal.check_plan(s, plan.digest, len(plan.shards))
+            journal.check_plan(s, plan, items_by_split[s])
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)
     finally:
-        journal.close()
+        if journal is not None:
+            journal.close()
+        lock.release()
+
+
+def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
+    """A destination that already holds a finished conversion: the same one (nothing to do), another one
+    (refused, unless ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write
+    (refused: never overwritten). ``None`` when the run goes ahead."""
+    from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.state import options_diff
+
+    kind, doc = manifest_mod.finished(out)
+    if kind == "foreign":
+        raise ConfigError(f"{manifest_mod.path(out)} was not written by gpufeed, which would overwrite it; "
+                          "choose another --out")
+    if kind == "none":
+        return None
+    key = options.output_key()
+    if doc["output_options"] == key and kind == "complete" and options.resume:
+        return Summary(out, doc["splits"], [tuple(s) for s in doc["skipped"]], doc["bytes_written"], 0.0,
+                       note="already complete; nothing to do (add --no-resume to convert again)")
+    if doc["output_options"] != key and not options.overwrite:
+        diff = options_diff(doc["output_options"], key, "finished run")
+        raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "
+                          "to replace it (its files are removed first), or choose another --out")
+    # Converted again (--no-resume, --overwrite, or files lost since): the old run's files go first, so
+    # none of them can mix with the new output.
+    manifest_mod.remove_listed(out, doc)
+    return None
+
+
+def item_identity(item, archives: dict) -> bytes:
+    """What decides an input's bytes and label besides its key: the label, and for a local file its size,
+    modification time and inode (a replaced file has another); for a tar member its place in the archive
+    and the archive's identity; for data in memory a checksum of it. ``archives`` caches archive stats.
+    A remote file (fsspec) is identified by its key and label only (no per-file request while planning)."""
+    import crc32c
+
+    from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef
+
+    ref = item.ref
+    parts = [repr(item.label)]
+    if isinstance(ref, (FileRef, TarMemberRef)) and io.is_local(ref.url):
+        path = io.local_path(ref.url)
+        if path not in archives or isinstance(ref, FileRef):
+            try:
+                st = os.stat(path)
+                archives[path] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+            except OSError:
+                archives[path] = "unreadable"
+        parts.append(archives[path])
+        if isinstance(ref, TarMemberRef):
+            parts.append(f"{ref.offset}:{ref.size}")
+    elif isinstance(ref, InlineRef):
+        import numpy as np
+
+        data = ref.data.tobytes() if isinstance(ref.data, np.ndarray) else bytes(ref.data)
+        parts.append(f"{crc32c.crc32c(data)}:{len(data)}")
+    return "\t".join(parts).encode("utf-8", "surrogateescape")
+
+
+def _identities(items: list) -> list[bytes]:
+    archives = {}
+    return [item_identity(it, archives) for it in items]
 
 
 def _dry_run(options, out, plans) -> Summary:
@@ -724,6 +843,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         nonlocal ray, options
         if ray is None:
             ray, _ = ray_start.get(progress)
+            t0.mark("ray_ready")
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if cpus:
                 options = _cap_workers(options, cpus, "the Ray cluster has" if options.address else
@@ -731,7 +851,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         return ray
 
     total = sum(sp.stop - sp.start for sp in todo)
-    tasks = None
+    tasks = committer = None
     prepass_stats, prepass_shards = None, 0
     try:
         if prepass_split:
@@ -742,8 +862,9 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         if progress is not None:
             progress.start(total, sum(len(p) for p in plans.values()) - total,
                            unit="img" if source.modality == "image" else "seq")
+        committer = _Committer(journal, spool_dir, progress, t0)
         for st in splits.values():
-            _commit_ready(st, journal, spool_dir, progress)
+            committer.ready(st)
         if todo:
             tasks = _Tasks(ray_once(), run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
                            lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers)
@@ -752,6 +873,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
                          spool_dir, driver_writes, faults=faults) for sp in todo)
             while tasks:
+                committer.check()
                 job, result = tasks.next()
                 sp = job.plan
                 st = splits[sp.split]
@@ -764,10 +886,17 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 st.results[sp.shard] = event
                 if progress is not None:
                     progress.update(result["written"] + len(result["skipped"]), result["bytes"])
-                _commit_ready(st, journal, spool_dir, progress)
+                committer.ready(st)
+        t0.mark("shards_done")
+        committer.close()
     except BaseException:
         if tasks is not None:
             tasks.cancel()
+        if committer is not None:
+            try:
+                committer.close()
+            except BaseException:
+                pass  # the error being raised already says what went wrong first
         for st in splits.values():
             for sink in st.sinks.values():
                 sink.close()
@@ -778,7 +907,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         ray_start.shutdown()
 
     for st in splits.values():
-        _commit_ready(st, journal, spool_dir, progress)
+        _commit_ready(st, journal, spool_dir, progress, t0)
         missing = [sink for sink in ordered if sink not in st.finished]
         if missing:
             raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
@@ -789,13 +918,55 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
 
 def _awaiting(splits) -> int:
-    """Completed shards still waiting for an ordered sink to take them (they hold spool files)."""
+    """Completed shards still waiting for a split sink to take them (they hold spool files)."""
     n = 0
     for st in splits.values():
-        if st.next:
-            low = min(st.next.values())
-            n += sum(1 for i in st.results if i >= low)
+        nexts = tuple(st.next.values())  # one step under the GIL: the committer thread changes it
+        if nexts:
+            low = min(nexts)
+            n += sum(1 for i in tuple(st.results) if i >= low)
     return n
+
+
+class _Committer:
+    """Commits finished shards into the split sinks (and finishes each split's output) on a thread of its
+    own, so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec``
+    append runs. Commits stay in shard order per split, journalled as they complete; the first failure
+    stops it and is raised in the driver's loop (:meth:`check`)."""
+
+    def __init__(self, journal, spool_dir: str, progress, clock):
+        import queue
+        import threading
+
+        self._args = (journal, spool_dir, progress, clock)
+        self._queue = queue.SimpleQueue()
+        self.error = None
+        self._thread = threading.Thread(target=self._loop, name="gpufeed-commit", daemon=True)
+        self._thread.start()
+
+    def ready(self, st: _Split) -> None:
+        """``st`` has a newly journalled shard: commit what is next in line."""
+        self._queue.put(st)
+
+    def _loop(self) -> None:
+        while (st := self._queue.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                _commit_ready(st, *self._args)
+            except BaseException as e:  # raised in the driver's loop
+                self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Wait for every queued commit; raise the first failure."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self.check()
 
 
 def _shard_usable(st: _Split, sp: ShardPlan, spool_dir: str) -> bool:
@@ -830,14 +1001,15 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, spool_dir: str, progress=None) -> None:
+def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None) -> None:
     """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):
         while st.next[sink_name] < len(shards) and st.next[sink_name] in st.results:
             i = st.next[sink_name]
             spool = sinks.spool_path(spool_dir, st.plan.split, sink_name, i)
-            fields = sink.commit(spool, st.results[i]["files"])
+            with clock.timed("commit") if clock else contextlib.nullcontext():
+                fields = sink.commit(spool, st.results[i]["files"])
             journal.append({"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": i, **fields})
             for path in sink.spool_files(spool):
                 sinks.remove(path)
@@ -845,7 +1017,8 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None) -> None:
         if st.next[sink_name] == len(shards):
             if progress is not None:
                 progress.phase(f"finishing the {st.plan.split} {sink_name} output")
-            files = [file_entry(f) for f in sink.finish()]
+            with clock.timed("finish") if clock else contextlib.nullcontext():
+                files = [file_entry(f) for f in sink.finish()]
             journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
             st.finished[sink_name] = files
             del st.sinks[sink_name]
@@ -887,12 +1060,14 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     stats = manifest_mod.merge_stats(state_dir, stats_split) if stats_split else prepass_stats
     # A worker killed mid-task (then retried) leaves its temporary files behind.
     manifest_mod.remove_temporaries(out, options.formats)
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0.t0
     events = [ev for st in splits.values() for ev in st.results.values()]
     summary = Summary(out, samples, listing + skipped, nbytes, seconds, files,
                       worker_seconds=sum(ev.get("seconds", 0.0) for ev in events),
                       worker_cpu_seconds=sum(ev.get("cpu_seconds", 0.0) for ev in events),
                       first_shard_started=min((ev["started"] for ev in events if "started" in ev), default=None))
+    t0.mark("sinks_done")
+    summary.timeline = t0.timeline(summary.first_shard_started)
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))

@@ -37,15 +37,38 @@ def load(out: str) -> dict | None:
         return None
 
 
-def load_if_complete(out: str, key: dict) -> dict | None:
-    """The manifest of a finished conversion of ``out`` with the same output options, else ``None``."""
+def finished(out: str) -> tuple[str, dict | None]:
+    """What ``out`` holds: ``("none", None)``; ``("foreign", None)`` for a ``manifest.json`` that gpufeed
+    did not write (never overwritten); ``("complete", doc)`` for a finished conversion whose files are all
+    there at their recorded sizes; ``("damaged", doc)`` for one that has lost or changed a file."""
     try:
         doc = load(out)
-    except (OSError, ValueError):
-        return None
-    if doc and doc.get("manifest_version") == MANIFEST_VERSION and doc.get("output_options") == key:
-        return doc
-    return None
+    except OSError:
+        return "none", None
+    except ValueError:
+        return "foreign", None
+    if not isinstance(doc, dict) or "gpufeed_version" not in doc or "output_options" not in doc:
+        return ("foreign", None) if doc is not None else ("none", None)
+    for f in doc.get("files", []):
+        if sinks.file_size(sinks.join(out, f["path"])) != f["bytes"]:
+            return "damaged", doc
+    return "complete", doc
+
+
+def remove_listed(out: str, doc: dict) -> None:
+    """Delete every file a finished conversion's manifest lists (and the manifest); nothing else."""
+    remove(out)
+    dirs = set()
+    for f in doc.get("files", []):
+        target = sinks.join(out, f["path"])
+        sinks.remove(target)
+        if io.is_local(out):
+            dirs.add(os.path.dirname(io.local_path(target)))
+    for d in sorted(dirs, key=len, reverse=True):  # an LMDB environment's directory, once empty
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def remove(out: str) -> None:
@@ -177,7 +200,8 @@ def write(options, summary, classes, stats) -> dict:
         "bytes_written": summary.bytes_written,
         "timings": {"seconds": round(summary.seconds, 3),
                     "images_per_second": round(summary.images_per_second, 1),
-                    "first_shard_started": summary.first_shard_started},
+                    "first_shard_started": summary.first_shard_started,
+                    "timeline": summary.timeline},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
     target = AtomicFile(path(out), "manifest")

@@ -27,7 +27,8 @@ DEFAULT_QUALITY = 95
 SAMPLES_PER_SHARD = 1250
 
 #: Options that do not change a single output byte, left out of the resume check.
-_RUNTIME_ONLY = ("workers", "address", "resume", "dry_run", "progress", "driver_writes", "task_retries")
+_RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "dry_run", "progress", "driver_writes",
+                 "task_retries")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 
@@ -67,6 +68,7 @@ class ConvertOptions:
     on_error: str = "fail"
     address: str | None = None
     resume: bool = True
+    overwrite: bool = False  # replace a finished conversion made with other options (its files removed first)
     dry_run: bool = False
     seq_len: int = 35
     ptb_mode: str = "window"

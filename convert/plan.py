@@ -36,6 +36,9 @@ class SplitPlan:
     order: np.ndarray  # position -> index into the source's item list
     shards: tuple[ShardPlan, ...]
     digest: str  # identifies the items and their order, journalled so a resume notices a changed source
+    #: per shard, a digest of what decides its bytes: each input's key, label and identity (size, mtime
+    #: and inode of a file; a tar member's place in its archive...), so a resume notices a replaced input
+    shard_digests: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.order)
@@ -55,7 +58,9 @@ def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
 
 
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
-               shard_size: int = SAMPLES_PER_SHARD) -> SplitPlan:
+               shard_size: int = SAMPLES_PER_SHARD, identities: list[bytes] | None = None) -> SplitPlan:
+    """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
+    :func:`gpufeed.convert.engine.item_identity`), digested per shard."""
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
     k = min(shards or default_shards(n, shard_size), max(n, 1))
@@ -65,5 +70,15 @@ def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: in
     for pos in order:
         h.update(keys[pos].encode("utf-8", "surrogateescape"))
         h.update(b"\0")
+    shard_digests = ()
+    if identities is not None:
+        digests = []
+        for a, b in bounds:
+            sh = hashlib.sha256()
+            for pos in order[a:b]:
+                sh.update(identities[pos])
+                sh.update(b"\0")
+            digests.append(sh.hexdigest()[:32])
+        shard_digests = tuple(digests)
     return SplitPlan(split, order, tuple(ShardPlan(split, i, k, a, b) for i, (a, b) in enumerate(bounds)),
-                     h.hexdigest())
+                     h.hexdigest(), shard_digests)

@@ -10,7 +10,8 @@ is redone, which is why a resumed run is byte-identical to an uninterrupted one.
 
 The journal and the ordered sinks' partial files live in a local state directory: ``DST/.gpufeed`` for a
 local destination, a per-destination directory under the user cache for a remote one (appends,
-truncation and fsync need a local file). A lock file keeps two runs off one destination.
+truncation and fsync need a local file). A lock file beside it (:class:`DestinationLock`) keeps two runs
+off one destination.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 
 from gpufeed.errors import ConfigError, OutputError
 from gpufeed.io import is_local, local_path
@@ -35,19 +37,64 @@ def state_dir_for(out: str) -> str:
     return os.path.join(base, "gpufeed", "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
 
 
-def _diff(old: dict, new: dict) -> str:
+def options_diff(old: dict, new: dict, before: str = "journal") -> str:
+    """``shards: journal 3, now 2; ...``: the output options that differ between a recorded run and now."""
     keys = sorted(set(old) | set(new))
-    return "; ".join(f"{k}: journal {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {before} {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+
+
+class DestinationLock:
+    """One conversion at a time per destination: an exclusive ``flock`` on ``<state dir>.lock``, beside
+    the state directory, taken before a run deletes or writes anything (a ``--no-resume`` run deletes the
+    state directory, so a lock inside it would not hold). The file is removed when the run ends, while
+    still locked; a run that locked a file since removed tries again on the new one, so two runs never
+    hold locks on two different files of one destination."""
+
+    def __init__(self, f, path: str):
+        self._f, self.path = f, path
+
+    @classmethod
+    def acquire(cls, state_dir: str, out: str) -> "DestinationLock":
+        path = state_dir.rstrip(os.sep) + ".lock"
+        while True:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                f = open(path, "a+b")
+            except OSError as e:
+                raise OutputError(f"{path}: cannot create the destination's lock file ({e.strerror}); check "
+                                  f"that {out} is writable, or choose another --out") from e
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                raise ConfigError(f"{out}: another gpufeed convert is writing this destination; wait for it "
+                                  "to finish or choose another --out") from None
+            try:
+                if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                    return cls(f, path)
+            except FileNotFoundError:
+                pass
+            f.close()  # the run that held it removed the file as we opened it: lock the new one
+
+    def release(self) -> None:
+        if self._f is not None:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+            self._f.close()  # closing the descriptor drops the flock
+            self._f = None
 
 
 class Journal:
-    """One destination's journal. Use :meth:`open` (takes the lock, loads or starts the journal)."""
+    """One destination's journal. Use :meth:`open` (loads or starts the journal) while holding the
+    destination's :class:`DestinationLock`."""
 
     def __init__(self, state_dir: str):
         self.dir = state_dir
         self.path = os.path.join(state_dir, JOURNAL)
         self.events: list[dict] = []
-        self._lock = None
+        self._append_lock = threading.Lock()
         self._f = None
 
     @classmethod
@@ -55,16 +102,9 @@ class Journal:
         j = cls(state_dir)
         try:
             os.makedirs(state_dir, exist_ok=True)
-            j._lock = open(os.path.join(state_dir, "lock"), "a+b")
         except OSError as e:
             raise OutputError(f"{state_dir}: cannot create the conversion state directory ({e.strerror}); "
                               "check that the destination is writable") from e
-        try:
-            fcntl.flock(j._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            j._lock.close()
-            raise ConfigError(f"{out}: another gpufeed convert is writing this destination; wait for it to "
-                              "finish or choose another --out") from None
         if resume:
             j.events = j._load()
         else:
@@ -74,7 +114,8 @@ class Journal:
             old = start["options"]
             if start.get("version") != JOURNAL_VERSION or old != key:
                 j.close()
-                raise ConfigError(f"{out} holds a partial conversion made with other options ({_diff(old, key)}); "
+                raise ConfigError(f"{out} holds a partial conversion made with other options "
+                                  f"({options_diff(old, key)}); "
                                   "rerun with the same options to resume, or add --no-resume to start over")
         j._f = open(j.path, "ab")
         if start is None:
@@ -107,25 +148,39 @@ class Journal:
             pass
 
     def append(self, event: dict) -> None:
+        """Write one event durably (the driver's loop and its committer thread both append)."""
         line = json.dumps(event, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-        try:
-            self._f.write(line)
-            self._f.flush()
-            os.fsync(self._f.fileno())
-        except OSError as e:
-            raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
-                              "destination and rerun the same command to resume") from e
-        self.events.append(event)
+        with self._append_lock:
+            try:
+                self._f.write(line)
+                self._f.flush()
+                os.fsync(self._f.fileno())
+            except OSError as e:
+                raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
+                                  "destination and rerun the same command to resume") from e
+            self.events.append(event)
 
-    def check_plan(self, split: str, digest: str, shards: int) -> None:
-        """Record a split's plan, or refuse to resume if the source changed since it was journalled."""
+    def check_plan(self, split: str, plan, items: list) -> None:
+        """Record a split's plan, or refuse to resume if the source changed since it was journalled:
+        other inputs, or the same names with other contents or labels (named in the message)."""
+        shards = len(plan.shards)
         for e in self.events:
             if e["event"] == "plan" and e["split"] == split:
-                if (e["digest"], e["shards"]) != (digest, shards):
+                if (e["digest"], e["shards"]) != (plan.digest, shards):
                     raise ConfigError(f"the {split} split of the source changed since this conversion started "
-                                      "(other files or labels); add --no-resume to start over")
+                                      "(inputs added, removed or renamed); add --no-resume to start over")
+                old = e.get("shard_digests") or []
+                changed = [sp for sp, a, b in zip(plan.shards, old, plan.shard_digests) if a != b]
+                if changed:
+                    named = "; ".join(f"{sp.id}: inputs {items[plan.order[sp.start]].origin} .. "
+                                      f"{items[plan.order[sp.stop - 1]].origin}" for sp in changed[:5])
+                    more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+                    raise ConfigError(f"inputs of the {split} split changed since this conversion started (a file "
+                                      f"replaced, or a label changed) in {len(changed)} shard(s): {named}{more}; "
+                                      "add --no-resume to convert from the current inputs")
                 return
-        self.append({"event": "plan", "split": split, "digest": digest, "shards": shards})
+        self.append({"event": "plan", "split": split, "digest": plan.digest, "shards": shards,
+                     "shard_digests": list(plan.shard_digests)})
 
     def shards_done(self) -> dict[tuple[str, int], dict]:
         return {(e["split"], e["shard"]): e for e in self.events if e["event"] == "shard"}
@@ -138,6 +193,3 @@ class Journal:
         if self._f is not None:
             self._f.close()
             self._f = None
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None

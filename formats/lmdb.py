@@ -45,7 +45,8 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
 from gpufeed.formats import naming
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats._filebytes import position
-from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
+from gpufeed.formats.base import (PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
+                                  sniff_image_format)
 from gpufeed.formats.proto import caffe_pb2
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
@@ -275,32 +276,95 @@ def _check(key, value) -> int:
     return crc32c.crc32c(value, crc32c.crc32c(key))
 
 
-def _page_checks(data_path: str, psize: int, sha256: bool = False) -> tuple[np.ndarray, str | None]:
+class _PageChecks:
     """CRC-32C of every meta/branch/leaf page of a compacted ``data.mdb``, which holds no free pages, so a
-    front-to-back walk meets only those and overflow runs (skipped by their page count); and, with
-    ``sha256``, the whole file's SHA-256 from the same single read."""
-    out = []
-    h = hashlib.sha256() if sha256 else None
-    chunk_pages = max((8 << 20) // psize, 1)
-    with open(data_path, "rb") as f:
-        pgno = 0  # the next page whose header has not been read
-        base = 0  # page number of the chunk's first page
-        while chunk := f.read(chunk_pages * psize):
-            if h is not None:
-                h.update(chunk)
-            view = memoryview(chunk)
-            end = base + len(chunk) // psize
-            while pgno < end:
-                off = (pgno - base) * psize
-                _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
-                if flags & _P_OVERFLOW:
-                    pgno += max(count, 1)
-                else:
-                    out.append((pgno, crc32c.crc32c(view[off:off + psize])))
-                    pgno += 1
-            view.release()
-            base = end
-    return np.array(out, _PAGE_DTYPE), (h.hexdigest() if h is not None else None)
+    front-to-back walk meets only those and overflow runs (skipped by their page count); and the whole
+    file's SHA-256. Fed the file in order, in chunks that are whole pages."""
+
+    def __init__(self, psize: int):
+        self.psize = psize
+        self.sha = hashlib.sha256()
+        self.pages = []
+        self._pgno = 0  # the next page whose header has not been read
+        self._base = 0  # page number of the next chunk's first page
+
+    def update(self, chunk) -> None:
+        self.sha.update(chunk)
+        view = memoryview(chunk)
+        psize = self.psize
+        end = self._base + len(view) // psize
+        while self._pgno < end:
+            off = (self._pgno - self._base) * psize
+            _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
+            if flags & _P_OVERFLOW:
+                self._pgno += max(count, 1)
+            else:
+                self.pages.append((self._pgno, crc32c.crc32c(view[off:off + psize])))
+                self._pgno += 1
+        view.release()
+        self._base = end
+
+    def result(self) -> tuple[np.ndarray, str]:
+        return np.array(self.pages, _PAGE_DTYPE), self.sha.hexdigest()
+
+
+#: Pipe buffer for the compacting copy (Linux's F_SETPIPE_SZ; the default 64 KiB halves the copy's speed).
+_F_SETPIPE_SZ = 1031
+_PIPE_BYTES = 1 << 20
+
+
+def _copy_compacted(env, data_path: str, psize: int) -> tuple[np.ndarray, str]:
+    """LMDB's compacting copy of ``env`` into ``data_path``, hashed on its way to the file: the copy writes
+    into a pipe, and a thread takes whole pages from it, checks them (:class:`_PageChecks`) and writes them
+    out, so the file is never read back. Returns the page CRCs and the file's SHA-256."""
+    import fcntl
+    import threading
+
+    checks = _PageChecks(psize)
+    failed = []
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass  # a smaller pipe is slower, not wrong
+    out = os.open(data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def drain():
+        buf = bytearray(max(_PIPE_BYTES * 4 // psize, 1) * psize)
+        view = memoryview(buf)
+        while True:
+            n = 0
+            while n < len(buf):  # whole chunks, so every chunk but the last is whole pages
+                k = os.readv(r, [view[n:]])
+                if not k:
+                    break
+                n += k
+            if not n:
+                return
+            if failed:
+                continue  # keep emptying the pipe, or the copy would block on it for ever
+            try:
+                checks.update(view[:n])
+                done = 0
+                while done < n:
+                    done += os.write(out, view[done:n])
+            except BaseException as e:
+                failed.append(e)
+
+    thread = threading.Thread(target=drain, name="gpufeed-lmdb-copy", daemon=True)
+    thread.start()
+    try:
+        try:
+            env.copyfd(w, compact=True)
+        finally:
+            os.close(w)
+            thread.join()
+    finally:
+        os.close(r)
+        os.close(out)
+    if failed:
+        raise failed[0]
+    return checks.result()
 
 
 def _verify_pages(directory: str, meta: dict) -> None:
@@ -563,13 +627,15 @@ class LMDBWriter(Writer):
             psize = self._env.stat()["psize"]
             # The meta page records the map size; tie it to the data, not to the growth history.
             self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * psize)
-            self._env.copy(final_tmp, compact=self.options.compact)
-            self._env.close()
             data = os.path.join(final_tmp, DATA)
+            if self.options.compact:
+                pages, digest = _copy_compacted(self._env, data, psize)
+            else:
+                self._env.copy(final_tmp)
+                pages, digest = None, None
+            self._env.close()
             with open(data, "rb+") as f:
                 os.fsync(f.fileno())
-            # LMDB's C code wrote the file, so it is read back once, for its SHA-256 and the page CRCs.
-            pages, digest = _page_checks(data, psize, sha256=True) if self.options.compact else (None, None)
             with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
                 f.write(self._checks(0, len(self._crc)).tobytes())
             sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",

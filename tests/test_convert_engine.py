@@ -13,6 +13,7 @@ import pytest
 from convert_fixtures import options, synth_source, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
+from gpufeed.errors import ConfigError
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError
@@ -126,10 +127,15 @@ def test_remote_like_destination_builds_lmdb_locally_and_copies_it(src, referenc
         convert(options(src, "nosuchprotocol://x/out"))
 
 
-def test_a_fresh_run_replaces_an_earlier_output_with_other_shards(src, tmp_path, ray_local):
+def test_a_finished_output_with_other_options_is_replaced_only_with_overwrite(src, tmp_path, ray_local):
     out = tmp_path / "o"
     convert(options(src, out, formats=("tfrecord",), shards=3, splits=("val",)))
-    convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",)))
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"other options \(shards: finished run 3, now 2\).*--overwrite"):
+        convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",)))
+    verify(str(out))  # refused before anything changed
+    convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",), overwrite=True))
+    assert (out / "notes.txt").read_text() == "mine"  # not written by gpufeed: never touched
     names = sorted(n for n in os.listdir(out / "tfrecord") if not n.endswith(".idx"))
     assert names == ["val-00000-of-00002", "val-00001-of-00002"]
     verify(str(out))
