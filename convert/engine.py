@@ -392,22 +392,22 @@ def _open_ray(options: ConvertOptions):
 
     if ray.is_initialized():
         return ray, False
-    env = {"env_vars": {"PYTHONHASHSEED": "0"}}
-    # Ray workers are started by the raylet, not by this process: an emulated storage tier reaches them
-    # only through runtime_env.
-    for var in io.TIER_VARS:
-        if os.environ.get(var):
-            env["env_vars"][var] = os.environ[var]
+    env = {"PYTHONHASHSEED": "0"}
+    # An emulated storage tier must reach the workers too.
+    env.update({var: os.environ[var] for var in io.TIER_VARS if os.environ.get(var)})
     try:
         if options.address:
+            # A cluster's workers are started by raylets on other machines: only runtime_env reaches them.
             ray.init(address=options.address, logging_level=logging.ERROR, log_to_driver=False,
-                     runtime_env=env)
+                     runtime_env={"env_vars": env})
         else:
+            # A runtime of our own inherits this process's environment (raylet, then workers). A job-level
+            # runtime_env here would cost ~1.5 s: Ray could not use the workers it prestarts.
+            os.environ.update(env)
             # address="local": a new runtime even when `ray start` left a cluster address behind in /tmp/ray
             # or RAY_ADDRESS, which ray.init would otherwise join (and refuse num_cpus for).
             ray.init(address="local", num_cpus=options.workers, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20,
-                     runtime_env=env)
+                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20)
     except ConnectionError as e:
         raise ConfigError(f"cannot reach the Ray cluster at {options.address} ({e}); start it with "
                           "`ray start --head` or check --address") from e
@@ -1005,7 +1005,8 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
     """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):
-        while st.next[sink_name] < len(shards) and st.next[sink_name] in st.results:
+        # Only journalled shards (a result still being landed or journalled has no "event" yet).
+        while st.next[sink_name] < len(shards) and st.results.get(st.next[sink_name], {}).get("event"):
             i = st.next[sink_name]
             spool = sinks.spool_path(spool_dir, st.plan.split, sink_name, i)
             with clock.timed("commit") if clock else contextlib.nullcontext():

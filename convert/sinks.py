@@ -12,7 +12,7 @@ driver commits the shards in order as they complete while the workers go on enco
 
 * LMDB (:class:`LmdbSink`): the spool is a sequence of CRC-checked frames (:func:`gpufeed.formats.tfrecord.frame`),
   one per record, ``u32 key length, key, value``; each shard becomes one transaction of the LMDB format's
-  own writer, whose environment is compacted into the output at the end.
+  own writer, whose environment becomes the output in place at the end.
 * Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver has
   the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``.
 
@@ -35,7 +35,7 @@ from gpufeed.io import file_size, join, makedirs, remove_tree  # noqa: F401 (use
 from gpufeed.errors import ConfigError, OutputError
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
-from gpufeed.formats.base import EncodedRecord, WrittenFile
+from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
 from gpufeed.formats.naming import shard_name, temp_name
 
 #: Spool frame body: key length, then key and value. The frame around it carries length and CRCs.
@@ -157,10 +157,11 @@ class SplitSink:
 
 
 class LmdbSink(SplitSink):
-    """A split's LMDB, written once, in key order, one transaction per shard, by the LMDB format's writer.
+    """A split's LMDB, written once, in key order, one transaction per shard, by the LMDB format's writer,
+    whose environment becomes the output in place (no copy at the end).
 
-    Determinism by construction: the environment that is compacted into the output has always been built
-    from empty by the same sequence of transactions, so its bytes depend only on the records. A run that
+    Determinism by construction: that environment has always been built from empty by the same sequence of
+    transactions, so its bytes depend only on the records. A run that
     goes on after a kill does not reopen the environment it left (whose pages would carry that history):
     it rebuilds the journalled shards into a fresh one, one transaction each as before, then continues.
     That copy is the price of a resume, not of every run.
@@ -186,7 +187,7 @@ class LmdbSink(SplitSink):
         # no transaction is ever redone; the writer ties the output's map size to its data at the end.
         return get_format("lmdb").writer(self.target, raw_float_dtype=self.float_dtype,
                                          initial_map_size=_PARTIAL_MAP_SIZE, batch_records=1 << 62,
-                                         batch_bytes=1 << 62)
+                                         batch_bytes=1 << 62, compact=False, in_place=True)
 
     def open(self, commits: list[dict]) -> "LmdbSink":
         import glob
@@ -529,14 +530,6 @@ def append_file(src: str, dst) -> int:
             dst.write(chunk)
             n += len(chunk)
     return n
-
-
-def parts_digest(parts) -> str:
-    """The checksum of a file assembled from parts: SHA-256 over each part's size and SHA-256, in order."""
-    h = hashlib.sha256()
-    for size, sha in parts:
-        h.update(b"%d:%s\n" % (size, sha.encode()))
-    return h.hexdigest()
 
 
 #: Format name -> the sink that assembles its one-per-split output.

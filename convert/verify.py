@@ -76,7 +76,7 @@ def _sha256(url: str, parts=()) -> tuple[int, list[str]]:
 
 
 def _check_file(out: str, entry: dict) -> None:
-    from gpufeed.convert.sinks import parts_digest
+    from gpufeed.formats.base import parts_digest
 
     url = io.join(out, entry["path"])
     parts = entry.get("parts") or ()

@@ -119,8 +119,19 @@ class WrittenFile:
     sha256: str
     role: str = "data"  # "data", "index", "list", "sidecar"
     #: A file assembled from parts each hashed as it was written (a single ``.rec``): ``(bytes, sha256)``
-    #: of each part in order, and ``sha256`` is :func:`gpufeed.convert.sinks.parts_digest` of them.
+    #: of each part in order, and ``sha256`` is :func:`parts_digest` of them.
     parts: tuple = ()
+
+
+def parts_digest(parts) -> str:
+    """The checksum of a file assembled from, or hashed in, parts: SHA-256 over each part's size and
+    SHA-256, in order (a hash list; ``gpufeed verify`` checks each part's byte range)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for size, sha in parts:
+        h.update(b"%d:%s\n" % (size, sha.encode()))
+    return h.hexdigest()
 
 
 class Writer(abc.ABC):

@@ -308,6 +308,52 @@ class _PageChecks:
         return np.array(self.pages, _PAGE_DTYPE), self.sha.hexdigest()
 
 
+#: Byte ranges of an in-place ``data.mdb`` hashed separately, in parallel (its SHA-256 is their hash list).
+_HASH_PART = 256 << 20
+
+
+def _scan_in_place(data_path: str, psize: int) -> tuple[np.ndarray, list]:
+    """Page CRCs and ``[bytes, sha256]`` of each :data:`_HASH_PART` range of a ``data.mdb`` written in
+    place. The page walk reads only the headers of overflow runs and the tree pages (and free pages, which
+    are checked like tree pages); the ranges are hashed by a thread each (hashlib releases the GIL)."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpufeed.machine import usable_cores
+
+    size = os.path.getsize(data_path)
+    out = []
+    with open(data_path, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            pgno, pages = 0, size // psize
+            while pgno < pages:
+                off = pgno * psize
+                _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
+                if flags & _P_OVERFLOW:
+                    pgno += max(count, 1)
+                else:
+                    out.append((pgno, crc32c.crc32c(view[off:off + psize])))
+                    pgno += 1
+            view.release()
+
+        def part(start: int) -> list:
+            h = hashlib.sha256()
+            end = min(start + _HASH_PART, size)
+            pos = start
+            while pos < end:
+                chunk = os.pread(f.fileno(), min(1 << 20, end - pos), pos)
+                if not chunk:
+                    raise OutputError(f"{data_path}: shorter than its {size} bytes while being hashed")
+                h.update(chunk)
+                pos += len(chunk)
+            return [end - start, h.hexdigest()]
+
+        with ThreadPoolExecutor(max_workers=max(1, min(8, usable_cores()))) as pool:
+            parts = list(pool.map(part, range(0, size, _HASH_PART)))
+    return np.array(out, _PAGE_DTYPE), parts
+
+
 #: Pipe buffer for the compacting copy (Linux's F_SETPIPE_SZ; the default 64 KiB halves the copy's speed).
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
@@ -433,6 +479,12 @@ class WriterOptions:
     #: readers cast back to this. :meth:`LMDBWriter.write` learns it from the samples; a caller that only
     #: hands over encoded records (:meth:`LMDBWriter.write_encoded`) passes it.
     raw_float_dtype: str | None = None
+    #: The working environment becomes the output, renamed into place: no copy at the end. For a writer
+    #: whose transactions are the same on every run (a conversion commits one per shard, and rebuilds a
+    #: resumed environment from empty), the file is as deterministic as a compacted copy and is written
+    #: once; it keeps the few free pages that copy-on-write left. Its SHA-256 is a hash list of
+    #: :data:`_HASH_PART` ranges, hashed in parallel.
+    in_place: bool = False
 
 
 class LMDBWriter(Writer):
@@ -462,8 +514,9 @@ class LMDBWriter(Writer):
         self._lmdb = lmdb
         self._map_size = self.options.initial_map_size
         # metasync=False: a crash may lose the last batch (resume redoes it) but never damages the file.
+        # lock=False in place: the output holds no lock.mdb (one writer, no readers while it writes).
         self._env = lmdb.open(self._work, map_size=self._map_size, subdir=True, max_dbs=0, readahead=False,
-                              metasync=False)
+                              metasync=False, lock=not self.options.in_place)
         self._map_size = self._env.info()["map_size"]
         self._crc = array.array("I")
         self._sizes = array.array("Q")
@@ -619,6 +672,8 @@ class LMDBWriter(Writer):
     def close(self) -> list[WrittenFile]:
         if self._closed:
             raise ConfigError(f"{self.path}: the writer is already closed")
+        if self.options.in_place:
+            return self._close_in_place()
         try:
             self._commit()
             stats = self.stats
@@ -664,9 +719,45 @@ class LMDBWriter(Writer):
                  self._written(CHECKSUMS, "sidecar", len(self._crc))]
                 + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
 
-    def _written(self, name, role, records, digest=None):
+    def _written(self, name, role, records, digest=None, parts=()):
         p = os.path.join(self.path, name)
-        return WrittenFile(p, records, os.path.getsize(p), digest or _sha256(p), role)
+        return WrittenFile(p, records, os.path.getsize(p), digest or _sha256(p), role, parts)
+
+    def _close_in_place(self) -> list[WrittenFile]:
+        """Commit, then make the working environment the output (see ``WriterOptions.in_place``)."""
+        try:
+            self._commit()
+            stats = self.stats
+            psize = self._env.stat()["psize"]
+            self._env.close()
+            data = os.path.join(self._work, DATA)
+            with open(data, "rb+") as f:
+                os.fsync(f.fileno())  # the commits synced their pages; this covers the meta pages too
+            pages, parts = _scan_in_place(data, psize)
+            with open(os.path.join(self._work, CHECKSUMS), "wb") as f:
+                f.write(self._checks(0, len(self._crc)).tobytes())
+            stats["file_bytes"] = os.path.getsize(data)
+            with open(os.path.join(self._work, PAGES), "wb") as f:
+                f.write(pages.tobytes())
+            sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
+                       "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
+                       "page_size": psize, "options": dataclasses.asdict(self.options),
+                       "raw_float_dtype": self._float_dtype, "stats": stats, "pages": PAGES}
+            with open(os.path.join(self._work, SIDECAR), "w") as f:
+                json.dump(sidecar, f, indent=1, sort_keys=True)
+            self._replace(self._work)
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError):
+                raise OutputError(f"{self.path}: could not finish the LMDB ({e}); check free disk space") from e
+            raise
+        self._closed = True
+        self._final_stats = stats
+        from gpufeed.formats.base import parts_digest
+
+        return ([self._written(DATA, "data", len(self._crc), parts_digest(parts), tuple(parts)),
+                 self._written(CHECKSUMS, "sidecar", len(self._crc))]
+                + [self._written(name, "sidecar", 0) for name in (PAGES, SIDECAR)])
 
     def _replace(self, new_dir: str):
         """Move ``new_dir`` to the target; an existing output is swapped out first, then removed."""
