@@ -89,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "kills the worker (named, or skipped with --on-error skip)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="convert a CIFAR or Penn Treebank source that lacks some of the files the dataset "
+                        "ships (each missing file is listed in the summary); without it that is an error")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished conversion in DST made with other options: its files (those its "
                         "manifest.json lists) are removed first; files gpufeed did not write are never touched")
@@ -114,6 +117,7 @@ def options_from_args(args):
         std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, overwrite=args.overwrite,
+        allow_incomplete=args.allow_incomplete,
         dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
         task_retries=args.task_retries)

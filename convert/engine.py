@@ -47,6 +47,8 @@ _INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
 READ_AHEAD = 8
 READ_THREADS = 2
 READ_AHEAD_BYTES = 64 << 20
+#: A read of one input that takes longer is an input error (``--on-error`` applies), never a hung job.
+READ_TIMEOUT_S = float(os.environ.get("GPUFEED_READ_TIMEOUT_S", 120))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +261,7 @@ class _ReadAhead:
         self._pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="gpufeed-read")
         self._depth, self._max_bytes = depth, max_bytes
         self._futures = {}
+        self._stalled = False
         self._next = 0  # the next item (position in self._items) to submit
         self._bytes = 0
 
@@ -271,21 +274,30 @@ class _ReadAhead:
             self._next += 1
 
     def take(self, i: int, item):
-        """The data of item ``i`` (raising what reading it raised)."""
+        """The data of item ``i`` (raising what reading it raised; a read that stalls for
+        :data:`READ_TIMEOUT_S` is an input error naming the item)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         self._fill()
         future = self._futures.pop(i, None)
         if future is None:
             return read_item(item)
         self._bytes -= item_size(item)
         try:
-            return future.result()
+            return future.result(timeout=READ_TIMEOUT_S)
+        except FutureTimeout:
+            self._stalled = True
+            raise InputError(item.origin, f"reading it stalled for {READ_TIMEOUT_S} s",
+                             "check the storage it is on (a hung network mount?), or leave it out with "
+                             "--on-error skip") from None
         finally:
             self._fill()
 
     def close(self) -> None:
         for f in self._futures.values():
             f.cancel()
-        self._pool.shutdown(wait=True)
+        # A thread stuck in a stalled read cannot be stopped: it is left behind rather than waited for.
+        self._pool.shutdown(wait=not self._stalled, cancel_futures=True)
 
 
 def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) -> dict:
@@ -527,6 +539,49 @@ class _Split:
         return [self.items[i] for i in self.plan.order[sp.start:sp.stop]]
 
 
+#: Seconds Ray's control store (GCS) may stay unreachable before a run says the cluster is lost and stops
+#: (Ray by itself waits 60 s, then ends the process with a line of its own).
+CLUSTER_LOST_S = float(os.environ.get("GPUFEED_CLUSTER_LOST_S", 15))
+#: The exit status of a run that lost its Ray cluster (2 is a bad input or option, 130 Ctrl-C).
+EXIT_CLUSTER_LOST = 3
+
+
+class _ClusterWatch:
+    """Notices that the Ray cluster's head stopped answering (its GCS port refuses or times out for
+    :data:`CLUSTER_LOST_S`) and ends the run with one line that says so and that rerunning resumes: every
+    finished shard is already journalled, so nothing else needs saving."""
+
+    def __init__(self, gcs_address: str, where: str):
+        import threading
+
+        self.address, self.where = gcs_address, where
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpufeed-cluster-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import socket
+        import sys
+
+        host, _, port = self.address.rpartition(":")
+        down_since = None
+        while not self._stop.wait(1.0):
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+                down_since = None
+                continue
+            except OSError:
+                down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since >= CLUSTER_LOST_S:
+                print(f"gpufeed: lost {self.where} (its head at {self.address} stopped answering for "
+                      f"{CLUSTER_LOST_S:.0f} s); every finished shard is journalled: rerun the same command to "
+                      "resume once the cluster is back", file=sys.stderr, flush=True)
+                os._exit(EXIT_CLUSTER_LOST)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class _RayStart:
     """Ray started (or joined) in a thread while the driver lists and plans, so its seconds of start-up
     overlap that work; :meth:`get` waits for it. The thread lives until :meth:`shutdown`: the processes
@@ -541,6 +596,7 @@ class _RayStart:
         self._error = None
         self._ready = threading.Event()
         self._stop = threading.Event()
+        self._watch = None
         self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
         self._thread.start()
 
@@ -566,10 +622,16 @@ class _RayStart:
         self._ready.wait()
         if self._error is not None:
             raise self._error
+        if self._watch is None:
+            ray = self._result[0]
+            where = f"the Ray cluster at {self.options.address}" if self.options.address else "the local Ray runtime"
+            self._watch = _ClusterWatch(ray.get_runtime_context().gcs_address, where)
         return self._result
 
     def shutdown(self) -> None:
         self._ready.wait()
+        if self._watch is not None:
+            self._watch.stop()  # before Ray goes down on purpose
         self._stop.set()
         self._thread.join()
 

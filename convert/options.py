@@ -27,8 +27,8 @@ DEFAULT_QUALITY = 95
 SAMPLES_PER_SHARD = 1250
 
 #: Options that do not change a single output byte, left out of the resume check.
-_RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "dry_run", "progress", "driver_writes",
-                 "task_retries")
+_RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "dry_run", "progress",
+                 "driver_writes", "task_retries")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 
@@ -69,6 +69,7 @@ class ConvertOptions:
     address: str | None = None
     resume: bool = True
     overwrite: bool = False  # replace a finished conversion made with other options (its files removed first)
+    allow_incomplete: bool = False  # convert a CIFAR / PTB source that lacks files the dataset ships
     dry_run: bool = False
     seq_len: int = 35
     ptb_mode: str = "window"
@@ -189,7 +190,9 @@ class ConvertOptions:
 
     def source_options(self) -> dict:
         if self.dataset == "ptb":
-            return {"seq_len": self.seq_len, "ptb_mode": self.ptb_mode}
+            return {"seq_len": self.seq_len, "ptb_mode": self.ptb_mode, "allow_incomplete": self.allow_incomplete}
+        if self.dataset in ("cifar10", "cifar100"):
+            return {"allow_incomplete": self.allow_incomplete}
         return {}
 
     def output_key(self) -> dict:

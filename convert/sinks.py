@@ -33,10 +33,10 @@ import struct
 from gpufeed import io
 from gpufeed.io import file_size, join, makedirs, remove_tree  # noqa: F401 (used through this module too)
 from gpufeed.errors import ConfigError, OutputError
-from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats._atomic import AtomicFile, replace_dir
 from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
-from gpufeed.formats.naming import shard_name, temp_name
+from gpufeed.formats.naming import shard_name
 
 #: Spool frame body: key length, then key and value. The frame around it carries length and CRCs.
 _SPOOL_KEY = struct.Struct("<I")
@@ -257,7 +257,7 @@ class LmdbSink(SplitSink):
         if io.is_local(self.out):
             makedirs(os.path.dirname(self.final))
             try:
-                _replace_dir(self.target, io.local_path(self.final))
+                replace_dir(self.target, io.local_path(self.final))
             except OSError as e:
                 raise output_error(self.final, e) from e
             return [dataclasses.replace(w, path=os.path.join(self.final, os.path.relpath(w.path, self.target)))
@@ -276,17 +276,6 @@ class LmdbSink(SplitSink):
 def _lmdb_record(key: bytes, value: bytes) -> EncodedRecord:
     index, _, name = key.decode("utf-8", "surrogateescape").partition("_")
     return EncodedRecord(key, value, int(index), name, ())
-
-
-def _replace_dir(src: str, dst: str) -> None:
-    """Move the directory ``src`` to ``dst``; an existing ``dst`` is swapped out first, then removed."""
-    old = None
-    if os.path.exists(dst):
-        old = temp_name(dst)
-        os.rename(dst, old)
-    os.rename(src, dst)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _upload(w: WrittenFile, local_dir: str, remote_dir: str) -> WrittenFile:

@@ -55,9 +55,11 @@ class AtomicFile:
             self._f.flush()
             if io.is_local(self.tmp):
                 try:
-                    os.fsync(self._f.fileno())
+                    fd = self._f.fileno()
                 except (AttributeError, OSError, ValueError):
-                    pass  # a wrapper without a descriptor: the rename below still orders the data
+                    fd = None  # a wrapper without a descriptor (tier emulation's): it syncs on close
+                if fd is not None:
+                    os.fsync(fd)  # a failed fsync is a failed write: the OSError below discards the file
             self._f.close()
             _rename(self.tmp, self.path)
         except OSError as e:
@@ -88,3 +90,17 @@ def commit_all(files) -> list[WrittenFile]:
 _rename = io.rename
 _remove = io.remove
 exists = io.exists
+
+
+def replace_dir(src: str, dst: str) -> None:
+    """Move the local directory ``src`` to ``dst``; an existing ``dst`` is swapped out first, then removed,
+    so ``dst`` is never missing and never half of each."""
+    import shutil
+
+    old = None
+    if os.path.exists(dst):
+        old = temp_name(dst)
+        os.rename(dst, old)
+    os.rename(src, dst)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)

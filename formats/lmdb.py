@@ -45,6 +45,7 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
 from gpufeed.formats import naming
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats._filebytes import position
+from gpufeed.formats._atomic import replace_dir
 from gpufeed.formats.base import (PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
                                   sniff_image_format)
 from gpufeed.formats.proto import caffe_pb2
@@ -312,10 +313,11 @@ class _PageChecks:
 _HASH_PART = 256 << 20
 
 
-def _scan_in_place(data_path: str, psize: int) -> tuple[np.ndarray, list]:
+def _scan_in_place(data_path: str, psize: int, fsync: bool = False) -> tuple[np.ndarray, list]:
     """Page CRCs and ``[bytes, sha256]`` of each :data:`_HASH_PART` range of a ``data.mdb`` written in
-    place. The page walk reads only the headers of overflow runs and the tree pages (and free pages, which
-    are checked like tree pages); the ranges are hashed by a thread each (hashlib releases the GIL)."""
+    place (fsync'd first with ``fsync``: the commits synced their pages, this covers the meta pages). The
+    page walk reads only the headers of overflow runs and the tree pages (and free pages, which are checked
+    like tree pages); the ranges are hashed by a thread each (hashlib releases the GIL)."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
@@ -323,7 +325,9 @@ def _scan_in_place(data_path: str, psize: int) -> tuple[np.ndarray, list]:
 
     size = os.path.getsize(data_path)
     out = []
-    with open(data_path, "rb") as f:
+    with open(data_path, "rb+" if fsync else "rb") as f:
+        if fsync:
+            os.fsync(f.fileno())
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             view = memoryview(m)
             pgno, pages = 0, size // psize
@@ -672,80 +676,36 @@ class LMDBWriter(Writer):
     def close(self) -> list[WrittenFile]:
         if self._closed:
             raise ConfigError(f"{self.path}: the writer is already closed")
-        if self.options.in_place:
-            return self._close_in_place()
         try:
             self._commit()
             stats = self.stats
-            final_tmp = self._final_tmp = naming.temp_name(self.path)
-            os.mkdir(final_tmp)
             psize = self._env.stat()["psize"]
-            # The meta page records the map size; tie it to the data, not to the growth history.
-            self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * psize)
-            data = os.path.join(final_tmp, DATA)
-            if self.options.compact:
-                pages, digest = _copy_compacted(self._env, data, psize)
+            if self.options.in_place:
+                directory = self._work
+                self._env.close()
+                pages, parts = _scan_in_place(os.path.join(directory, DATA), psize, fsync=True)
+                digest = None
             else:
-                self._env.copy(final_tmp)
-                pages, digest = None, None
-            self._env.close()
-            with open(data, "rb+") as f:
-                os.fsync(f.fileno())
-            with open(os.path.join(final_tmp, CHECKSUMS), "wb") as f:
-                f.write(self._checks(0, len(self._crc)).tobytes())
-            sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
-                       "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
-                       "page_size": psize, "options": dataclasses.asdict(self.options),
-                       "raw_float_dtype": self._float_dtype, "stats": stats}
-            if self.options.compact:
-                with open(os.path.join(final_tmp, PAGES), "wb") as f:
-                    f.write(pages.tobytes())
-                sidecar["pages"] = PAGES
-            stats["file_bytes"] = os.path.getsize(data)
-            gio.charge(stats["file_bytes"], write=True)
-            with open(os.path.join(final_tmp, SIDECAR), "w") as f:
-                json.dump(sidecar, f, indent=1, sort_keys=True)
-            self._replace(final_tmp)
-            shutil.rmtree(self._work, ignore_errors=True)
-        except BaseException as e:
-            self.abort()
-            if isinstance(e, OSError):
-                raise OutputError(f"{self.path}: could not finish the LMDB ({e}); check free disk space") from e
-            raise
-        self._closed = True
-        self._final_stats = stats
-        side = [PAGES] if self.options.compact else []
-        return ([self._written(DATA, "data", len(self._crc), digest),
-                 self._written(CHECKSUMS, "sidecar", len(self._crc))]
-                + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
-
-    def _written(self, name, role, records, digest=None, parts=()):
-        p = os.path.join(self.path, name)
-        return WrittenFile(p, records, os.path.getsize(p), digest or _sha256(p), role, parts)
-
-    def _close_in_place(self) -> list[WrittenFile]:
-        """Commit, then make the working environment the output (see ``WriterOptions.in_place``)."""
-        try:
-            self._commit()
-            stats = self.stats
-            psize = self._env.stat()["psize"]
-            self._env.close()
-            data = os.path.join(self._work, DATA)
-            with open(data, "rb+") as f:
-                os.fsync(f.fileno())  # the commits synced their pages; this covers the meta pages too
-            pages, parts = _scan_in_place(data, psize)
-            with open(os.path.join(self._work, CHECKSUMS), "wb") as f:
-                f.write(self._checks(0, len(self._crc)).tobytes())
-            stats["file_bytes"] = os.path.getsize(data)
-            with open(os.path.join(self._work, PAGES), "wb") as f:
-                f.write(pages.tobytes())
-            sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
-                       "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
-                       "page_size": psize, "options": dataclasses.asdict(self.options),
-                       "raw_float_dtype": self._float_dtype, "stats": stats, "pages": PAGES}
-            with open(os.path.join(self._work, SIDECAR), "w") as f:
-                json.dump(sidecar, f, indent=1, sort_keys=True)
-            self._replace(self._work)
+                directory = self._final_tmp = naming.temp_name(self.path)
+                os.mkdir(directory)
+                # The meta page records the map size; tie it to the data, not to the growth history.
+                self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * psize)
+                if self.options.compact:
+                    pages, digest = _copy_compacted(self._env, os.path.join(directory, DATA), psize)
+                else:
+                    self._env.copy(directory)
+                    pages, digest = None, None
+                parts = None
+                self._env.close()
+                with open(os.path.join(directory, DATA), "rb+") as f:
+                    os.fsync(f.fileno())
+            stats["file_bytes"] = os.path.getsize(os.path.join(directory, DATA))
+            if not self.options.in_place:  # the in-place commits were charged as they were written
+                gio.charge(stats["file_bytes"], write=True)
+            self._write_side_files(directory, psize, pages, stats)
+            self._replace(directory)
+            if not self.options.in_place:
+                shutil.rmtree(self._work, ignore_errors=True)
         except BaseException as e:
             self.abort()
             if isinstance(e, OSError):
@@ -755,19 +715,33 @@ class LMDBWriter(Writer):
         self._final_stats = stats
         from gpufeed.formats.base import parts_digest
 
-        return ([self._written(DATA, "data", len(self._crc), parts_digest(parts), tuple(parts)),
-                 self._written(CHECKSUMS, "sidecar", len(self._crc))]
-                + [self._written(name, "sidecar", 0) for name in (PAGES, SIDECAR)])
+        data = (self._written(DATA, "data", len(self._crc), parts_digest(parts), tuple(parts)) if parts
+                else self._written(DATA, "data", len(self._crc), digest))
+        side = [PAGES] if pages is not None else []
+        return ([data, self._written(CHECKSUMS, "sidecar", len(self._crc))]
+                + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
+
+    def _write_side_files(self, directory: str, psize: int, pages, stats: dict) -> None:
+        """The value CRCs, the page CRCs (when the pages were walked) and the sidecar of a finished output."""
+        with open(os.path.join(directory, CHECKSUMS), "wb") as f:
+            f.write(self._checks(0, len(self._crc)).tobytes())
+        sidecar = {"format": "caffe-lmdb", "version": VERSION, "state": "complete",
+                   "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
+                   "page_size": psize, "options": dataclasses.asdict(self.options),
+                   "raw_float_dtype": self._float_dtype, "stats": stats}
+        if pages is not None:
+            with open(os.path.join(directory, PAGES), "wb") as f:
+                f.write(pages.tobytes())
+            sidecar["pages"] = PAGES
+        with open(os.path.join(directory, SIDECAR), "w") as f:
+            json.dump(sidecar, f, indent=1, sort_keys=True)
+
+    def _written(self, name, role, records, digest=None, parts=()):
+        p = os.path.join(self.path, name)
+        return WrittenFile(p, records, os.path.getsize(p), digest or _sha256(p), role, parts)
 
     def _replace(self, new_dir: str):
-        """Move ``new_dir`` to the target; an existing output is swapped out first, then removed."""
-        old = None
-        if os.path.exists(self.path):
-            old = naming.temp_name(self.path)
-            os.rename(self.path, old)
-        os.rename(new_dir, self.path)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_dir(new_dir, self.path)
 
     def abort(self) -> None:
         if self._closed:

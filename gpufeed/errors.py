@@ -91,8 +91,10 @@ class CorruptRecordError(GpufeedError, ValueError):
 
     def __str__(self):
         where = f"record {self.record_index}" if self.record_index is not None else "a record"
-        return (f"{self.path}: {where} at byte {self.byte_offset}: {self.reason}; the file is damaged: "
-                "rewrite it with `gpufeed convert` (or `--resume` to redo only damaged shards)")
+        if self.byte_offset is not None:
+            where += f" at byte {self.byte_offset}"
+        return (f"{self.path}: {where}: {self.reason}; the file is damaged: write it again with the same "
+                "`gpufeed convert` command and --no-resume")
 
 
 class RecordTooLargeError(GpufeedError, ValueError):

@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+import stat
 from collections.abc import Sequence
 
-from gpufeed.errors import ConfigError, InputError, LabelError
+from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
 
@@ -67,16 +68,71 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     return cls(Root(src), on_error, **options)
 
 
+#: The largest input file gpufeed reads (ImageNet's largest JPEG is ~15 MB): a larger one is refused by
+#: its size, before any of it is read, so a link to a device or a huge file cannot fill a worker's memory.
+MAX_INPUT_BYTES = 1 << 30
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+_SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
+
+
+def _is_dir(entry) -> bool:
+    """A directory entry that is, or links to, a directory; a link that resolves to nothing (dangling, a
+    loop) is listed as a file, and reading it says what is wrong with it."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
+    """A local input's bytes, opened only if it is a regular file (after following links) no larger than
+    ``max_bytes``; every failure is an :class:`InputError` (or :class:`SourceNotFound`) naming the input,
+    so ``--on-error`` applies to it, never an error about the destination."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SourceNotFound(path, "input file (deleted, or a link to nothing)",
+                             f"restore it, or {_SKIP_FIX.split(', or ')[1]}") from None
+    except OSError as e:
+        raise InputError(path, f"cannot be opened ({e.strerror})", _SKIP_FIX) from None
+    for test, kind in _SPECIAL:
+        if test(st.st_mode):
+            raise InputError(path, f"is {kind}, not a regular file", _SKIP_FIX)
+    if st.st_size > max_bytes:
+        raise InputError(path, f"is {st.st_size} bytes, more than the {max_bytes} an input may have", _SKIP_FIX)
+    try:
+        with open_file(path) as f:
+            data = f.read(st.st_size + 1)  # one byte more: a file still growing is noticed
+    except OSError as e:
+        raise InputError(path, f"cannot be read ({e.strerror or e})", _SKIP_FIX) from None
+    if len(data) != st.st_size:
+        raise InputError(path, f"changed size while being read ({st.st_size} -> {len(data)}+ bytes)",
+                         "convert it once it is no longer being written")
+    return data
+
+
 def read_ref(ref: Ref):
     """The bytes a :class:`FileRef` or :class:`TarMemberRef` names (one ranged read), or the inline array."""
     if isinstance(ref, InlineRef):
         return ref.data
     if isinstance(ref, FileRef):
-        return read_url(ref.url)
+        if is_local(ref.url):
+            return read_local_file(local_path(ref.url))
+        try:
+            return read_url(ref.url)
+        except FileNotFoundError:
+            raise SourceNotFound(ref.url, "input file", f"restore it, or {_SKIP_FIX.split(', or ')[1]}") from None
+        except OSError as e:
+            raise InputError(ref.url, f"cannot be read ({e})", _SKIP_FIX) from None
     if isinstance(ref, TarMemberRef):
-        with open_file(ref.url) as f:
-            f.seek(ref.offset)
-            data = f.read(ref.size)
+        try:
+            with open_file(ref.url) as f:
+                f.seek(ref.offset)
+                data = f.read(ref.size)
+        except OSError as e:
+            raise InputError(f"{ref.url}::{ref.member}", f"cannot be read ({e.strerror or e})",
+                             "check that the archive is still there and readable") from None
         if len(data) != ref.size:
             raise InputError(f"{ref.url}::{ref.member}", f"holds {len(data)} of its {ref.size} bytes at offset "
                              f"{ref.offset}", "the archive changed or was truncated since it was listed")
@@ -153,7 +209,7 @@ class Root:
         """``(name, is_dir)`` of the entries of ``path``, sorted by name."""
         if self.local:
             with os.scandir(path) as it:
-                return sorted((e.name, e.is_dir()) for e in it)
+                return sorted((e.name, _is_dir(e)) for e in it)
         out = []
         for info in self.fs.ls(path, detail=True):
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]

@@ -13,7 +13,7 @@ import numpy as np
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines import safe_pickle
 from gpufeed.pipelines.archive import ArchiveLimits, stream_tar
-from gpufeed.pipelines.base import ClassInfo, InlineRef, Item
+from gpufeed.pipelines.base import ClassInfo, InlineRef, Item, Skipped
 from gpufeed.pipelines.sources import BaseSource, Root
 
 SIDE = 32
@@ -80,10 +80,11 @@ class _Batch:
 
 class CifarSource(BaseSource):
     def __init__(self, root: Root, on_error: str = "fail", dataset: str = "cifar10",
-                 limits: ArchiveLimits = ArchiveLimits(), **options):
+                 limits: ArchiveLimits = ArchiveLimits(), allow_incomplete: bool = False, **options):
         if options:
             raise ConfigError(f"unknown {dataset} source options: {', '.join(sorted(options))}")
         super().__init__(root, on_error)
+        self.allow_incomplete = allow_incomplete
         self.name = dataset
         self.layout = lay = LAYOUTS[dataset]
         self.limits = limits
@@ -132,9 +133,25 @@ class CifarSource(BaseSource):
                         batches[name] = (self._read_bin if binary else self._read_py)(name, data, where)
             if not batches:
                 raise SourceNotFound(self.path, f"any {self.name} batch ({', '.join(lay.splits['train'])})")
+            self._check_complete(batches)
             self._classes = self._read_meta(files, binary)
             self._batches = batches
         return self._batches
+
+    def _check_complete(self, batches: dict) -> None:
+        """Every batch file the dataset ships for a split that is here (CIFAR-10's train split is five):
+        a missing one is an error, or with ``allow_incomplete`` a line in the summary's skipped list."""
+        for split, names in self.layout.splits.items():
+            missing = [n for n in names if n not in batches]
+            if not missing or len(missing) == len(names):
+                continue
+            what = (f"{', '.join(missing)} (the {self.name} {split} split has {len(names)} batch files; "
+                    f"{len(names) - len(missing)} are here)")
+            if not self.allow_incomplete:
+                raise SourceNotFound(self.path, what, "restore the missing file (the official archive has it), "
+                                     "or add --allow-incomplete to convert only the batches that are here")
+            self._skipped.append(Skipped(f"{self.root.url(self.path)}", f"missing {what}; converted without it "
+                                         "(--allow-incomplete)"))
 
     def _files(self) -> dict[str, tuple[bytes, str]]:
         """``{file name: (bytes, where)}`` of the batch and meta files, from a folder or one pass of a tar.gz."""

@@ -44,7 +44,7 @@ class PtbSource(BaseSource):
     modality = "text"
 
     def __init__(self, root: Root, on_error: str = "fail", seq_len: int = 35, ptb_mode: str = "window",
-                 limits: ArchiveLimits = ArchiveLimits(), **options):
+                 limits: ArchiveLimits = ArchiveLimits(), allow_incomplete: bool = False, **options):
         if options:
             raise ConfigError(f"unknown ptb source options: {', '.join(sorted(options))}")
         if ptb_mode not in MODES:
@@ -53,6 +53,7 @@ class PtbSource(BaseSource):
             raise ConfigError(f"seq_len must be a positive integer, not {seq_len!r}")
         super().__init__(root, on_error)
         self.seq_len, self.mode, self.limits = seq_len, ptb_mode, limits
+        self.allow_incomplete = allow_incomplete
         self._texts: dict[str, tuple[str, str]] | None = None
         self._vocab: Vocabulary | None = None
         path = root.path
@@ -88,6 +89,14 @@ class PtbSource(BaseSource):
             if "train" not in raw:
                 raise SourceNotFound(self.root, f"{FILES['train']}{' in ' + ARCHIVE_DIR if self.archive else ''}",
                                      "the vocabulary is built from the training text")
+            missing = [FILES[s] for s in FILES if s not in raw]
+            if missing:
+                where = self.root.url(self.archive or self.folder)
+                what = f"{', '.join(missing)} (Penn Treebank ships train, valid and test)"
+                if not self.allow_incomplete:
+                    raise SourceNotFound(where, what, "restore the missing file, or add --allow-incomplete to "
+                                         "convert only the splits that are here")
+                self._skipped.append(Skipped(where, f"missing {what}; converted without it (--allow-incomplete)"))
             texts = {}
             for split, (data, where) in raw.items():
                 try:

@@ -54,3 +54,12 @@ def cli(args, address=None, **kw) -> subprocess.Popen:
 def cli_args(src, out, *extra):
     return ["imagenet", src, "--to", "lmdb,recordio,tfrecord", "--out", out, "--workers", "2", "--resize", "48",
             "--on-error", "skip", "--shard-size", str(SHARD_SIZE), *extra]
+
+
+def journal_shards(out) -> int:
+    """Shards the destination's journal records as done (0 before the journal exists)."""
+    try:
+        with open(os.path.join(out, ".gpufeed", "journal.jsonl"), "rb") as f:
+            return f.read().count(b'"event":"shard"')
+    except FileNotFoundError:
+        return 0

@@ -34,6 +34,6 @@ def test_bench_convert_emulated_and_measured(ray_local, tmp_path):
     # workers saw the tier.
     images = sum(p.stat().st_size for p in src.rglob("*.JPEG"))
     assert m["device_read_bytes"]["median"] >= 0.9 * images and m["device_written_bytes"]["median"] > 0
-    assert m["emulated_wait_share"]["median"] >= 0
+    assert m["emulated_wait_share"]["median"] > 0  # the emulated disk made the conversion wait
     assert measured["mode"] == "measured" and measured["tier_path"] == str(mount) and measured["profile"] is None
     assert (mount / "gpufeed-bench-src").is_dir()  # the source was copied onto the measured mount

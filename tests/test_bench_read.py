@@ -54,7 +54,7 @@ def test_bench_read_emulated_and_measured(imagenet_like, tmp_path):
         assert r["profile"] == ("ultra" if r["tier"] == "ultra" else None)
         assert r["median"] > 0 and r["metric"] == "samples_per_s" and r["record_bytes"] > 0
         m = r["metrics"]
-        assert m["read_p99_ms"]["median"] >= m["read_p50_ms"]["median"] >= 0
+        assert m["read_p99_ms"]["median"] >= m["read_p50_ms"]["median"] > 0
         if r["params"]["cache"] == "cold":
             assert r["cold_verified"], r
             assert m["device_fraction"]["median"] >= 0.9

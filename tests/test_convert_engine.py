@@ -13,7 +13,6 @@ import pytest
 from convert_fixtures import options, synth_source, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
-from gpufeed.errors import ConfigError
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError

@@ -64,6 +64,7 @@ def test_sentences_and_unknown_words_become_unk(ptb):
 def test_word_outside_vocabulary_without_unk_is_a_label_error(tmp_path):
     (tmp_path / "ptb.train.txt").write_text("a b\n")
     (tmp_path / "ptb.valid.txt").write_text("a c\n")
+    (tmp_path / "ptb.test.txt").write_text("a\n")
     with pytest.raises(LabelError, match=r"ptb.valid.txt:1: has the word 'c'"):
         open_source("ptb", str(tmp_path), ptb_mode="sentence").items("valid")
     assert open_source("ptb", str(tmp_path), ptb_mode="sentence", on_error="skip").items("valid") == []
@@ -104,5 +105,10 @@ def test_bad_options_and_missing_files(tmp_path):
         open_source("ptb", str(tmp_path), ptb_mode="chars")
     with pytest.raises(ConfigError, match="seq_len"):
         open_source("ptb", str(tmp_path), seq_len=0)
+    # Only the training text: the dataset ships three files, so that is an error unless allowed.
+    with pytest.raises(SourceNotFound, match=r"ptb.valid.txt, ptb.test.txt \(Penn Treebank ships .*--allow-incomplete"):
+        open_source("ptb", str(tmp_path)).splits()
+    partial = open_source("ptb", str(tmp_path), allow_incomplete=True)
+    assert partial.splits() == ["train"] and "missing ptb.valid.txt" in partial.skipped()[0].reason
     with pytest.raises(ConfigError, match="no split 'test'"):
-        open_source("ptb", str(tmp_path)).items("test")
+        partial.items("test")

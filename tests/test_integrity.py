@@ -1,0 +1,217 @@
+"""Never mix, never hang: concurrent runs, changed inputs, finished outputs, special files, damaged sources.
+
+Each case runs the real engine (a real local Ray, real files, real processes) and checks the promise: a
+clear error naming the file and the fix, exit code 2 from the CLI, nothing lost, nothing silently mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import time
+
+import pytest
+
+from convert_fixtures import cli, cli_args, journal_shards, options, synth_source, tree_bytes
+from gpufeed.convert.engine import convert
+from gpufeed.convert.progress import Progress
+from gpufeed.convert.verify import verify
+from gpufeed.errors import ConfigError, InputError, SourceNotFound
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return synth_source(tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module")
+def address(ray_local):
+    return ray_local.get_runtime_context().gcs_address
+
+
+class StopAfter(Progress):
+    """Interrupts the run (as Ctrl-C would) once ``n`` shards are done."""
+
+    def __init__(self, n: int):
+        super().__init__(enabled=False)
+        self.n = n
+
+    def update(self, samples, nbytes):
+        self.n -= 1
+        if self.n <= 0:
+            raise KeyboardInterrupt
+
+
+def test_a_second_run_into_the_same_destination_is_refused_before_it_deletes_anything(src, address, tmp_path):
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "1")
+    first = cli(args, address)
+    deadline = time.time() + 120
+    while journal_shards(out) < 1 and first.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert first.poll() is None, first.communicate()
+    first.send_signal(signal.SIGSTOP)  # mid-run, holding the destination (as a slow run would)
+    try:
+        journal = open(os.path.join(out, ".gpufeed", "journal.jsonl"), "rb").read()
+        for extra in ([], ["--no-resume"], ["--overwrite"]):
+            second = cli([*args, *extra], address)
+            _, err = second.communicate(timeout=120)
+            assert second.returncode == 2, err.decode()
+            assert "another gpufeed convert is writing this destination" in err.decode()
+            with open(os.path.join(out, ".gpufeed", "journal.jsonl"), "rb") as f:
+                assert f.read() == journal  # nothing deleted, nothing written
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err.decode()
+    verify(out)
+    assert not os.path.exists(out + "/.gpufeed.lock")  # the lock file goes with the run
+
+
+def test_a_replaced_input_is_noticed_on_resume_and_named(src, tmp_path):
+    source = tmp_path / "imagenet"
+    shutil.copytree(src, source)
+    out = tmp_path / "out"
+    opts = options(source, out, workers=1, splits=("train",), shard_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(2))
+    victim = sorted((source / "train").rglob("*.JPEG"))[0]
+    victim.write_bytes(sorted((source / "train").rglob("*.JPEG"))[1].read_bytes())  # same name, other bytes
+    with pytest.raises(ConfigError, match=r"inputs of the train split changed \(a file replaced, or a label "
+                                          r"changed\) in 1 shard\(s\): train-\d+: inputs .*--no-resume") as err:
+        convert(opts)
+    shard_inputs = str(err.value).split(": inputs ")[1].split(";")[0]
+    assert victim.name in shard_inputs or " .. " in shard_inputs  # the shard's first and last input
+    convert(options(source, out, workers=1, splits=("train",), shard_size=2, resume=False))
+    verify(str(out))
+
+
+def test_a_changed_label_is_noticed_on_resume(tmp_path, ray_local):
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    source = tmp_path / "imagenet"
+    synth_imagenet(str(source), classes=3, per_class=2, val_per_class=3, seed=3, layout="tree", bad_files=False)
+    out = tmp_path / "out"
+    opts = options(source, out, workers=1, splits=("val",), shard_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(1))
+    truth = next(source.rglob("ILSVRC2012_validation_ground_truth.txt"))
+    lines = truth.read_text().splitlines()
+    lines[-1] = "1" if lines[-1] != "1" else "2"
+    truth.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="a label changed"):
+        convert(opts)
+
+
+def test_a_manifest_gpufeed_did_not_write_is_never_overwritten(src, tmp_path, ray_local):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"model": "mine"}))
+    for extra in ({}, {"overwrite": True}, {"resume": False}):
+        with pytest.raises(ConfigError, match="manifest.json was not written by gpufeed"):
+            convert(options(src, out, splits=("val",), **extra))
+    assert json.loads((out / "manifest.json").read_text()) == {"model": "mine"}
+
+
+def test_a_finished_output_that_lost_a_file_is_converted_again(src, tmp_path, ray_local):
+    out = tmp_path / "out"
+    convert(options(src, out, splits=("val",), formats=("tfrecord",)))
+    before = tree_bytes(out)
+    lost = sorted((out / "tfrecord").iterdir())[0]
+    lost.unlink()
+    again = convert(options(src, out, splits=("val",), formats=("tfrecord",)))
+    assert "already complete" not in again.note
+    assert tree_bytes(out) == before
+    verify(str(out))
+
+
+@pytest.fixture
+def special_folder(tmp_path, src):
+    """An image folder whose class holds a good JPEG and every kind of input that must not be read."""
+    root = tmp_path / "folder"
+    cat = root / "cat"
+    cat.mkdir(parents=True)
+    jpeg = sorted((pathlib.Path(src) / "train").rglob("*.JPEG"))[0]
+    shutil.copy(jpeg, cat / "good.JPEG")
+    os.mkfifo(cat / "fifo.JPEG")
+    (cat / "zero.JPEG").symlink_to("/dev/zero")
+    (cat / "dangling.JPEG").symlink_to(tmp_path / "nowhere.JPEG")
+    (cat / "loop1.JPEG").symlink_to(cat / "loop2.JPEG")
+    (cat / "loop2.JPEG").symlink_to(cat / "loop1.JPEG")
+    return root
+
+
+def test_special_inputs_are_input_errors_skipped_and_listed(special_folder, tmp_path, ray_local):
+    out = tmp_path / "out"
+    summary = convert(options(special_folder, out, dataset="folder", formats=("recordio",), workers=1))
+    assert summary.samples["train"]["written"] == 1
+    reasons = {os.path.basename(origin): reason for origin, reason in summary.skipped}
+    assert "FIFO" in reasons["fifo.JPEG"] and "character device" in reasons["zero.JPEG"]
+    assert "link to nothing" in reasons["dangling.JPEG"]
+    assert "symbolic links" in reasons["loop1.JPEG"] and "symbolic links" in reasons["loop2.JPEG"]
+    verify(str(out))
+
+
+@pytest.mark.parametrize("name,error,text", [("fifo.JPEG", InputError, "is a FIFO"),
+                                              ("zero.JPEG", InputError, "is a character device"),
+                                              ("dangling.JPEG", SourceNotFound, "link to nothing")])
+def test_a_special_input_stops_a_run_naming_it_and_the_fix(special_folder, tmp_path, ray_local, name, error, text):
+    cat = special_folder / "cat"
+    for other in cat.iterdir():
+        if other.name not in (name, "good.JPEG"):
+            other.unlink()
+    with pytest.raises(error, match=rf"{name}: .*{text}.*--on-error skip"):
+        convert(options(special_folder, tmp_path / "out", dataset="folder", formats=("tfrecord",), workers=1,
+                        on_error="fail"))
+
+
+def test_an_input_deleted_mid_run_is_an_input_error(src, tmp_path, ray_local):
+    source = tmp_path / "imagenet"
+    shutil.copytree(src, source)
+    victim = sorted((source / "val").rglob("*.JPEG"))[-1]
+
+    class DeleteAfterFirstShard(Progress):
+        def update(self, samples, nbytes):
+            if victim.exists():
+                victim.unlink()
+
+    summary = convert(options(source, tmp_path / "out", splits=("val",), workers=1, shard_size=1,
+                              shuffle=False), DeleteAfterFirstShard(enabled=False))
+    assert any(o == str(victim) and "not found" in r for o, r in summary.skipped), summary.skipped
+
+
+def test_incomplete_cifar_is_an_error_unless_allowed(tmp_path, ray_local):
+    from gpufeed.pipelines.synth import synth_cifar10
+
+    src = tmp_path / "c"
+    synth_cifar10(str(src), per_class=2, test_per_class=1, forms=("python",))  # 4 images per train batch
+    batch = next(src.rglob("data_batch_5"))
+    batch.unlink()
+    base = dict(dataset="cifar10", formats=("tfrecord",), workers=1)
+    with pytest.raises(SourceNotFound, match=r"data_batch_5 \(the cifar10 train split has 5 batch files; 4 are here"):
+        convert(options(src, tmp_path / "o1", **base))
+    summary = convert(options(src, tmp_path / "o2", allow_incomplete=True, **base))
+    assert summary.samples["train"]["written"] == 16
+    assert any("missing data_batch_5" in reason for _, reason in summary.skipped)
+
+
+def test_a_read_only_destination_is_an_output_error_naming_it(src, tmp_path, ray_local):
+    import subprocess
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    convert(options(src, out, splits=("val",), formats=("tfrecord",)))
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(out), str(out)], capture_output=True).returncode:
+        pytest.skip("this machine does not allow a read-only bind mount here")
+    try:
+        from gpufeed.errors import OutputError
+
+        with pytest.raises(OutputError, match=r"ro/\.gpufeed\.lock: cannot create .*Read-only file system.*"
+                                              r"ro is writable, or choose another --out"):
+            convert(options(src, out, splits=("val",), formats=("tfrecord",), resume=False))
+        verify(str(out))  # the finished output is still whole
+    finally:
+        subprocess.run(["umount", str(out)], check=True)
