@@ -276,7 +276,8 @@ def table(rows: list[dict]) -> str:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
-            lines.append(f"| convert {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
+            what = "pass-through to" if r["run"].startswith("pass") else "convert"
+            lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r['first_shard_started_s']} s | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
     return "\n".join(lines)
@@ -289,9 +290,16 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes / Ray workers")
     p.add_argument("--pass-n", type=int, default=40_000, help="files for the pass-through and cp runs")
     p.add_argument("--runs", default=",".join(RUNS), help=f"a subset of {','.join(RUNS)}")
-    p.add_argument("--work", required=True, help="a directory on the disk to measure (the corpus stays there)")
+    p.add_argument("--work", help="a directory on the disk to measure (the corpus stays there); required to run")
     p.add_argument("--results", help="append JSON rows here")
+    p.add_argument("--table", metavar="JSONL", help="only print the table of the rows in this results file")
     args = p.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(table([json.loads(line) for line in f if line.strip()]))
+        return
+    if not args.work:
+        p.error("--work is required to run the benchmark")
     runs = tuple(r for r in args.runs.split(",") if r)
     unknown = set(runs) - set(RUNS)
     if unknown:

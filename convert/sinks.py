@@ -81,7 +81,7 @@ class SpoolWriter:
         from gpufeed.formats.tfrecord import frame
 
         self._frame = frame
-        self._file = AtomicFile(path, role="spool")
+        self._file = AtomicFile(path, role="spool", durable=False)
 
     def write_encoded(self, record: EncodedRecord) -> None:
         self._file.write(self._frame(_SPOOL_KEY.pack(len(record.key)) + record.key + record.value))
@@ -120,6 +120,11 @@ def output_error(path: str, e: BaseException) -> OutputError:
 class SplitSink:
     """One split's output that a single writer assembles from every shard, in shard order (LMDB, a single
     ``.rec``): the ordered counterpart of the files workers write themselves.
+
+    Spools are written without fsync: the sink's own output is fsync'd before a commit is journalled, a
+    shard whose spool is gone is redone, and a damaged one fails its frame CRCs (LMDB) or its part's SHA-256
+    (``gpufeed verify``, RecordIO). So a spool usually never reaches the disk: it is read back from the page
+    cache and deleted.
 
     Its hooks follow a Ray Data ``Datasink``: :meth:`open` starts the output, or restores it to the commits
     the journal holds; :meth:`commit` takes one shard's spool (written by the shard's worker with
@@ -354,7 +359,7 @@ class RecordIOSink(SplitSink):
 
     @staticmethod
     def spool_writer(fmt, path: str):
-        return fmt.writer(path)
+        return fmt.writer(path, durable=False)  # a spool is redone if lost (see SplitSink)
 
     @staticmethod
     def spool_files(spool: str) -> list[str]:

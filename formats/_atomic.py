@@ -19,11 +19,16 @@ from gpufeed.formats.naming import temp_name
 
 
 class AtomicFile:
-    """A binary file being written to a temporary name; ``commit`` makes it appear as ``path``."""
+    """A binary file being written to a temporary name; ``commit`` makes it appear as ``path``.
 
-    def __init__(self, path: str, role: str = "data"):
+    ``durable=False`` leaves out the fsync, for an intermediate file whose loss only means redoing its work
+    (a conversion's spools: read back from the page cache and deleted seconds later, they then need never
+    reach the disk); the rename still makes it appear whole or not at all."""
+
+    def __init__(self, path: str, role: str = "data", durable: bool = True):
         self.path = os.fspath(path)
         self.role = role
+        self.durable = durable
         self.tmp = temp_name(self.path)
         try:
             self._f = io.open_file(self.tmp, "wb")
@@ -53,7 +58,7 @@ class AtomicFile:
         """Flush, fsync (local files), rename to the final name; return what was written."""
         try:
             self._f.flush()
-            if io.is_local(self.tmp):
+            if self.durable and io.is_local(self.tmp):
                 try:
                     fd = self._f.fileno()
                 except (AttributeError, OSError, ValueError):

@@ -381,12 +381,14 @@ def _payload_bytes(sample: Sample) -> tuple[bytes, tuple, str]:
 class RecordIOWriter(Writer):
     """Writes ``path`` (``.rec``) with its ``.idx``, ``.lst`` and sidecar, all appearing at :meth:`close`.
 
-    ``params`` (a JSON-serialisable dict, e.g. the conversion options) is stored in the sidecar.
+    ``params`` (a JSON-serialisable dict, e.g. the conversion options) is stored in the sidecar;
+    ``durable=False`` skips the fsyncs (see :class:`~gpufeed.formats._atomic.AtomicFile`).
     """
 
-    def __init__(self, path: str, params: dict | None = None):
+    def __init__(self, path: str, params: dict | None = None, durable: bool = True):
         self.path = os.fspath(path)
         self.params = dict(params or {})
+        self.durable = durable
         self._files = []
         self._rec = self._open(self.path, "data")
         self._idx = self._open(index_path(self.path), "index")
@@ -397,7 +399,7 @@ class RecordIOWriter(Writer):
 
     def _open(self, path, role):
         try:
-            f = AtomicFile(path, role)
+            f = AtomicFile(path, role, durable=self.durable)
         except Exception:
             self.abort()
             raise

@@ -80,8 +80,9 @@ def test_a_replaced_input_is_noticed_on_resume_and_named(src, tmp_path):
         convert(opts, StopAfter(2))
     victim = sorted((source / "train").rglob("*.JPEG"))[0]
     victim.write_bytes(sorted((source / "train").rglob("*.JPEG"))[1].read_bytes())  # same name, other bytes
-    with pytest.raises(ConfigError, match=r"inputs of the train split changed \(a file replaced, or a label "
-                                          r"changed\) in 1 shard\(s\): train-\d+: inputs .*--no-resume") as err:
+    with pytest.raises(ConfigError, match=r"inputs of the train split changed since this conversion started \(a "
+                                          r"file replaced, or a label changed\) in 1 shard\(s\): train-\d+: "
+                                          r"inputs .*--no-resume") as err:
         convert(opts)
     shard_inputs = str(err.value).split(": inputs ")[1].split(";")[0]
     assert victim.name in shard_inputs or " .. " in shard_inputs  # the shard's first and last input

@@ -1,0 +1,28 @@
+"""The node-scale conversion benchmark in a tiny configuration, so it cannot rot (figures: docs/convert.md)."""
+
+from __future__ import annotations
+
+import json
+
+from gpufeed.bench.convert_node import main, run, table
+
+
+def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
+    results = tmp_path / "rows.jsonl"
+    rows = run(60, 6, 1, str(tmp_path / "work"), ("limit", "tfrecord", "pass-recordio", "cp"), pass_n=20,
+               results=str(results))
+    by_run = {r["run"]: r for r in rows}
+    assert by_run["limit"]["images_per_second"] > 0 and by_run["limit"]["hardware_scaling"] > 0
+    conv = by_run["tfrecord"]
+    assert conv["images"] == 60 and 0 < conv["of_limit"] and conv["target"] == 0.90
+    tl = conv["timeline"]
+    assert 0 < tl["listed"] <= tl["ray_ready"] <= tl["shards_done"] <= tl["sinks_done"] <= tl["total"]
+    assert 0 < conv["first_shard_started_s"] < conv["seconds"]
+    assert conv["driver_anon_rss_mib"][0] > 0
+    assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0
+    assert [json.loads(line)["run"] for line in results.read_text().splitlines()] == [r["run"] for r in rows]
+    text = table(rows)
+    assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
+    capsys.readouterr()
+    main(["--table", str(results)])
+    assert capsys.readouterr().out.strip() == text
