@@ -55,6 +55,9 @@ VERSION = 1
 SIDECAR = "gpufeed.json"
 CHECKSUMS = "gpufeed.crc32c"
 PAGES = "gpufeed.pages"
+#: Where each record's value starts in ``data.mdb`` (u64 per record, in key order): readers fetch a value
+#: with one ``pread`` instead of a page fault per 4 KiB of it (a 110 KB JPEG spans ~27 overflow pages).
+OFFSETS = "gpufeed.offsets"
 DATA = "data.mdb"
 #: LMDB's compile-time key limit (MDB_MAXKEYSIZE); a longer key fails at ``put``, so refuse it at encode.
 MAX_KEY_BYTES = 511
@@ -307,6 +310,55 @@ class _PageChecks:
 
     def result(self) -> tuple[np.ndarray, str]:
         return np.array(self.pages, _PAGE_DTYPE), self.sha.hexdigest()
+
+
+#: LMDB's on-disk layout (lmdb.h / mdb.c, 64-bit): the main database's root page number sits in each meta
+#: page at this offset (page header 16 + magic, version, address, mapsize 24 + the free DB's MDB_db 48 + the
+#: main MDB_db's root field at 40), its transaction id at 144; page flags and node layout as in mdb.c.
+_META_MAIN_ROOT, _META_TXNID = 128, 144
+_P_BRANCH, _P_LEAF, _P_LEAF2 = 0x01, 0x02, 0x20
+_F_BIGDATA = 0x01
+_PAGE_HEADER_SIZE = 16
+_NODE = struct.Struct("<HHHH")  # mn_lo, mn_hi, mn_flags, mn_ksize
+_U16, _U64 = struct.Struct("<H"), struct.Struct("<Q")
+
+
+def _value_offsets(data_path: str, psize: int, records: int) -> np.ndarray:
+    """The byte offset in ``data_path`` of every record's value, in key order: a walk of the main B-tree
+    from the newer meta page (branch pages in key order, leaf nodes in order; an overflow value starts after
+    its first page's header, an inline one after its node's key)."""
+    import mmap
+
+    out = np.zeros(records, np.uint64)
+    n = 0
+    with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        metas = [(_U64.unpack_from(m, i * psize + _META_TXNID)[0],
+                  _U64.unpack_from(m, i * psize + _META_MAIN_ROOT)[0]) for i in (0, 1)]
+        root = max(metas)[1]
+        stack = [root] if root != 0xFFFFFFFFFFFFFFFF else []  # P_INVALID: an empty database
+        while stack:
+            base = stack.pop() * psize
+            flags, lower = _U16.unpack_from(m, base + 10)[0], _U16.unpack_from(m, base + 12)[0]
+            ptrs = [_U16.unpack_from(m, base + _PAGE_HEADER_SIZE + 2 * k)[0]
+                    for k in range((lower - _PAGE_HEADER_SIZE) >> 1)]
+            if flags & _P_BRANCH:
+                children = []
+                for ptr in ptrs:
+                    lo, hi, fl, _ = _NODE.unpack_from(m, base + ptr)
+                    children.append(lo | hi << 16 | fl << 32)
+                stack.extend(reversed(children))  # popped in key order
+            elif flags & _P_LEAF and not flags & _P_LEAF2:
+                for ptr in ptrs:
+                    _, _, fl, ksize = _NODE.unpack_from(m, base + ptr)
+                    data = base + ptr + _NODE.size + ksize
+                    out[n] = (_U64.unpack_from(m, data)[0] * psize + _PAGE_HEADER_SIZE) if fl & _F_BIGDATA else data
+                    n += 1
+            else:
+                raise CorruptRecordError(data_path, None, base, f"page {base // psize} of the B-tree has flags "
+                                         f"{flags:#x}, neither a branch nor a leaf")
+    if n != records:
+        raise CorruptRecordError(data_path, None, None, f"its B-tree holds {n} records, not {records}")
+    return out
 
 
 #: Byte ranges of an in-place ``data.mdb`` hashed separately, in parallel (its SHA-256 is their hash list).
@@ -717,7 +769,7 @@ class LMDBWriter(Writer):
 
         data = (self._written(DATA, "data", len(self._crc), parts_digest(parts), tuple(parts)) if parts
                 else self._written(DATA, "data", len(self._crc), digest))
-        side = [PAGES] if pages is not None else []
+        side = [OFFSETS] + ([PAGES] if pages is not None else [])
         return ([data, self._written(CHECKSUMS, "sidecar", len(self._crc))]
                 + [self._written(name, "sidecar", 0) for name in side + [SIDECAR]])
 
@@ -729,6 +781,10 @@ class LMDBWriter(Writer):
                    "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
                    "page_size": psize, "options": dataclasses.asdict(self.options),
                    "raw_float_dtype": self._float_dtype, "stats": stats}
+        offsets = _value_offsets(os.path.join(directory, DATA), psize, len(self._crc))
+        with open(os.path.join(directory, OFFSETS), "wb") as f:
+            f.write(offsets.astype("<u8").tobytes())
+        sidecar["offsets"] = OFFSETS
         if pages is not None:
             with open(os.path.join(directory, PAGES), "wb") as f:
                 f.write(pages.tobytes())
@@ -803,8 +859,11 @@ class LMDBReader(Reader):
     key list in memory (1.28 M ImageNet keys would cost ~100 MB in every worker); otherwise the keys are
     listed once per process.
 
-    :meth:`read_raw` and :meth:`iter_raw` return ``memoryview`` slices of the memory map (no copy: the CRC is
-    the only pass over the bytes); they stay valid until :meth:`close`. Decoded samples own their bytes.
+    Values are read with one ``pread`` of their byte range where the output lists them (:data:`OFFSETS`,
+    gpufeed's LMDBs): a cold 110 KB value is one read, not ~27 dependent page faults, and the kernel's
+    readahead serves sequential scans. Otherwise (Caffe's LMDBs) :meth:`read_raw` and :meth:`iter_raw`
+    return ``memoryview`` slices of the memory map, valid until :meth:`close`. Decoded samples own their
+    bytes.
     """
 
     #: ``readahead`` is off by default: with it on, a page fault reads ``read_ahead_kb`` around it (8 MiB on
@@ -874,26 +933,44 @@ class LMDBReader(Reader):
             raise CorruptRecordError(self.data_path, None, size, f"the file is {size} bytes but its pages "
                                      f"need {used}: it was truncated")
         self._keys = None
-        self._crcs = None
+        self._crcs = self._sizes = self._offsets = None
         if self.meta:
             if self.meta.get("records") != self._len:
                 raise IncompleteOutputError(f"{self.path}: holds {self._len} records but {SIDECAR} says "
                                             f"{self.meta.get('records')}; rewrite it with `gpufeed convert`")
-            if self.verify and self.meta.get("checksums"):
-                checks_path = os.path.join(self.path, self.meta["checksums"])
-                count = os.path.getsize(checks_path) // _CHECK_DTYPE.itemsize
-                if count != self._len:
-                    raise IncompleteOutputError(f"{self.path}: {CHECKSUMS} lists {count} records, the "
-                                                f"LMDB {self._len}; rewrite it with `gpufeed convert`")
-                if count:
-                    # Mapped, not loaded: DataLoader workers share these pages instead of each holding
-                    # its own Python lists (~100 MB for ImageNet's 1.28 M records).
-                    checks = np.memmap(checks_path, _CHECK_DTYPE, mode="r", shape=(count,)).view(np.ndarray)
-                    self._crcs, self._sizes = checks["crc"], checks["size"]
+            checks = self._per_record(self.meta.get("checksums"), _CHECK_DTYPE)
+            if checks is not None:
+                self._sizes = checks["size"]
+                self._crcs = checks["crc"] if self.verify else None
+                offsets = self._per_record(self.meta.get("offsets"), np.dtype("<u8"))
+                if offsets is not None:
+                    self._offsets = offsets
+                    self._fd = os.open(self.data_path, os.O_RDONLY)
         cur = self._cursor
         self._seekable = self._len == 0 or (
             cur.first() and bytes(cur.key()).startswith(b"%08d_" % 0)
             and cur.last() and bytes(cur.key()).startswith(b"%08d_" % (self._len - 1)))
+
+    def _per_record(self, name: str | None, dtype: np.dtype):
+        """A sidecar array of one entry per record, mapped (DataLoader workers share its pages instead of
+        each holding ~100 MB of lists for ImageNet), or ``None`` when the output has none."""
+        if not name or not self._len:
+            return None
+        path = os.path.join(self.path, name)
+        count = os.path.getsize(path) // dtype.itemsize
+        if count != self._len:
+            raise IncompleteOutputError(f"{self.path}: {name} lists {count} records, the LMDB {self._len}; "
+                                        "rewrite it with `gpufeed convert`")
+        return np.memmap(path, dtype, mode="r", shape=(count,)).view(np.ndarray)
+
+    def _pread_value(self, i: int) -> bytes:
+        """Record ``i``'s value in one read of its byte range (see :data:`OFFSETS`)."""
+        size, offset = int(self._sizes[i]), int(self._offsets[i])
+        value = os.pread(self._fd, size, offset)
+        if len(value) != size:
+            raise CorruptRecordError(self.data_path, i, offset, f"the file ends inside the value ({len(value)} "
+                                     f"of {size} bytes): it was truncated")
+        return value
 
     def __len__(self) -> int:
         self._open()
@@ -910,10 +987,11 @@ class LMDBReader(Reader):
                 cur = self._cursor
                 if not cur.set_range(prefix) or not bytes(cur.key()[:len(prefix)]) == prefix:
                     raise CorruptRecordError(self.data_path, i, None, f"no key with prefix {prefix!r}")
-                key, value = cur.item()
+                key = cur.key()  # the leaf page only; the value is read below
+                value = self._pread_value(i) if self._offsets is not None else cur.value()
             else:
                 key = self._keys[i]
-                value = self._txn.get(key)
+                value = self._pread_value(i) if self._offsets is not None else self._txn.get(key)
         except self._errors as e:
             raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
         gio.charge(len(value))
@@ -953,8 +1031,10 @@ class LMDBReader(Reader):
         throttle = gio.throttle()
         i = base = 0
         crcs = sizes = ()
+        pairs = (((key, self._pread_value(k)) for k, key in enumerate(self._txn.cursor().iternext(values=False)))
+                 if self._offsets is not None else self._txn.cursor())
         try:
-            for key, value in self._txn.cursor():
+            for key, value in pairs:
                 n = len(value)
                 if throttle is not None:
                     throttle.charge(n)
@@ -986,6 +1066,9 @@ class LMDBReader(Reader):
         if txn is not None and self._pid == os.getpid():
             txn.abort()
             _release_env(self._env_key)
+        fd = self.__dict__.pop("_fd", None)
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
         self._pid = None
 
 
@@ -1020,4 +1103,4 @@ class LMDBFormat(Format):
         return LMDBReader(path, **options)
 
     def output_files(self, path: str) -> list[str]:
-        return [os.path.join(path, name) for name in (DATA, CHECKSUMS, PAGES, SIDECAR)]
+        return [os.path.join(path, name) for name in (DATA, CHECKSUMS, PAGES, OFFSETS, SIDECAR)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import multiprocessing
 import os
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
 from gpufeed.formats import get_format
 from gpufeed.formats.base import Sample
-from gpufeed.formats.lmdb import (CHECKSUMS, PAGES, SIDECAR, decode_datum, make_key, read_mean_binaryproto,
+from gpufeed.formats.lmdb import (CHECKSUMS, OFFSETS, PAGES, SIDECAR, decode_datum, make_key, read_mean_binaryproto,
                                   write_mean_binaryproto)
 from gpufeed.formats.proto import caffe_pb2
 
@@ -103,7 +104,7 @@ def test_round_trip_all_kinds(tmp_path, rng):
                 Sample("multiraw", [1, 2], img, "raw", 25)]
     out = tmp_path / "train_lmdb"
     files = write(out, samples)
-    assert sorted(os.listdir(out)) == sorted([CHECKSUMS, PAGES, SIDECAR, "data.mdb"])
+    assert sorted(os.listdir(out)) == sorted([CHECKSUMS, OFFSETS, PAGES, SIDECAR, "data.mdb"])
     r = FMT.reader(str(out))
     assert len(r) == len(samples)
     for i, s in enumerate(samples):
@@ -432,3 +433,34 @@ def test_keys_without_index_prefix_are_listed(tmp_path):
     env.close()
     r = FMT.reader(str(tmp_path / "plain"))
     assert [r[i].key for i in range(3)] == ["apple", "banana", "cherry"] and r[2].label == 6
+
+
+def test_values_are_read_at_their_recorded_offsets_and_checked(tmp_path, rng):
+    """gpufeed's LMDBs list each value's byte offset (one pread per value, inline or overflow); without
+    that list (Caffe's LMDBs) the reader maps the file as before; a wrong offset is a CorruptRecordError."""
+    big = [Sample(f"n0/{i}.JPEG", i % 3, rng.integers(0, 256, 9000 + 37 * i, np.uint8).tobytes(), "encoded", i)
+           for i in range(30)]
+    small = [Sample(f"t/{i}", 0, np.arange(i + 1, dtype=np.int32), "tokens", 30 + i) for i in range(40)]
+    out = tmp_path / "train_lmdb"
+    write(out, big + small)
+    offsets = np.fromfile(out / OFFSETS, "<u8")
+    data = (out / "data.mdb").read_bytes()
+    values = [v for _, v in raw_values(out)]
+    for value, off in zip(values, offsets):
+        assert data[int(off):int(off) + len(value)] == value
+    with FMT.reader(str(out)) as r:
+        assert [bytes(r.read_raw(i)) for i in range(70)] == values
+        assert [s.key for s in r] == [s.key for s in big + small]
+    # Caffe's LMDBs have no offsets: the same values through the map.
+    side = json.loads((out / SIDECAR).read_text())
+    plain = tmp_path / "plain_lmdb"
+    shutil.copytree(out, plain)
+    (plain / OFFSETS).unlink()
+    (plain / SIDECAR).write_text(json.dumps({k: v for k, v in side.items() if k != "offsets"}))
+    with FMT.reader(str(plain)) as r:
+        assert [bytes(r.read_raw(i)) for i in range(70)] == values
+    # A damaged offsets list reads the wrong bytes, which the value CRCs catch.
+    offsets[5] += 4
+    offsets.astype("<u8").tofile(out / OFFSETS)
+    with FMT.reader(str(out)) as r, pytest.raises(CorruptRecordError, match="record 5.*CRC-32C"):
+        r.read_raw(5)
