@@ -7,7 +7,7 @@ side in one invocation:
 
 * ``limit``: a plain ``multiprocessing.Pool(P)`` reading each file and running the per-core limit loop on
   it (DCT-domain downscale decode, cv2 resize of the shorter side to 256, JPEG q95 encode; nothing
-  written): what P cores can do with no framework at all. Also one process on a sample, for the hardware's
+  written), timed once its processes are up: what P cores can do with no framework at all. Also one process on a sample, for the hardware's
   own P-way scaling;
 * ``convert`` at ``--workers P`` for each format alone and all together (``--resize 256``), as a user types
   it: a fresh ``python -m gpufeed convert`` process timed from its start to its exit (Ray's start-up,
@@ -36,6 +36,9 @@ import sys
 import threading
 import time
 
+#: Pools start their processes from a clean server process, not by forking the caller, which may run
+#: threads (a test session's Ray): a fork then can copy a lock held by one of them, and hang.
+_POOLS = multiprocessing.get_context("forkserver")
 #: The runs a full invocation makes, in order; ``--runs`` picks a subset.
 RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "pass", "pass-recordio", "cp")
 ALL = "lmdb,recordio,tfrecord"
@@ -55,7 +58,7 @@ def build_corpus(root: str, n: int, unique: int, processes: int, classes: int = 
     """``n`` files under ``root/class%03d/`` (copies of ``unique`` synthesised JPEGs); returns the bytes and
     the paths in listing order."""
     chunks = [(unique // processes + (i < unique % processes), 1000 + i) for i in range(processes)]
-    with multiprocessing.Pool(processes) as pool:
+    with _POOLS.Pool(processes) as pool:
         datas = [d for part in pool.map(_make_unique, [c for c in chunks if c[0]]) for d in part]
     total, paths = 0, []
     for i in range(n):
@@ -109,11 +112,17 @@ def _pool_init() -> None:
 
 
 def limit_rate(paths: list[str], processes: int) -> float:
-    """Images/s of the plain-multiprocessing limit loop over ``paths`` (pool start-up counted)."""
-    t0 = time.perf_counter()
-    with multiprocessing.Pool(processes, initializer=_pool_init) as pool:
+    """Images/s of the plain-multiprocessing limit loop over ``paths``, timed from when every process is up
+    with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is)."""
+    with _POOLS.Pool(processes, initializer=_pool_init) as pool:
+        pool.map(_pool_ready, range(processes), chunksize=1)
+        t0 = time.perf_counter()
         n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
-    return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0)
+
+
+def _pool_ready(_) -> None:
+    time.sleep(0.05)  # long enough that each process takes one
 
 
 class _RssSampler(threading.Thread):

@@ -90,8 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="go on from a killed run of the same command; --no-resume starts over")
     p.add_argument("--allow-incomplete", action="store_true",
-                   help="convert a CIFAR or Penn Treebank source that lacks some of the files the dataset "
-                        "ships (each missing file is listed in the summary); without it that is an error")
+                   help="convert an ImageNet source whose train split lacks classes its devkit lists, or a CIFAR "
+                        "or Penn Treebank source that lacks files the dataset ships (each listed in the "
+                        "summary); without it that is an error")
+    p.add_argument("--strict", action="store_true",
+                   help="identify every input by a checksum of its bytes as well as its size, modification time "
+                        "and inode (read once while planning), so a resume notices an edit that kept all three")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished conversion in DST made with other options: its files (those its "
                         "manifest.json lists) are removed first; files gpufeed did not write are never touched")
@@ -117,7 +121,7 @@ def options_from_args(args):
         std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, overwrite=args.overwrite,
-        allow_incomplete=args.allow_incomplete,
+        allow_incomplete=args.allow_incomplete, strict=args.strict,
         dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
         task_retries=args.task_retries)

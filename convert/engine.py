@@ -710,7 +710,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     for s in splits:
         items = source.items(s)
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
-                              options.shards, options.shard_size, identities=_identities(items))
+                              options.shards, options.shard_size, identities=_identities(items, options.strict))
         items_by_split[s] = items
     t0.mark("listed")
     if progress is not None:
@@ -741,7 +741,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             shutil.rmtree(state_dir, ignore_errors=True)
         journal = Journal.open(state_dir, out, options.output_key(), options.resume)
         for s, plan in plans.items():
-            journal.check_plan(s, plan, items_by_split[s])
+            journal.check_plan(s, plan, items_by_split[s], options.strict)
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)
     finally:
         if journal is not None:
@@ -776,28 +776,34 @@ def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
     return None
 
 
-def item_identity(item, archives: dict) -> bytes:
-    """What decides an input's bytes and label besides its key: the label, and for a local file its size,
-    modification time and inode (a replaced file has another); for a tar member its place in the archive
-    and the archive's identity; for data in memory a checksum of it. ``archives`` caches archive stats.
-    A remote file (fsspec) is identified by its key and label only (no per-file request while planning)."""
+def item_identity(item, cache: dict, strict: bool = False) -> bytes:
+    """What decides an input's bytes and label besides its key: the label; for a local file its size,
+    modification time and inode (a replaced file has another); for a remote file (fsspec) its size, ETag
+    and modification time as its directory's listing gives them (one request per directory); for a tar
+    member its place in the archive and the archive's identity; for data in memory a checksum of it. With
+    ``strict`` (``--strict``), a checksum of every input's bytes as well, read once while planning.
+    ``cache`` keeps stats and listings across the items of a split."""
     import crc32c
 
     from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef
 
     ref = item.ref
     parts = [repr(item.label)]
-    if isinstance(ref, (FileRef, TarMemberRef)) and io.is_local(ref.url):
-        path = io.local_path(ref.url)
-        if path not in archives or isinstance(ref, FileRef):
-            try:
-                st = os.stat(path)
-                archives[path] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-            except OSError:
-                archives[path] = "unreadable"
-        parts.append(archives[path])
+    if isinstance(ref, (FileRef, TarMemberRef)):
+        key = ref.url
+        if key not in cache or isinstance(ref, FileRef):
+            cache[key] = _file_identity(ref.url, cache)
+        parts.append(cache[key])
         if isinstance(ref, TarMemberRef):
             parts.append(f"{ref.offset}:{ref.size}")
+        if strict:
+            from gpufeed.pipelines.base import read_item
+
+            try:
+                data = read_item(item)
+                parts.append(f"crc32c {crc32c.crc32c(data)}:{len(data)}")
+            except _INPUT_ERRORS:
+                parts.append("unreadable")  # converting it will say why
     elif isinstance(ref, InlineRef):
         import numpy as np
 
@@ -806,9 +812,32 @@ def item_identity(item, archives: dict) -> bytes:
     return "\t".join(parts).encode("utf-8", "surrogateescape")
 
 
-def _identities(items: list) -> list[bytes]:
-    archives = {}
-    return [item_identity(it, archives) for it in items]
+def _file_identity(url: str, cache: dict) -> str:
+    if io.is_local(url):
+        try:
+            st = os.stat(io.local_path(url))
+            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        except OSError:
+            return "unreadable"
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    parent = path.rsplit("/", 1)[0]
+    listing = cache.get(("listing", parent))
+    if listing is None:
+        try:
+            listing = {e["name"].rstrip("/"): e for e in fs.ls(parent, detail=True)}
+        except OSError:
+            listing = {}
+        cache[("listing", parent)] = listing
+    info = listing.get(path.rstrip("/"), {})
+    fields = ("size", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated", "created")
+    return ":".join(f"{k}={info[k]}" for k in fields if k in info) or "unlisted"
+
+
+def _identities(items: list, strict: bool = False) -> list[bytes]:
+    cache = {}
+    return [item_identity(it, cache, strict) for it in items]
 
 
 def _dry_run(options, out, plans) -> Summary:

@@ -27,8 +27,8 @@ DEFAULT_QUALITY = 95
 SAMPLES_PER_SHARD = 1250
 
 #: Options that do not change a single output byte, left out of the resume check.
-_RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "dry_run", "progress",
-                 "driver_writes", "task_retries")
+_RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "strict", "dry_run",
+                 "progress", "driver_writes", "task_retries")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 
@@ -69,7 +69,8 @@ class ConvertOptions:
     address: str | None = None
     resume: bool = True
     overwrite: bool = False  # replace a finished conversion made with other options (its files removed first)
-    allow_incomplete: bool = False  # convert a CIFAR / PTB source that lacks files the dataset ships
+    allow_incomplete: bool = False  # convert an ImageNet / CIFAR / PTB source that lacks what the dataset ships
+    strict: bool = False  # identify every input by a checksum of its bytes too (a resume then notices any edit)
     dry_run: bool = False
     seq_len: int = 35
     ptb_mode: str = "window"
@@ -191,7 +192,7 @@ class ConvertOptions:
     def source_options(self) -> dict:
         if self.dataset == "ptb":
             return {"seq_len": self.seq_len, "ptb_mode": self.ptb_mode, "allow_incomplete": self.allow_incomplete}
-        if self.dataset in ("cifar10", "cifar100"):
+        if self.dataset in ("cifar10", "cifar100", "imagenet"):
             return {"allow_incomplete": self.allow_incomplete}
         return {}
 

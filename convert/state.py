@@ -160,15 +160,20 @@ class Journal:
                                   "destination and rerun the same command to resume") from e
             self.events.append(event)
 
-    def check_plan(self, split: str, plan, items: list) -> None:
+    def check_plan(self, split: str, plan, items: list, strict: bool = False) -> None:
         """Record a split's plan, or refuse to resume if the source changed since it was journalled:
         other inputs, or the same names with other contents or labels (named in the message)."""
         shards = len(plan.shards)
+        identity = "content" if strict else "stat"
         for e in self.events:
             if e["event"] == "plan" and e["split"] == split:
                 if (e["digest"], e["shards"]) != (plan.digest, shards):
                     raise ConfigError(f"the {split} split of the source changed since this conversion started "
                                       "(inputs added, removed or renamed); add --no-resume to start over")
+                if e.get("identity", "stat") != identity:
+                    was = "with" if e.get("identity") == "content" else "without"
+                    raise ConfigError(f"this conversion started {was} --strict; rerun it the same way to resume, "
+                                      "or add --no-resume to start over")
                 old = e.get("shard_digests") or []
                 changed = [sp for sp, a, b in zip(plan.shards, old, plan.shard_digests) if a != b]
                 if changed:
@@ -180,7 +185,7 @@ class Journal:
                                       "add --no-resume to convert from the current inputs")
                 return
         self.append({"event": "plan", "split": split, "digest": plan.digest, "shards": shards,
-                     "shard_digests": list(plan.shard_digests)})
+                     "identity": identity, "shard_digests": list(plan.shard_digests)})
 
     def shards_done(self) -> dict[tuple[str, int], dict]:
         return {(e["split"], e["shard"]): e for e in self.events if e["event"] == "shard"}

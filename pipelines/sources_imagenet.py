@@ -15,7 +15,7 @@ import re
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
-from gpufeed.pipelines.base import ClassInfo, FileRef, Item, TarMemberRef
+from gpufeed.pipelines.base import ClassInfo, FileRef, Item, Skipped, TarMemberRef
 from gpufeed.pipelines.sources import BaseSource, Root, read_url
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
@@ -98,9 +98,11 @@ class ImageNetSource(_ImageSource):
     LAYOUTS = ("auto", "tree", "archives")
 
     def __init__(self, root: Root, on_error: str = "fail", limits: ArchiveLimits = ArchiveLimits(),
-                 layout: str = "auto", **options):
+                 layout: str = "auto", allow_incomplete: bool = False, **options):
         if options:
             raise ConfigError(f"unknown imagenet source options: {', '.join(sorted(options))}")
+        self.allow_incomplete = allow_incomplete
+        self._classes_listed = False  # True when the class list comes from the devkit or the synset mapping
         if layout not in self.LAYOUTS:
             raise ConfigError(f"imagenet layout must be one of {self.LAYOUTS}, not {layout!r}")
         super().__init__(root, on_error)
@@ -175,11 +177,13 @@ class ImageNetSource(_ImageSource):
         meta = self._devkit().get(META_MAT)
         if meta is not None:
             wnids, texts, self._id_to_wnid = _read_meta_mat(*meta)
+            self._classes_listed = True
             return ClassInfo(names=wnids, synsets=wnids, texts=texts)
         mapping = self._find(SYNSET_MAPPING)
         if mapping is not None:
             pairs = _read_synset_mapping(self.root.read(mapping), self.root.url(mapping))
             wnids = sorted(pairs)
+            self._classes_listed = True
             return ClassInfo(names=wnids, synsets=wnids, texts=[pairs[w] for w in wnids])
         if self.train_dir:
             wnids = [n for n, is_dir in self.root.listdir(self.train_dir) if is_dir]
@@ -269,9 +273,34 @@ class ImageNetSource(_ImageSource):
     def _list(self, split: str) -> list[Item]:
         folder, tar = getattr(self, f"{split}_dir"), getattr(self, f"{split}_tar")
         if folder:
-            return self._val_tree_items(folder) if split == "val" else self._tree_items(
+            items = self._val_tree_items(folder) if split == "val" else self._tree_items(
                 folder, self.labels(), self._meta_of)
-        return self._train_tar_items(tar) if split == "train" else self._val_tar_items(tar)
+        else:
+            items = self._train_tar_items(tar) if split == "train" else self._val_tar_items(tar)
+        if split == "train":
+            self._check_complete(items)
+        return items
+
+    def _check_complete(self, items: list[Item]) -> None:
+        """Every class the devkit (or the synset mapping) lists has training images: a class with none means
+        a train folder or per-class tar is missing, an error unless ``allow_incomplete``."""
+        classes = self.classes()
+        if not self._classes_listed:
+            return  # the classes were read from the training data itself
+        if self.train_dir:  # a class folder whose images were all skipped is not a missing class
+            present = {n for n, is_dir in self.root.listdir(self.train_dir) if is_dir}
+        else:
+            present = {classes.names[it.label] for it in items}
+        missing = [w for w in classes.names if w not in present]
+        if not missing:
+            return
+        where = self.root.url(self.train_dir or self.train_tar)
+        what = (f"training images of {len(missing)} of the {len(classes.names)} classes the devkit lists "
+                f"({', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''})")
+        if not self.allow_incomplete:
+            raise SourceNotFound(where, what, "restore their folders or per-class tars, or add --allow-incomplete "
+                                 "to convert the classes that are here (the labels keep the devkit's numbering)")
+        self._skipped.append(Skipped(where, f"no {what}; converted without them (--allow-incomplete)"))
 
     def _val_tree_items(self, folder: str) -> list[Item]:
         found = {}

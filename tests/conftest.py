@@ -33,3 +33,17 @@ def rng():
 def pytest_configure(config):
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    """A tiny synthetic ImageNet tree (convert_fixtures.synth_source), one per test module."""
+    from convert_fixtures import synth_source
+
+    return synth_source(tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module")
+def address(ray_local):
+    """The session's Ray runtime, for a CLI run in a child process to join (--address)."""
+    return ray_local.get_runtime_context().gcs_address

@@ -10,17 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from convert_fixtures import options, synth_source, tree_bytes
+from convert_fixtures import options, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return synth_source(tmp_path_factory.mktemp("src"))
 
 
 @pytest.fixture(scope="module")

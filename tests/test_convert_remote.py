@@ -8,7 +8,7 @@ import uuid
 import fsspec
 import pytest
 
-from convert_fixtures import options, synth_source, tree_bytes
+from convert_fixtures import options, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.verify import verify
 from gpufeed.errors import IncompleteOutputError
@@ -18,11 +18,6 @@ def _memory_tree(url: str) -> dict[str, bytes]:
     fs, root = fsspec.core.url_to_fs(url)
     root = root.rstrip("/")
     return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root) if not p.endswith("/manifest.json")}
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return synth_source(tmp_path_factory.mktemp("src"))
 
 
 def _opts(src, out, **kw):

@@ -16,21 +16,11 @@ import time
 import psutil
 import pytest
 
-from convert_fixtures import cli, cli_args, journal_shards, options, synth_source, tree_bytes
+from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
 from gpufeed.errors import IncompleteOutputError
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return synth_source(tmp_path_factory.mktemp("src"))
-
-
-@pytest.fixture(scope="module")
-def address(ray_local):
-    return ray_local.get_runtime_context().gcs_address
 
 
 def _finish(proc, timeout=120):
@@ -65,7 +55,7 @@ def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path
     assert code == 2 and "quality: journal 95, now 90" in err and "--no-resume" in err
     # Ctrl-C later in the resumed run: a clean stop that says how to resume.
     code, _, err = _start_and_kill(args, address, out, after=2, sig=signal.SIGINT)
-    assert code == 130 and "rerun the same command to resume" in err and "Traceback" not in err
+    assert code == 130 and "rerun the same command to resume" in err and "Traceback" not in err, (code, err)
     with pytest.raises(IncompleteOutputError):
         verify(out)
     code, stdout, err = _finish(cli(args, address))

@@ -15,21 +15,11 @@ import time
 
 import pytest
 
-from convert_fixtures import cli, cli_args, journal_shards, options, synth_source, tree_bytes
+from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, InputError, SourceNotFound
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return synth_source(tmp_path_factory.mktemp("src"))
-
-
-@pytest.fixture(scope="module")
-def address(ray_local):
-    return ray_local.get_runtime_context().gcs_address
 
 
 class StopAfter(Progress):
@@ -216,3 +206,41 @@ def test_a_read_only_destination_is_an_output_error_naming_it(src, tmp_path, ray
         verify(str(out))  # the finished output is still whole
     finally:
         subprocess.run(["umount", str(out)], check=True)
+
+
+def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, ray_local):
+    source = tmp_path / "imagenet"
+    shutil.copytree(src, source)
+    out = tmp_path / "out"
+    opts = options(source, out, workers=1, splits=("train",), shard_size=2, strict=True)
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(2))
+    victim = sorted((source / "train").rglob("*.JPEG"))[3]
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF  # inside the JPEG's entropy-coded data, before its end marker
+    with open(victim, "r+b") as f:  # in place: same inode and size
+        f.write(data)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same modification time
+    with pytest.raises(ConfigError, match="this conversion started with --strict"):
+        convert(options(source, out, workers=1, splits=("train",), shard_size=2))
+    with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 shard\(s\)"):
+        convert(opts)
+
+
+def test_remote_inputs_are_identified_by_their_listing(tmp_path):
+    """A remote (fsspec) file's identity comes from its directory's listing: one request per directory."""
+    import fsspec
+
+    from gpufeed.convert.engine import _identities
+    from gpufeed.pipelines.base import FileRef, Item
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/gpufeed-test-remote/a/1.JPEG": b"one", "/gpufeed-test-remote/a/2.JPEG": b"two"})
+    items = [Item(f"a/{i}.JPEG", 0, FileRef(f"memory://gpufeed-test-remote/a/{i}.JPEG")) for i in (1, 2)]
+    before = _identities(items)
+    assert all(b"size=" in x for x in before)
+    fs.pipe({"/gpufeed-test-remote/a/2.JPEG": b"two, longer"})
+    after = _identities(items)
+    assert after[0] == before[0] and after[1] != before[1]
+    fs.rm("/gpufeed-test-remote", recursive=True)

@@ -224,3 +224,15 @@ def test_numeric_val_labels_without_a_class_list(tmp_path):
     src = open_source("imagenet", str(tmp_path))
     assert len(src.classes().names) == 11
     assert [it.label for it in src.items("val")] == [10, 2, 0]
+
+
+def test_a_train_split_missing_classes_the_devkit_lists_is_an_error_unless_allowed(tmp_path):
+    meta_mat(str(tmp_path / "meta.mat"), {"n01": 1, "n02": 2, "n03": 3})
+    write(str(tmp_path / "train/n01/n01_1.JPEG"), jpeg(1))
+    write(str(tmp_path / "train/n03/n03_1.JPEG"), jpeg(2))
+    with pytest.raises(SourceNotFound, match=r"train: training images of 1 of the 3 classes the devkit lists "
+                                             r"\(n02\) not found; .*--allow-incomplete"):
+        open_source("imagenet", str(tmp_path)).items("train")
+    src = open_source("imagenet", str(tmp_path), allow_incomplete=True)
+    assert [it.label for it in src.items("train")] == [0, 2]  # the devkit's numbering is kept
+    assert "no training images of 1 of the 3 classes" in src.skipped()[0].reason
