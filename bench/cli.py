@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from gpufeed.convert.cli import HelpFormatter
+
 #: sub-subcommand -> (module, one-line help). each module holds its own arguments and run().
 SUBCOMMANDS = {
     "convert": ("gpufeed.bench.convert_bench", "time `gpufeed convert` per format, tier and worker count"),
@@ -61,8 +63,7 @@ def int_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     for name, (module, help_) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         try:
             mod = importlib.import_module(module)
         except ImportError as e:

@@ -69,7 +69,11 @@ def write_format(name: str, path: str, count: int, size: int) -> float:
 
 def write_tfrecord_package(path: str, count: int, size: int) -> float:
     """The same records through the ``tfrecord`` package's writer (same feature keys), for comparison."""
-    import tfrecord
+    try:
+        import tfrecord
+    except ImportError:
+        raise ConfigError("the tfrecord package is the peer this benchmark compares with: "
+                          "pip install 'gpufeed[bench]'") from None
 
     t0 = time.perf_counter()
     w = tfrecord.TFRecordWriter(path)

@@ -641,6 +641,11 @@ def run(args) -> int:
     from gpufeed.bench.cli import tiers_from_args
     from gpufeed.bench.results import ResultWriter
 
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ConfigError("`gpufeed bench train` needs PyTorch: pip install 'gpufeed[gpu]' (torch and "
+                          "torchvision; the CPU build is enough for the emulated accelerator)") from None
     opts = options_from_args(args)
     tiers = tiers_from_args(args, args.dst)
     writer = ResultWriter(args.results, data_path=args.dst)

@@ -24,13 +24,28 @@ COMMANDS = {
 }
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default only where it tells something: not for flags (``--gray``: off unless
+    given; ``--no-progress``'s stored ``True`` would read as the opposite of what it does), not for options
+    without a default, and not where the help already states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is True or default is False or default == argparse.SUPPRESS
+                or action.nargs == 0 or "(default" in text.lower()):
+            return text
+        if isinstance(default, (list, tuple)):  # as typed on the command line, not a Python repr
+            default = ",".join(map(str, default))
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufeed", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
         mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)

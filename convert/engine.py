@@ -98,8 +98,9 @@ class Summary:
 
 #: Test-only fault injection, read by the driver and handed to the workers in the job (Ray workers are
 #: started by the raylet, so their environment is not the driver's): a JSON object with ``fsize`` (a file
-#: size limit, RLIMIT_FSIZE, applied while a shard runs: the condition a full disk creates) and/or
-#: ``crash_on`` (inputs whose origin ends with this string kill their worker, like a crashing decoder).
+#: size limit, RLIMIT_FSIZE, applied while a shard runs: the condition a full disk creates), ``crash_on``
+#: (inputs whose origin ends with this string kill their worker, like a crashing decoder) and/or ``delay_s``
+#: (seconds each input takes longer, so a test can act while a run is busy).
 TEST_FAULTS_ENV = "GPUFEED_TEST_FAULTS"
 #: Why an input isolated by bisection is skipped.
 CRASH_REASON = "crashes the worker (found by bisecting its shard)"
@@ -156,6 +157,9 @@ class _FileSizeLimit:
 
 
 def _maybe_crash(job: ShardJob, item) -> None:
+    delay = (job.faults or {}).get("delay_s")
+    if delay:
+        time.sleep(delay)
     crash_on = (job.faults or {}).get("crash_on")
     if crash_on and item.origin.endswith(crash_on):
         import signal
@@ -520,8 +524,14 @@ class _Tasks:
         return False
 
     def cancel(self) -> None:
+        # Not force=True: killing a worker whose task is completing can abort Ray's core in this process
+        # (task_manager.cc "unexpected system state") instead of the clean stop a Ctrl-C promises. An
+        # interrupted task leaves only temporary files, which the next run removes.
         for ref in self.inflight:
-            self.ray.cancel(ref, force=True)
+            try:
+                self.ray.cancel(ref)
+            except Exception:  # already finished, or its worker already gone
+                pass
 
 
 class _Split:

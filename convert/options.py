@@ -120,9 +120,26 @@ class ConvertOptions:
             raise ConfigError("--encode pass stores the original bytes, so it cannot be combined with "
                               f"{', '.join(geometry + ['--center-crop'] * self.center_crop + ['--gray'] * self.gray)}; "
                               "drop them or choose --encode jpeg")
+        if self.dataset == "ptb":
+            image = geometry + [n for n, v in (("--center-crop", self.center_crop), ("--gray", self.gray),
+                                               ("--normalize", self.normalize), ("--encode", self.encode))
+                                if v]
+            if image:
+                raise ConfigError(f"{', '.join(image)} transform images; Penn Treebank is text (token records): "
+                                  "drop them (--seq-len and --ptb-mode shape its records)")
         self._check_store_dtype()
         if self.splits is not None and not self.splits:
             raise ConfigError("--split needs at least one split name, e.g. train,val")
+        self._check_out_not_in_src()
+
+    def _check_out_not_in_src(self) -> None:
+        """A destination inside the source would be listed as input by the next run (or this one)."""
+        if "://" in self.src or "://" in self.out:
+            return
+        src, out = os.path.realpath(self.src), os.path.realpath(self.out)
+        if os.path.isdir(src) and (out == src or out.startswith(src.rstrip(os.sep) + os.sep)):
+            raise ConfigError(f"--out {self.out} is inside the source {self.src}: its files would be read as "
+                              "inputs by the next run; choose a destination outside the source")
 
     def _check_store_dtype(self) -> None:
         _choice("--store-dtype", self.store_dtype, STORE_DTYPES)

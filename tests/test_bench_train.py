@@ -135,3 +135,13 @@ def test_configuration_errors(dataset, tmp_path):
         args._bench_module.run(args)
     with pytest.raises(SystemExit):
         _parse([dataset, "--results", results, "--task", "fly"])
+
+
+def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):
+    from gpufeed.convert.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if it were not installed: `import torch` fails
+    rc = main(["bench", "train", str(tmp_path), "--results", str(tmp_path / "r.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "pip install 'gpufeed[gpu]'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

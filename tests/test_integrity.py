@@ -22,6 +22,12 @@ from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, InputError, SourceNotFound
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 class StopAfter(Progress):
     """Interrupts the run (as Ctrl-C would) once ``n`` shards are done."""
 
@@ -44,6 +50,9 @@ def test_a_second_run_into_the_same_destination_is_refused_before_it_deletes_any
         time.sleep(0.01)
     assert first.poll() is None, first.communicate()
     first.send_signal(signal.SIGSTOP)  # mid-run, holding the destination (as a slow run would)
+    deadline = time.time() + 30
+    while _state(first.pid) != "T" and time.time() < deadline:  # stopped, not just signalled
+        time.sleep(0.01)
     try:
         journal = open(os.path.join(out, ".gpufeed", "journal.jsonl"), "rb").read()
         for extra in ([], ["--no-resume"], ["--overwrite"]):
@@ -244,3 +253,12 @@ def test_remote_inputs_are_identified_by_their_listing(tmp_path):
     after = _identities(items)
     assert after[0] == before[0] and after[1] != before[1]
     fs.rm("/gpufeed-test-remote", recursive=True)
+
+
+def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
+    from gpufeed.convert.options import ConvertOptions
+
+    with pytest.raises(ConfigError, match="--out .* is inside the source"):
+        options(src, os.path.join(src, "out"))
+    with pytest.raises(ConfigError, match="--resize transform images; Penn Treebank is text"):
+        ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
