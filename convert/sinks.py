@@ -36,7 +36,6 @@ from gpufeed.errors import ConfigError, OutputError
 from gpufeed.formats._atomic import AtomicFile, replace_dir
 from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
-from gpufeed.formats.naming import shard_name
 
 #: Spool frame body: key length, then key and value. The frame around it carries length and CRCs.
 _SPOOL_KEY = struct.Struct("<I")
@@ -51,25 +50,8 @@ _LAYOUT_KEYS = ("kind", "shape", "dtype", "checksum")
 
 # -- output layout ---------------------------------------------------------------------------------------
 
-def tfrecord_path(out: str, split: str, shard: int, count: int) -> str:
-    return join(out, "tfrecord", shard_name(split, shard, count))
-
-
-def recordio_shard_path(out: str, split: str, shard: int, count: int) -> str:
-    return join(out, "recordio", shard_name(split, shard, count, ".rec"))
-
-
-def recordio_single_path(out: str, split: str) -> str:
-    return join(out, "recordio", f"{split}.rec")
-
-
-def lmdb_path(out: str, split: str) -> str:
-    return join(out, "lmdb", f"{split}_lmdb")
-
-
 def spool_path(spool_dir: str, split: str, fmt: str, shard: int) -> str:
-    ext = ".rec" if fmt == "recordio" else ""
-    return join(spool_dir, f"{split}-{fmt}-{shard:05d}{ext}")
+    return join(spool_dir, f"{split}-{fmt}-{shard:05d}{SPLIT_SINKS[fmt].spool_ext}")
 
 
 # -- spool files -----------------------------------------------------------------------------------------
@@ -134,6 +116,8 @@ class SplitSink:
     """
 
     format = ""
+    #: The spool's file name ends so (a RecordIO fragment's ``.rec``: its writer names the side files from it).
+    spool_ext = ""
 
     def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
         self.state_dir, self.out, self.split, self.float_dtype = state_dir, out, split, float_dtype
@@ -178,7 +162,9 @@ class LmdbSink(SplitSink):
         super().__init__(state_dir, out, split, float_dtype)
         self.partial_dir = os.path.join(state_dir, "partial")
         self.target = os.path.join(self.partial_dir, f"{split}_lmdb")
-        self.final = lmdb_path(out, split)
+        from gpufeed.formats import get_format
+
+        self.final = get_format("lmdb").output_path(out, split)
         self._writer = None
 
     @staticmethod
@@ -344,13 +330,17 @@ class RecordIOSink(SplitSink):
     """
 
     format = "recordio"
+    spool_ext = ".rec"
     EXTS = (".rec", ".idx", ".lst")
     _ROLES = {".rec": "data", ".idx": "index", ".lst": "list"}
 
     def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
         super().__init__(state_dir, out, split, float_dtype)
         self.partial = {ext: os.path.join(state_dir, "partial", f"{split}{ext}") for ext in self.EXTS}
-        self.final = {ext: join(out, "recordio", f"{split}{ext}") for ext in self.EXTS}
+        from gpufeed.formats import get_format
+
+        rec = get_format("recordio").output_path(out, split)
+        self.final = {ext: rec[:-len(".rec")] + ext for ext in self.EXTS}
         self.sidecar = None  # the first non-empty fragment's sidecar: kind, raw shape and dtype
         self._files = {}
         self._sha = {}

@@ -111,8 +111,8 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
     from gpufeed.formats import get_format
     from gpufeed.pipelines.transforms import decode_image
 
-    if o.format == "lmdb" and not io.is_local(o.path):
-        return _check_remote_lmdb(o, decode)
+    if get_format(o.format).local_only and not io.is_local(o.path):
+        return _check_remote_local_only(o, decode)
     counts = collections.Counter()
     n = decoded = 0
     reader = get_format(o.format).reader(o.path)
@@ -142,8 +142,8 @@ def _check_pixels(o: _Output, n: int, sample) -> None:
         raise CorruptRecordError(o.path, n, None, "normalised pixels hold NaN or infinity")
 
 
-def _check_remote_lmdb(o: _Output, decode: bool) -> tuple[int, int, dict]:
-    """LMDB is memory-mapped, so a remote environment is read from a local copy."""
+def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, dict]:
+    """A format that reads local paths only (LMDB maps its file): a remote output is read from a local copy."""
     import tempfile
 
     import fsspec
@@ -171,27 +171,23 @@ def _list_labels(path: str) -> collections.Counter:
 
 
 def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
-    from gpufeed.convert.sinks import join
-    from gpufeed.formats.naming import parse_shard_name
+    """The outputs a manifest lists, each as its format's reader opens it, and the RecordIO list files."""
+    from gpufeed.formats import FORMATS, get_format
 
+    formats = [get_format(name) for name in FORMATS]
     outputs, lists = [], []
     dtype = (manifest.get("output_options") or {}).get("store_dtype") or "uint8"
     for f in manifest["files"]:
-        parts = f["path"].split("/")
-        if f["role"] == "list" and parts[0] == "recordio":
+        if f["role"] == "list":
             lists.append(f["path"])
-        if f["role"] != "data" or len(parts) < 2 or parts[0] not in ("lmdb", "recordio", "tfrecord"):
+        if f["role"] != "data":
             continue
-        fmt = parts[0]
-        if fmt == "lmdb":
-            split = parts[1][:-len("_lmdb")]
-            path = join(out, *parts[:2])
-        else:
-            name = parts[-1]
-            parsed = parse_shard_name(name)
-            split = parsed[0] if parsed else name[:-len(".rec")]
-            path = join(out, f["path"])
-        outputs.append(_Output(fmt, path, split, f["records"], dtype))
+        for fmt in formats:
+            split = fmt.parse_output(f["path"])
+            if split is not None:
+                path = io.join(out, *fmt.reader_path(f["path"]).split("/"))
+                outputs.append(_Output(fmt.name, path, split, f["records"], dtype))
+                break
     return outputs, lists
 
 

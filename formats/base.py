@@ -248,6 +248,14 @@ class Format(abc.ABC):
 
         return join(out, self.name, shard_name(split, shard, count))
 
+    #: True when :meth:`reader` needs a local path (an LMDB's memory map); a remote output is copied first.
+    local_only: ClassVar[bool] = False
+
+    def reader_path(self, relpath: str) -> str:
+        """What :meth:`reader` opens for one of this format's data files (relative path): the file itself,
+        or, for an output that is a directory (an LMDB environment), that directory."""
+        return relpath
+
     def parse_output(self, relpath: str) -> str | None:
         """The split of an output that :meth:`output_path` names (relative to the destination, ``/``-separated),
         or ``None`` when the path is not one of this format's outputs."""

@@ -1083,6 +1083,10 @@ class LMDBFormat(Format):
     indexed = True
     #: One environment per split (``<split>_lmdb``), as Caffe's tools make.
     layout = PER_SPLIT
+    local_only = True
+
+    def reader_path(self, relpath: str) -> str:
+        return relpath.rsplit("/", 1)[0]
 
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         return gio.join(out, self.name, f"{split}_lmdb")
