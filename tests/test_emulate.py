@@ -70,7 +70,9 @@ def test_latency_overlaps_across_concurrent_requests(tmp_path):
             th.join()
         parallel = time.perf_counter() - t0
     assert serial >= 0.05
-    assert parallel < 0.05 * 6  # 8 requests in flight at once, not 8 x 50 ms
+    # 8 requests in flight at once overlap their latency: measured against 8 serial ones in the same run
+    # (a ratio, not a wall-clock bound that a loaded machine could break).
+    assert parallel < 0.75 * 8 * serial
 
 
 def _charge_n(state, n, barrier):
