@@ -134,23 +134,17 @@ class _RssSampler(threading.Thread):
         self.pid, self.period, self.samples = pid, period, []
 
     def run(self) -> None:
-        from gpufeed.bench.results import proc_kib_field
+        from gpufeed.bench.scale import anon_rss
 
         t0 = time.perf_counter()
-        while True:
-            rss = proc_kib_field(f"/proc/{self.pid}/status", "RssAnon")  # bytes
-            if not rss:  # gone, or a zombie (no memory left to report)
-                break
+        while rss := anon_rss(self.pid):  # none once gone, or a zombie (no memory left to report)
             self.samples.append((time.perf_counter() - t0, rss))
             time.sleep(self.period)
 
     def halves(self) -> tuple[int, int]:
-        if not self.samples:
-            return 0, 0
-        mid = self.samples[-1][0] / 2
-        first = max((r for t, r in self.samples if t <= mid), default=0)
-        second = max((r for t, r in self.samples if t > mid), default=0)
-        return first, second
+        from gpufeed.bench.scale import peak_halves
+
+        return peak_halves(self.samples, self.samples[-1][0]) if self.samples else (0, 0)
 
 
 def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> dict:

@@ -44,7 +44,7 @@ def _role(proc) -> str:
     return "ray-other" if "ray" in cmd else "other"
 
 
-def _anon_rss(pid: int) -> int | None:
+def anon_rss(pid: int) -> int | None:
     """Private anonymous resident memory: RSS less the file pages a process maps (LMDB's memory map counts
     in RSS but is page cache the kernel can drop, not memory the process holds)."""
     from gpufeed.bench.results import proc_kib_field
@@ -85,7 +85,7 @@ def monitor(cmd: list[str], state_dir: str, interval: float) -> dict:
             break
         by_role: dict[str, int] = {}
         for p in procs:
-            rss = _anon_rss(p.pid)
+            rss = anon_rss(p.pid)
             if rss is None:
                 try:
                     rss = p.memory_info().rss
@@ -104,13 +104,19 @@ def monitor(cmd: list[str], state_dir: str, interval: float) -> dict:
     return {"returncode": rc, "wall_s": time.monotonic() - t0, "timeline": timeline, "processes": peaks}
 
 
+def peak_halves(samples, wall: float) -> tuple[int, int]:
+    """The largest of ``[(t, bytes)]`` samples in the first and in the second half of a ``wall``-second run."""
+    first = max((r for t, r in samples if t < wall / 2), default=0)
+    second = max((r for t, r in samples if t >= wall / 2), default=0)
+    return first, second
+
+
 def flatness(result: dict) -> dict:
     """Per role, the largest single-process peak in the first and second half of the run."""
     wall = result["wall_s"]
     halves: dict[str, list[int]] = {}
     for rec in result["processes"].values():
-        first = max((r for t, r in rec["samples"] if t < wall / 2), default=0)
-        second = max((r for t, r in rec["samples"] if t >= wall / 2), default=0)
+        first, second = peak_halves(rec["samples"], wall)
         h = halves.setdefault(rec["role"], [0, 0])
         h[0], h[1] = max(h[0], first), max(h[1], second)
     out = {}

@@ -33,7 +33,7 @@ from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
 from gpufeed.formats.base import PER_SHARD, PER_SPLIT
 from gpufeed.machine import usable_cores
-from gpufeed.pipelines.base import item_size, needs_read, read_item
+from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef, item_size, needs_read, read_item
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
@@ -794,8 +794,6 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
     ``cache`` keeps stats and listings across the items of a split."""
     import crc32c
 
-    from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef
-
     ref = item.ref
     parts = [repr(item.label)]
     if isinstance(ref, (FileRef, TarMemberRef)):
@@ -806,8 +804,6 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
         if isinstance(ref, TarMemberRef):
             parts.append(f"{ref.offset}:{ref.size}")
         if strict:
-            from gpufeed.pipelines.base import read_item
-
             try:
                 data = read_item(item)
                 parts.append(f"crc32c {crc32c.crc32c(data)}:{len(data)}")
