@@ -193,13 +193,19 @@ def measure_once(cfg: dict) -> dict:
         else:
             pool = None
             batches = map(_pool_batch, chunks)
+    deadline = t0 + cfg["max_seconds"] if cfg.get("max_seconds") else None
     for _labels, s, sec, dev, _data in batches:
         sizes.extend(s)
         seconds.extend(sec)
         device.extend(dev)
+        if deadline is not None and time.perf_counter() >= deadline:
+            break  # a slow tier: the samples read so far make the figures
     wall = time.perf_counter() - t0
-    if cfg["loader"] != "torch" and pool is not None:
-        pool.close()
+    count = len(sizes)
+    if cfg["loader"] == "torch":
+        del batches  # stops the DataLoader's workers
+    elif pool is not None:
+        pool.terminate()
         pool.join()
     nbytes = sum(sizes)
     lat = sorted(s for s in seconds if s is not None) or [0.0]
@@ -298,16 +304,41 @@ def dataset_paths(info: dict, directory: str, fmt: str) -> list[str]:
     return [output_path(directory, fmt, s, info["shards"]) for s in range(info["shards"])]
 
 
+#: ``--grid``: what a run measures unless an option says otherwise. ``quick`` answers "how fast does each
+#: format read from each tier" in a couple of minutes (cold, one worker count, one run of at most
+#: QUICK_RUN_SECONDS per configuration); ``full`` is the whole grid with repeats, for reports.
+GRIDS = {
+    "quick": {"modes": "raw,decode", "workers": None, "cache": "cold", "repeats": 1, "warmup": 0,
+              "max_seconds": 10.0},
+    "full": {"modes": "raw,decode", "workers": [0, 2], "cache": "cold,warm", "repeats": 3, "warmup": 1,
+             "max_seconds": None},
+}
+
+
+def _quick_workers() -> list[int]:
+    from gpufeed.machine import usable_cores
+
+    return [min(8, usable_cores())]
+
+
 def add_arguments(parser) -> None:
     from gpufeed.bench.cli import add_tier_arguments, int_list
 
     parser.add_argument("dst", metavar="DST", help="benchmark dataset directory (gpufeed bench dataset DST)")
     add_tier_arguments(parser)
+    parser.set_defaults(repeats=None, warmup=None)  # from --grid unless given
+    parser.add_argument("--grid", choices=tuple(GRIDS), default="quick",
+                        help="quick: cold reads, one worker count (the cores, at most 8), one run of at most "
+                             "10 s per configuration, a couple of minutes in all; full: raw and decode x workers "
+                             "0,2 x cold and warm, 3 runs each after a warm-up. The options below override either")
     parser.add_argument("--formats", default=None, help="comma-separated formats (default: all in DST)")
-    parser.add_argument("--workers", type=int_list, default=[0, 2], help="DataLoader worker counts, e.g. 0,2,8")
-    parser.add_argument("--modes", default="raw,decode",
-                        help="raw: read stored bytes only; decode: + decode, RandomResizedCrop and flip")
-    parser.add_argument("--cache", default="cold,warm", help="page-cache states to run: cold, warm or both")
+    parser.add_argument("--workers", type=int_list, default=None, help="DataLoader worker counts, e.g. 0,2,8")
+    parser.add_argument("--modes", default=None,
+                        help="raw: read stored bytes only; decode: + decode, RandomResizedCrop and flip "
+                             "(default: both)")
+    parser.add_argument("--cache", default=None, help="page-cache states to run: cold, warm or both")
+    parser.add_argument("--max-seconds", type=float, default=None, metavar="S",
+                        help="end a run after S seconds (or --samples), whichever comes first")
     parser.add_argument("--access", choices=ACCESS, default="random", help="shuffled (training) or file order")
     parser.add_argument("--samples", type=int, default=1000, help="samples read per run")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -326,25 +357,45 @@ def _csv(text: str, allowed, what: str) -> list[str]:
     return values
 
 
+def format_row(r: dict) -> str:
+    m = r["metrics"]
+    flag = "" if r["valid"] else "  INVALID"
+    return (f"{r['tier']:<9}{r['format']:<9}{r['params']['mode']:<7}w={r['params']['workers']:<3}"
+            f"{r['params']['cache']:<5}{r['median']:>9.1f} samples/s  {m['mb_per_s']['median']:>8.1f} MB/s  "
+            f"p50 {m['read_p50_ms']['median']:6.2f} ms  p99 {m['read_p99_ms']['median']:7.2f} ms  "
+            f"from device {m['device_fraction']['median']:5.0%}{flag}")
+
+
 def run(args) -> int:
-    rows = bench_read(args)
+    import sys
+
+    rows = bench_read(args, progress=lambda line: print(line, file=sys.stderr, flush=True))
     for r in rows:
-        m = r["metrics"]
-        flag = "" if r["valid"] else "  INVALID"
-        print(f"{r['tier']:<9}{r['format']:<9}{r['params']['mode']:<7}w={r['params']['workers']:<3}"
-              f"{r['params']['cache']:<5}{r['median']:>9.1f} samples/s  {m['mb_per_s']['median']:>8.1f} MB/s  "
-              f"p50 {m['read_p50_ms']['median']:6.2f} ms  p99 {m['read_p99_ms']['median']:7.2f} ms  "
-              f"from device {m['device_fraction']['median']:5.0%}{flag}")
+        print(format_row(r))
     return 0
 
 
-_UNITS = {"samples_per_s": "samples/s", "mb_per_s": "MB/s", "read_p50_ms": "ms", "read_p99_ms": "ms",
-          "iops": "requests/s", "mean_request_kib": "KiB", "device_bytes": "bytes", "cache_bytes": "bytes",
+def resolve_grid(args) -> dict:
+    """The grid a run measures: ``--grid``'s settings, each overridden by its option when given."""
+    grid = dict(GRIDS[args.grid])
+    if grid["workers"] is None:
+        grid["workers"] = _quick_workers()
+    for key in ("modes", "workers", "cache", "repeats", "warmup", "max_seconds"):
+        if getattr(args, key, None) is not None:
+            grid[key] = getattr(args, key)
+    if grid["max_seconds"] is not None and grid["max_seconds"] <= 0:
+        raise ConfigError(f"--max-seconds must be positive, not {grid['max_seconds']}")
+    return grid
+
+
+_UNITS = {"samples_per_s": "samples/s", "samples": "samples", "mb_per_s": "MB/s", "read_p50_ms": "ms",
+          "read_p99_ms": "ms", "iops": "requests/s", "mean_request_kib": "KiB", "device_bytes": "bytes", "cache_bytes": "bytes",
           "device_fraction": "ratio", "payload_bytes": "bytes", "wall_s": "s", "emulator_slept_s": "s"}
 
 
-def bench_read(args) -> list[dict]:
-    """The whole grid of ``gpufeed bench read``; returns the rows it wrote."""
+def bench_read(args, progress=None) -> list[dict]:
+    """The grid of ``gpufeed bench read`` (:func:`resolve_grid`); returns the rows it wrote. ``progress``
+    gets one line per configuration as it starts, with the time spent and an estimate of what is left."""
     from gpufeed.bench.cache import evict
     from gpufeed.bench.cli import tiers_from_args
     from gpufeed.bench.dataset import dataset_fields, load_dataset_info
@@ -353,9 +404,10 @@ def bench_read(args) -> list[dict]:
     from gpufeed.bench.results import ResultWriter, disk_info, metrics_block, repeat, summarize
 
     info = load_dataset_info(args.dst)
+    grid = resolve_grid(args)
     formats = _csv(args.formats, list(info["formats"]), "formats") if args.formats else list(info["formats"])
-    modes = _csv(args.modes, DECODE_MODES, "modes")
-    caches = _csv(args.cache, CACHE_STATES, "cache")
+    modes = _csv(grid["modes"], DECODE_MODES, "modes")
+    caches = _csv(grid["cache"], CACHE_STATES, "cache")
     if args.samples < 1 or args.batch_size < 1:
         raise ConfigError("--samples and --batch-size must be >= 1")
     loader = args.loader
@@ -370,6 +422,8 @@ def bench_read(args) -> list[dict]:
     tiers = tiers_from_args(args, os.path.abspath(args.dst))
     writer = ResultWriter(args.results, data_path=args.dst)
     rows = []
+    total = len(tiers) * len(formats) * len(modes) * len(grid["workers"]) * len(caches)
+    clock = _Eta(total, progress)
     for tier in tiers:
         directory = tier_dataset(tier, os.path.abspath(args.dst))
         disk = disk_info(directory).get("disk")
@@ -382,11 +436,13 @@ def bench_read(args) -> list[dict]:
             paths = dataset_paths(info, directory, fmt)
             fmt_fields = dataset_fields(info, fmt)
             for mode in modes:
-                for workers in args.workers:
+                for workers in grid["workers"]:
                     for cache in caches:
+                        clock.next(f"{tier.name} {fmt} {mode} w={workers} {cache}")
                         cfg = {"format": fmt, "paths": paths, "decode": mode == "decode", "crop": crop,
                                "workers": workers, "batch_size": args.batch_size, "samples": args.samples,
-                               "access": args.access, "loader": loader, "disk": disk, "seed": 0}
+                               "access": args.access, "loader": loader, "disk": disk, "seed": 0,
+                               "max_seconds": grid["max_seconds"]}
 
                         def prepare(paths=paths, cache=cache):
                             if cache == "cold":
@@ -401,7 +457,7 @@ def bench_read(args) -> list[dict]:
                                     return run_in_child(cfg)
                             return run_in_child(cfg)
 
-                        runs = repeat(once, args.repeats, args.warmup, before_each=prepare)
+                        runs = repeat(once, grid["repeats"], grid["warmup"], before_each=prepare)
                         fractions = [r["device_fraction"] for r in runs]
                         verified = (min(fractions) >= COLD_MIN_FRACTION if cache == "cold"
                                     else max(fractions) <= WARM_MAX_FRACTION)
@@ -409,7 +465,8 @@ def bench_read(args) -> list[dict]:
                                "params": {"mode": mode, "decode": mode == "decode", "workers": workers,
                                           "cache": cache, "access": args.access, "batch_size": args.batch_size,
                                           "samples": cfg["samples"], "crop": crop if mode == "decode" else None,
-                                          "loader": loader, "warmup": args.warmup},
+                                          "loader": loader, "warmup": grid["warmup"], "grid": args.grid,
+                                          "max_seconds": grid["max_seconds"]},
                                **fmt_fields,
                                f"{cache}_verified": verified,
                                "valid": invalid is None, "invalid_reason": invalid,
@@ -419,3 +476,21 @@ def bench_read(args) -> list[dict]:
                             row["host_disk"] = row_figures(host)
                         rows.append(writer.write(row))
     return rows
+
+
+class _Eta:
+    """``[3/12] ssd tfrecord raw w=2 cold (41 s so far, about 1.6 min left)``: one line per configuration."""
+
+    def __init__(self, total: int, out):
+        self.total, self.out, self.done, self.t0 = total, out, 0, time.perf_counter()
+
+    def next(self, what: str) -> None:
+        if self.out is None:
+            return
+        spent = time.perf_counter() - self.t0
+        left = ""
+        if self.done:
+            rest = spent / self.done * (self.total - self.done)
+            left = f", about {rest / 60:.1f} min left" if rest >= 90 else f", about {rest:.0f} s left"
+        self.done += 1
+        self.out(f"[{self.done}/{self.total}] {what} ({spent:.0f} s so far{left})")

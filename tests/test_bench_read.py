@@ -44,7 +44,7 @@ def test_bench_read_emulated_and_measured(imagenet_like, tmp_path):
     results = tmp_path / "read.jsonl"
     rc = main(["bench", "read", imagenet_like, "--tier", "ultra", "--tier", f"host={os.path.dirname(imagenet_like)}",
                "--results", str(results), "--samples", "12", "--batch-size", "4", "--workers", "0,1",
-               "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"])
+               "--grid", "full", "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"])
     assert rc == 0
     rows = load_results(str(results))
     assert len(rows) == 2 * 3 * 2 * 2 * 2  # tiers x formats x modes x workers x cache
@@ -63,6 +63,23 @@ def test_bench_read_emulated_and_measured(imagenet_like, tmp_path):
         if r["mode"] == "emulated" and r["params"]["cache"] == "cold":
             assert m["iops"]["median"] > 0 and m["mean_request_kib"]["median"] > 0
     assert "tier_limits" in rows[0] and rows[0]["machine"]["cpu"]
+
+
+def test_default_grid_is_quick_with_a_line_per_configuration(imagenet_like, tmp_path, capsys):
+    """With defaults, one cold run per tier x format x mode at one worker count, each announced with the time
+    spent and what is left; --max-seconds ends a run early, the figures coming from what it read."""
+    results = tmp_path / "read.jsonl"
+    rc = main(["bench", "read", imagenet_like, "--tier", "ultra", "--results", str(results), "--samples", "12",
+               "--batch-size", "4", "--host-seconds", "0.1", "--allow-invalid", "--max-seconds", "0.0001"])
+    assert rc == 0
+    rows = load_results(str(results))
+    assert len(rows) == 3 * 2
+    assert {r["params"]["cache"] for r in rows} == {"cold"} and len({r["params"]["workers"] for r in rows}) == 1
+    assert all(r["params"]["grid"] == "quick" and r["repeats"] == 1 for r in rows)
+    # The first batch already passes the deadline: 4 samples read, not 12.
+    assert all(r["metrics"]["samples"]["median"] == 4 for r in rows), [r["metrics"]["samples"] for r in rows]
+    err = capsys.readouterr().err
+    assert "[1/6] ultra " in err and "[6/6] ultra " in err and "left)" in err
 
 
 def test_build_and_read_without_torch_or_ray(tmp_path):
