@@ -35,3 +35,20 @@ def test_notebook_executes_on_a_small_results_file(tmp_path, monkeypatch):
     html = "\n".join(o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {}))
     assert "ResNet-50 train on NVIDIA H200" in html and "Published finding vs these results" in html
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3
+
+
+def test_notebook_runs_from_any_directory_on_the_committed_results(tmp_path):
+    """As a user runs it headless (nbconvert), from a directory that is not notebooks/, with no results file
+    named: it finds the committed runs, conversion rows included."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nbconvert")
+    env = {k: v for k, v in os.environ.items() if k != "GPUFEED_RESULTS"}
+    subprocess.run([sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute", "--output-dir",
+                    str(tmp_path), "--ExecutePreprocessor.timeout=300", NOTEBOOK],
+                   cwd=tmp_path, env=env, check=True, capture_output=True)
+    with open(tmp_path / "storage_tiers.ipynb") as f:
+        nb = json.load(f)
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
+    assert "gpu-h200.jsonl" in text and "cpu-convert.jsonl" in text and "'convert'" in text
