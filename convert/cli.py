@@ -1,4 +1,4 @@
-"""The ``gpufeed`` command and its subcommands; ``convert`` is ``gpufeed convert``.
+"""The gpufeed command and its subcommands; convert is gpufeed convert.
 
 Each subcommand lives in its own module, imported only when used, with ``add_arguments(parser)`` and
 ``run(args) -> int``. Errors from gpufeed end the command with one clear sentence, not a traceback.
@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from gpufeed import __version__
+from gpufeed import errors
 from gpufeed.errors import GpufeedError
 
 #: subcommand -> (module, one-line help)
@@ -52,9 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "gpufeed") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    return _run(args)
+    errors.INVOCATION = [prog, *argv]
+    try:
+        return _run(args)
+    finally:
+        errors.INVOCATION = None
 
 
 def convert_main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpufeed.convert.options import (DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES, SAMPLES_PER_SHARD, STORE_DTYPES,
-                                     TASK_RETRIES)
+from gpufeed.convert.options import (DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES,
+                                     SAMPLES_PER_SHARD, STORE_DTYPES, TASK_RETRIES)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "stopped when the same command is run again.")
     p.add_argument("dataset", choices=DATASETS, metavar="DATASET",
                    help=f"what SRC holds: {', '.join(DATASETS)}")
-    p.add_argument("src", metavar="SRC", help="the dataset as shipped: a directory, archive or fsspec URL")
+    p.add_argument("src", metavar="SRC", help="the dataset as shipped: a directory, archive or fsspec URL; for "
+                   "folder, also an im2rec .lst or Caffe list file ('path label' lines)")
+    p.add_argument("--root", default=None, metavar="DIR",
+                   help="folder a list file's relative paths start from, as im2rec's and convert_imageset's "
+                        "root argument (default: the list file's folder)")
     p.add_argument("--to", required=True, metavar="FORMAT[,FORMAT...]",
                    help=f"output formats, comma-separated: {', '.join(FORMATS)}%(default).0s")
     p.add_argument("--out", required=True, metavar="DST",
@@ -37,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)")
     p.add_argument("--max-size", type=int, default=None, metavar="N",
                    help="then cap the longer side at N pixels (combines with --resize/--size)")
+    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
+                   help="refuse images with more pixels than this, undecoded: a guard against decompression "
+                        "bombs, at Pillow's default limit")
     p.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing (im2rec)")
     p.add_argument("--encode", choices=ENCODINGS, default=None,
                    help="how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked "
@@ -70,6 +77,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "writes RecordIO as K .rec files; without it RecordIO is one .rec per split")
     shards.add_argument("--shard-size", type=int, default=SAMPLES_PER_SHARD, metavar="N",
                         help="without --shards: about N samples per shard")
+    shards.add_argument("--shard-bytes", default=None, metavar="SIZE",
+                        help="about SIZE of input per shard instead (256MB, 1GiB), counted from the input files' "
+                             "sizes: with pass-through, shard files come out about that size; re-encoded or "
+                             "resized ones smaller")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="a quick trial: convert only N inputs of each split, a seeded sample (the first N when "
+                        "not shuffled)")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                    help="seeded global shuffle of each split at write time (sequential readers need it); "
                         "--no-shuffle keeps the source order. Default: on, except for ptb, whose windows "
@@ -107,18 +121,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args):
-    from gpufeed.convert.options import ConvertOptions, parse_floats, parse_list, parse_size
+    from gpufeed.convert.options import ConvertOptions, parse_bytes, parse_floats, parse_list, parse_size
 
     return ConvertOptions(
-        dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out,
+        dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out, root=args.root,
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
         resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
+        max_pixels=args.max_pixels,
         center_crop=args.center_crop, encode=args.encode, quality=args.quality, validate=args.validate,
         label_offset=args.label_offset,
         gray=args.gray,
         normalize=args.normalize, store_dtype=args.store_dtype,
         mean=parse_floats(args.mean, "--mean") if args.mean else None,
-        std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size, shuffle=args.shuffle,
+        std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size,
+        shard_bytes=parse_bytes(args.shard_bytes, "--shard-bytes") if args.shard_bytes else None,
+        limit=args.limit, shuffle=args.shuffle,
         seed=args.seed,
         on_error=args.on_error, address=args.address, resume=args.resume, overwrite=args.overwrite,
         allow_incomplete=args.allow_incomplete, strict=args.strict,

@@ -29,7 +29,7 @@ from collections import deque
 from gpufeed import io
 from gpufeed.convert import sinks
 from gpufeed.convert.options import ConvertOptions
-from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split
+from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, split_order
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
 from gpufeed.formats.base import PER_SHARD, PER_SPLIT
 from gpufeed.machine import usable_cores
@@ -64,6 +64,7 @@ class ShardJob:
     spool_dir: str = ""  # where spool files for the split sinks go
     driver_writes: bool = False  # write into a worker-local directory and return the files' bytes
     exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
+    encodes: tuple = ()  # per format, the encoding its samples get (empty: image_options.encode for all)
     faults: dict | None = None  # test-only fault injection (see _test_faults)
 
 
@@ -84,6 +85,9 @@ class Summary:
     prepass_shards: int = 0  # shards whose statistics this run computed in the pre-pass (not resumed)
     first_shard_started: float | None = None  # when a worker began this run's first shard (epoch seconds)
     timeline: dict = dataclasses.field(default_factory=dict)  # seconds from the start to each step
+    unit: str = "images"  # what a sample is: images, or token records (Penn Treebank)
+    dry_run: bool = False  # nothing was written: ``planned`` is what a run would write
+    converted: list = dataclasses.field(default_factory=list)  # [(origin, why)]: re-encoded in pass-through
 
     @property
     def written(self) -> int:
@@ -168,21 +172,34 @@ def _maybe_crash(job: ShardJob, item) -> None:
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):
-    """Make one sample (from ``data``, the item's bytes when already read) and encode it for every format;
-    crash on purpose under the ``crash_on`` test fault."""
-    from gpufeed.pipelines.transforms import decode_image, make_sample
-
+    """``(records, converted)``: one record per format of ``fmts`` (``job.formats``) from one input (``data``,
+    its bytes when already read), and why pass-through stored it re-encoded (``None`` when it did not).
+    Formats that store the same encoding share one sample; the input is read and transformed once per
+    encoding (CIFAR's defaults differ per format, each ecosystem's own). Crashes on purpose under the
+    ``crash_on`` test fault."""
     _maybe_crash(job, item)
     opts = job.image_options
+    samples, records = {}, []
+    for fmt, encode in zip(fmts, job.encodes or [opts.encode] * len(fmts)):
+        if encode not in samples:
+            one = opts if encode == opts.encode else dataclasses.replace(opts, encode=encode)
+            samples[encode] = _sample(one, item, index, stats if not samples else None, data)
+        records.append(fmt.encode(samples[encode]))
+    converted = next((s.meta["converted"] for s in samples.values() if "converted" in s.meta), None)
+    return records, converted
+
+
+def _sample(opts, item, index, stats, data):
+    from gpufeed.pipelines.transforms import decode_image, make_sample
+
     if stats is not None and opts.encode == "pass":
         # Pass-through with statistics: the full decode that gathers them also validates, so the
         # 1/8-scale validation decode is left out (each image is decoded once).
-        # Stored bytes are decoded to RGB by their readers (a gray JPEG too), so that is what is counted.
+        # Stored bytes are decoded to RGB by their readers, so that is what is counted.
         sample = make_sample(item, dataclasses.replace(opts, validate=False), index, data=data)
         stats.update(decode_image(sample.payload, item.origin, max_pixels=opts.max_pixels))
-    else:
-        sample = make_sample(item, opts, index, stats=stats, data=data)
-    return [fmt.encode(sample) for fmt in fmts]
+        return sample
+    return make_sample(item, opts, index, stats=stats, data=data)
 
 
 def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
@@ -310,7 +327,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
     sp = job.plan
     outputs = _open_outputs(job, out, spool_dir)
     fmts = [fmt for fmt, _, _ in outputs]
-    skipped, written, out_bytes = [], 0, 0
+    skipped, converted, written, out_bytes = [], [], 0, 0
     counts = [0] * len(outputs)
     ahead = _ReadAhead(items, lambda i: sp.start + i in job.exclude)
     try:
@@ -323,7 +340,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             one = ChannelStats() if stats is not None else None
             try:
                 data = ahead.take(index - sp.start, item)
-                records = _records(job, fmts, item, index, one, data)
+                records, change = _records(job, fmts, item, index, one, data)
             except _INPUT_ERRORS as e:
                 if job.on_error == "fail":
                     raise
@@ -338,6 +355,8 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                 counts[k] += 1
             if one is not None:
                 stats.merge(one)
+            if change is not None:
+                converted.append((item.origin, change))
             written += 1
         files = []
         for _, writer, path in outputs:
@@ -352,7 +371,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
         raise
     finally:
         ahead.close()
-    return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped,
+    return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped, "converted": converted,
             "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
             "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats}
 
@@ -709,22 +728,34 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     out = options.out.rstrip("/") if not io.is_local(options.out) else io.local_path(options.out)
     if progress is not None:
         progress.phase(f"listing {options.src}")
-    source = open_source(options.dataset, options.src, on_error=options.on_error, **options.source_options())
+    source = open_source(options.dataset, options.source_root, on_error=options.on_error,
+                         **options.source_options())
     available = source.splits()
     splits = list(options.splits or available)
     for s in splits:
         if s not in available:
             raise ConfigError(f"--split {s!r} is not in {options.src}; it holds {', '.join(available) or 'no splits'}")
-    plans, items_by_split = {}, {}
+    plans, items_by_split, listed = {}, {}, {}
     for s in splits:
         items = source.items(s)
+        listed[s] = len(items)
+        if options.limit is not None and options.limit < len(items):
+            keep = split_order(len(items), s, options.seed, options.effective_shuffle)[:options.limit]
+            items = [items[i] for i in sorted(keep)]
+        cache = {}
+        identities = _identities(items, options.strict, cache)
+        shards = options.shards
+        if options.shard_bytes is not None:
+            shards = max(1, round(_input_bytes(items, cache) / options.shard_bytes))
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
-                              options.shards, options.shard_size, identities=_identities(items, options.strict))
+                              shards, options.shard_size, identities=identities)
         items_by_split[s] = items
     t0.mark("listed")
     if progress is not None:
-        progress.phase(f"listed {sum(len(v) for v in items_by_split.values())} inputs "
-                       f"({', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())}); planned "
+        limited = "" if options.limit is None else (
+            f"; converting {', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())} of them (--limit)")
+        progress.phase(f"listed {sum(listed.values())} inputs "
+                       f"({', '.join(f'{s} {n}' for s, n in listed.items())}){limited}; planned "
                        f"{sum(len(p.shards) for p in plans.values())} shards")
     if options.dry_run:
         return _dry_run(options, out, plans)
@@ -763,7 +794,7 @@ def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
     (refused, unless ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write
     (refused: never overwritten). ``None`` when the run goes ahead."""
     from gpufeed.convert import manifest as manifest_mod
-    from gpufeed.convert.state import options_diff
+    from gpufeed.convert.state import options_diff, recorded_options
 
     kind, doc = manifest_mod.finished(out)
     if kind == "foreign":
@@ -772,11 +803,13 @@ def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
     if kind == "none":
         return None
     key = options.output_key()
-    if doc["output_options"] == key and kind == "complete" and options.resume:
+    recorded = recorded_options(doc["output_options"], key)
+    if recorded == key and kind == "complete" and options.resume:
         return Summary(out, doc["splits"], [tuple(s) for s in doc["skipped"]], doc["bytes_written"], 0.0,
+                       unit=_unit(options), converted=[tuple(c) for c in doc.get("converted", ())],
                        note="already complete; nothing to do (add --no-resume to convert again)")
-    if doc["output_options"] != key and not options.overwrite:
-        diff = options_diff(doc["output_options"], key, "finished run")
+    if recorded != key and not options.overwrite:
+        diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "
                           "to replace it (its files are removed first), or choose another --out")
     # Converted again (--no-resume, --overwrite, or files lost since): the old run's files go first, so
@@ -840,16 +873,47 @@ def _file_identity(url: str, cache: dict) -> str:
     return ":".join(f"{k}={info[k]}" for k in fields if k in info) or "unlisted"
 
 
-def _identities(items: list, strict: bool = False) -> list[bytes]:
-    cache = {}
+def _identities(items: list, strict: bool = False, cache: dict | None = None) -> list[bytes]:
+    cache = {} if cache is None else cache
     return [item_identity(it, cache, strict) for it in items]
+
+
+def _input_bytes(items: list, cache: dict) -> int:
+    """The inputs' total size as listed (``--shard-bytes``): a tar member's header, a local file's stat, a
+    remote file's entry in the listings :func:`item_identity` cached; data in memory by its length. Inputs
+    whose size cannot be learnt count as the mean of the others."""
+    sizes = []
+    for it in items:
+        ref = it.ref
+        if isinstance(ref, TarMemberRef):
+            sizes.append(ref.size)
+        elif isinstance(ref, InlineRef):
+            sizes.append(getattr(ref.data, "nbytes", None) or len(ref.data))
+        elif io.is_local(ref.url):
+            try:
+                sizes.append(os.stat(io.local_path(ref.url)).st_size)
+            except OSError:
+                sizes.append(None)
+        else:
+            import fsspec
+
+            path = fsspec.core.url_to_fs(ref.url)[1].rstrip("/")
+            listing = cache.get(("listing", path.rsplit("/", 1)[0]), {})
+            sizes.append(listing.get(path, {}).get("size"))
+    known = [n for n in sizes if n is not None]
+    mean = sum(known) / len(known) if known else 0
+    return int(sum(known) + mean * (len(sizes) - len(known)))
 
 
 def _dry_run(options, out, plans) -> Summary:
     samples = {s: {"planned": len(p), "written": 0, "skipped": 0, "shards": len(p.shards),
                    "formats": {f: 0 for f in options.formats}} for s, p in plans.items()}
-    return Summary(out, samples, [], 0, 0.0, complete=False,
-                   note=f"dry run: would write {', '.join(options.formats)} to {out}")
+    return Summary(out, samples, [], 0, 0.0, complete=False, unit=_unit(options), dry_run=True,
+                   note=f"dry run: would write {', '.join(options.formats)} to {out}; nothing was written")
+
+
+def _unit(options) -> str:
+    return "records" if options.dataset == "ptb" else "images"
 
 
 def _stats_split(options, plans) -> str | None:
@@ -964,10 +1028,13 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         if todo:
             tasks = _Tasks(ray_once(), run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
                            lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers)
+            if progress is not None:
+                progress.converting()
             faults = _test_faults()
+            encodes = tuple(options.encode_for(f.name) for f in formats)
             tasks.pending.extend(
                 ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
-                         spool_dir, driver_writes, faults=faults) for sp in todo)
+                         spool_dir, driver_writes, faults=faults, encodes=encodes) for sp in todo)
             while tasks:
                 committer.check()
                 job, result = tasks.next()
@@ -1092,7 +1159,8 @@ def _journal_shard(journal, state_dir, result) -> dict:
         from gpufeed.convert.manifest import save_stats
 
         save_stats(stats, os.path.join(state_dir, "stats", f"{result['split']}-{result['shard']:05d}.npz"))
-    event = dict(result, event="shard", skipped=[list(x) for x in result["skipped"]])
+    event = dict(result, event="shard", skipped=[list(x) for x in result["skipped"]],
+                 converted=[list(x) for x in result["converted"]])
     journal.append(event)
     return event
 
@@ -1141,11 +1209,12 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
             prepass_stats=None) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
 
-    samples, skipped, files, nbytes = {}, [], [], 0
+    samples, skipped, converted, files, nbytes = {}, [], [], [], 0
     for s, st in splits.items():
         written = sum(ev["written"] for ev in st.results.values())
         sk = [tuple(x) for i in sorted(st.results) for x in st.results[i]["skipped"]]
         skipped.extend(sk)
+        converted.extend(tuple(x) for i in sorted(st.results) for x in st.results[i].get("converted", ()))
         samples[s] = {"planned": len(st.plan), "written": written, "skipped": len(sk), "shards": len(st.plan.shards),
                       "formats": _records_per_format(options.formats, st)}
         for i in sorted(st.results):
@@ -1162,7 +1231,8 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     summary = Summary(out, samples, listing + skipped, nbytes, seconds, files,
                       worker_seconds=sum(ev.get("seconds", 0.0) for ev in events),
                       worker_cpu_seconds=sum(ev.get("cpu_seconds", 0.0) for ev in events),
-                      first_shard_started=min((ev["started"] for ev in events if "started" in ev), default=None))
+                      first_shard_started=min((ev["started"] for ev in events if "started" in ev), default=None),
+                      unit=_unit(options), converted=converted)
     t0.mark("sinks_done")
     summary.timeline = t0.timeline(summary.first_shard_started)
     manifest_mod.write(options, summary, source.classes(), stats)

@@ -197,6 +197,7 @@ def write(options, summary, classes, stats) -> dict:
         "classes": {"count": len(classes.names), "names": list(classes.names)},
         "normalization": stats_doc,
         "skipped": [list(s) for s in summary.skipped],
+        "converted": [list(c) for c in summary.converted],
         "bytes_written": summary.bytes_written,
         "timings": {"seconds": round(summary.seconds, 3),
                     "images_per_second": round(summary.images_per_second, 1),

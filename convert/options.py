@@ -13,10 +13,12 @@ import re
 
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
-from gpufeed.pipelines import DATASETS
+from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS
 
 ENCODINGS = ("jpeg", "png", "raw", "pass")
 ON_ERROR = ("fail", "skip")
+#: CIFAR's encoding per format when ``--encode`` is not given (:meth:`ConvertOptions.encode_for`).
+CIFAR_ENCODE = {"lmdb": "raw", "recordio": "png", "tfrecord": "png"}
 STORE_DTYPES = ("uint8", "float16", "float32")
 PTB_MODES = ("window", "sentence")
 #: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
@@ -26,9 +28,11 @@ DEFAULT_QUALITY = 95
 #: a shard is a cheap unit of retry and resume.
 SAMPLES_PER_SHARD = 1250
 
-#: Options that do not change a single output byte, left out of the resume check.
+#: Options that do not change a single byte of a finished shard, left out of the resume check.
+#: ``on_error`` is one: a shard finished under ``fail`` skipped nothing, one finished under ``skip`` lists
+#: its skipped inputs in the journal, and either stays as it is when the run goes on under the other.
 _RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "strict", "dry_run",
-                 "progress", "driver_writes", "task_retries")
+                 "progress", "driver_writes", "task_retries", "on_error")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 
@@ -43,15 +47,17 @@ class ConvertOptions:
     """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``."""
 
     dataset: str
-    src: str
+    src: str  # the dataset as shipped; for ``folder``, also an im2rec ``.lst`` or Caffe list file
     formats: tuple[str, ...]
     out: str
+    root: str | None = None  # where a list file's relative paths start (default: the list file's folder)
     workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
     splits: tuple[str, ...] | None = None
     resize: int | None = None
     size: tuple[int, int] | None = None
     max_size: int | None = None
     center_crop: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused undecoded (decompression bombs)
     encode: str | None = None
     quality: int = DEFAULT_QUALITY
     label_offset: int = 0  # added to TFRecord class labels: 1 gives TensorFlow's 1..1000 (0 = background)
@@ -63,6 +69,8 @@ class ConvertOptions:
     std: tuple[float, ...] | None = None
     shards: int | None = None
     shard_size: int = SAMPLES_PER_SHARD
+    shard_bytes: int | None = None  # instead of shard_size: about this many input bytes per shard
+    limit: int | None = None  # convert only this many inputs of each split (a seeded sample)
     shuffle: bool | None = None
     seed: int = 0
     on_error: str = "fail"
@@ -110,10 +118,18 @@ class ConvertOptions:
                 raise ConfigError(f"{name} must be a positive number of pixels, not {value}")
         if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
             raise ConfigError(f"--size must be HxW with positive numbers, e.g. 227x227, not {self.size}")
+        if self.max_pixels < 1:
+            raise ConfigError(f"--max-pixels must be a positive number of pixels, not {self.max_pixels}")
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
         if self.shard_size < 1:
             raise ConfigError(f"--shard-size must be at least 1, not {self.shard_size}")
+        if self.shard_bytes is not None and self.shard_bytes < 1:
+            raise ConfigError(f"--shard-bytes must be a positive size, e.g. 256MB, not {self.shard_bytes}")
+        if self.shard_bytes is not None and self.shards is not None:
+            raise ConfigError("--shards and --shard-bytes both set the shard count; give one")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be at least 1 input per split, not {self.limit}")
         if self.seq_len < 1:
             raise ConfigError(f"--seq-len must be at least 1, not {self.seq_len}")
         if self.encode == "pass" and (geometry or self.center_crop or self.gray):
@@ -127,16 +143,43 @@ class ConvertOptions:
             if image:
                 raise ConfigError(f"{', '.join(image)} transform images; Penn Treebank is text (token records): "
                                   "drop them (--seq-len and --ptb-mode shape its records)")
+        self._check_list_file()
         self._check_store_dtype()
         if self.splits is not None and not self.splits:
             raise ConfigError("--split needs at least one split name, e.g. train,val")
         self._check_out_not_in_src()
 
+    @property
+    def list_file(self) -> str | None:
+        """SRC when it is a list file (``folder`` only): an im2rec ``.lst`` or a Caffe ``path label`` list."""
+        if self.dataset != "folder" or "://" in self.src or not os.path.isfile(self.src):
+            return None
+        return self.src
+
+    @property
+    def source_root(self) -> str:
+        """Where the inputs are: SRC, or for a list file ``--root`` (default: the list file's folder)."""
+        if self.list_file is None:
+            return self.src
+        return self.root if self.root is not None else (os.path.dirname(os.path.abspath(self.src)))
+
+    def _check_list_file(self) -> None:
+        looks_like_list = "://" not in self.src and os.path.isfile(self.src)
+        if looks_like_list and self.dataset != "folder":
+            raise ConfigError(f"SRC {self.src} is a file: an im2rec .lst or Caffe list is read by the folder "
+                              f"dataset (gpufeed convert folder {self.src} --root IMAGE_DIR ...); "
+                              f"{self.dataset} reads the folder or archive the dataset ships as")
+        if self.root is not None and self.list_file is None:
+            raise ConfigError("--root says where a list file's paths start; SRC is not a list file, so drop --root "
+                              "(or give the list file as SRC with the folder dataset)")
+        if self.root is not None and "://" not in self.root and not os.path.isdir(self.root):
+            raise ConfigError(f"--root {self.root} is not a folder; give the folder the list file's paths start from")
+
     def _check_out_not_in_src(self) -> None:
         """A destination inside the source would be listed as input by the next run (or this one)."""
         if "://" in self.src or "://" in self.out:
             return
-        src, out = os.path.realpath(self.src), os.path.realpath(self.out)
+        src, out = os.path.realpath(self.source_root), os.path.realpath(self.out)
         if os.path.isdir(src) and (out == src or out.startswith(src.rstrip(os.sep) + os.sep)):
             raise ConfigError(f"--out {self.out} is inside the source {self.src}: its files would be read as "
                               "inputs by the next run; choose a destination outside the source")
@@ -179,16 +222,25 @@ class ConvertOptions:
     @property
     def effective_encode(self) -> str:
         """``--encode`` as applied: by default the original bytes when nothing changes the pixels (im2rec
-        ``--pass-through``), JPEG when they are resized or cropped, raw pixels for CIFAR (as Caffe's
-        ``convert_cifar_data`` stores them)."""
+        ``--pass-through``), JPEG when they are resized or cropped, PNG for CIFAR (lossless; see
+        :meth:`encode_for` for the formats that store it otherwise)."""
         if self.encode is not None:
             return self.encode
         if self.store_dtype != "uint8":
             return "raw"
         if self.dataset in ("cifar10", "cifar100"):
-            return "raw"
+            return "png"
         changed = any(v is not None for v in (self.resize, self.size, self.max_size))
         return "jpeg" if changed or self.center_crop or self.gray else "pass"
+
+    def encode_for(self, fmt: str) -> str:
+        """The encoding format ``fmt`` stores. Without ``--encode``, CIFAR is stored as each ecosystem
+        ships it, so its own readers take it unchanged: raw pixel Datums in LMDB (Caffe's
+        ``convert_cifar_data``), PNG in RecordIO (what ``ImageRecordIter`` decodes) and in TFRecord (as
+        TFDS stores CIFAR). Every other case: :attr:`effective_encode` for all formats."""
+        if self.encode is None and self.store_dtype == "uint8" and self.dataset in ("cifar10", "cifar100"):
+            return CIFAR_ENCODE.get(fmt, self.effective_encode)
+        return self.effective_encode
 
     def output_formats(self) -> list:
         """The formats to write, each configured as these options ask: TFRecord's label convention,
@@ -204,6 +256,7 @@ class ConvertOptions:
         return ImageOptions(resize=self.resize, size=self.size, max_size=self.max_size,
                             center_crop=self.center_crop, gray=self.gray, encode=self.effective_encode,
                             quality=self.quality, validate=self.validate, store_dtype=self.store_dtype,
+                            max_pixels=self.max_pixels,
                             mean=self.mean, std=self.std)
 
     def source_options(self) -> dict:
@@ -211,6 +264,8 @@ class ConvertOptions:
             return {"seq_len": self.seq_len, "ptb_mode": self.ptb_mode, "allow_incomplete": self.allow_incomplete}
         if self.dataset in ("cifar10", "cifar100", "imagenet"):
             return {"allow_incomplete": self.allow_incomplete}
+        if self.list_file is not None:
+            return {"list_file": os.path.abspath(self.list_file)}
         return {}
 
     def output_key(self) -> dict:
@@ -218,7 +273,8 @@ class ConvertOptions:
         d = self.to_json()
         for k in _RUNTIME_ONLY:
             d.pop(k)
-        d["encode"] = self.effective_encode
+        encodes = {f: self.encode_for(f) for f in self.formats}
+        d["encode"] = next(iter(encodes.values())) if len(set(encodes.values())) == 1 else encodes
         d["shuffle"] = self.effective_shuffle
         return d
 
@@ -233,6 +289,19 @@ def parse_size(text: str) -> tuple[int, int]:
     if not m:
         raise ConfigError(f"--size {text!r} is not HxW; write it like 227x227")
     return int(m[1]), int(m[2])
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str, what: str) -> int:
+    """``"256MB"`` -> 256000000, ``"1GiB"`` -> 1073741824 (SI and binary units, case-insensitive)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m[2].lower() if m else None
+    if not m or unit not in _BYTE_UNITS:
+        raise ConfigError(f"{what} {text!r} is not a size; write it like 256MB or 1GiB")
+    return int(float(m[1]) * _BYTE_UNITS[unit])
 
 
 def parse_floats(text: str, what: str) -> tuple[float, ...]:

@@ -26,6 +26,11 @@ class Progress:
         else:
             print(f"{text} ...", file=self.file, flush=True)
 
+    def converting(self) -> None:
+        """Back to the bar's own label, once a phase shown on it (starting Ray) is over."""
+        if self._bar is not None:
+            self._bar.set_description_str(self._desc)
+
     def warn(self, text: str) -> None:
         """A one-line warning, shown even without a progress bar."""
         if self._bar is not None:
@@ -39,7 +44,7 @@ class Progress:
             return
         from tqdm import tqdm
 
-        desc = "converting" if not already else f"resuming ({already} samples already done)"
+        desc = self._desc = "converting" if not already else f"resuming ({already} samples already done)"
         self._bar = tqdm(total=total, unit=unit, desc=desc, file=self.file, dynamic_ncols=True,
                          smoothing=0.1, mininterval=0.5)
 
@@ -70,9 +75,15 @@ def format_summary(summary, max_skipped: int = 20) -> str:
     lines = []
     if summary.note:
         lines.append(summary.note)
+    unit = getattr(summary, "unit", "images")
     for split, s in summary.samples.items():
+        shards = s.get("shards", "?")
+        shards = f"{shards} shard" + ("" if shards == 1 else "s")
+        if getattr(summary, "dry_run", False):
+            lines.append(f"{split}: {s['planned']} {unit} in {shards}")
+            continue
         formats = ", ".join(f"{f} {n}" for f, n in s["formats"].items())
-        lines.append(f"{split}: {s['written']} of {s['planned']} samples written in {s.get('shards', '?')} shards "
+        lines.append(f"{split}: {s['written']} of {s['planned']} {unit} written in {shards} "
                      f"({formats}); {s['skipped']} skipped")
     if summary.skipped:
         lines.append(f"skipped inputs ({len(summary.skipped)}):")
@@ -80,9 +91,16 @@ def format_summary(summary, max_skipped: int = 20) -> str:
             lines.append(f"  {origin}: {reason}")
         if len(summary.skipped) > max_skipped:
             lines.append(f"  ... and {len(summary.skipped) - max_skipped} more (all listed in manifest.json)")
+    converted = getattr(summary, "converted", [])
+    if converted:
+        lines.append(f"re-encoded inputs ({len(converted)}), stored so that every reader decodes them to 3 channels:")
+        for origin, reason in converted[:max_skipped]:
+            lines.append(f"  {origin}: {reason}")
+        if len(converted) > max_skipped:
+            lines.append(f"  ... and {len(converted) - max_skipped} more (all listed in manifest.json)")
     if summary.complete and summary.seconds:
         lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s: "
-                     f"{summary.images_per_second:.0f} images/s, "
+                     f"{summary.images_per_second:.0f} {unit}/s, "
                      f"{summary.bytes_written / summary.seconds / 1e6:.1f} MB/s")
     if summary.complete:
         lines.append(f"output: {summary.out} (manifest.json lists every file; check it with "

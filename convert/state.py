@@ -22,7 +22,7 @@ import json
 import os
 import threading
 
-from gpufeed.errors import ConfigError, OutputError
+from gpufeed.errors import ConfigError, OutputError, rerun_command
 from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
@@ -37,8 +37,15 @@ def state_dir_for(out: str) -> str:
     return os.path.join(base, "gpufeed", "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
 
 
+def recorded_options(old: dict, new: dict) -> dict:
+    """The output options a journal or manifest recorded, less those the current ones no longer count
+    (an option since found not to change the output bytes, e.g. ``on_error``)."""
+    return {k: v for k, v in old.items() if k in new}
+
+
 def options_diff(old: dict, new: dict, before: str = "journal") -> str:
     """``shards: journal 3, now 2; ...``: the output options that differ between a recorded run and now."""
+    old = recorded_options(old, new)
     keys = sorted(set(old) | set(new))
     return "; ".join(f"{k}: {before} {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
 
@@ -111,12 +118,12 @@ class Journal:
             j._reset()
         start = next((e for e in j.events if e["event"] == "start"), None)
         if start is not None:
-            old = start["options"]
+            old = recorded_options(start["options"], key)
             if start.get("version") != JOURNAL_VERSION or old != key:
                 j.close()
                 raise ConfigError(f"{out} holds a partial conversion made with other options "
-                                  f"({options_diff(old, key)}); "
-                                  "rerun with the same options to resume, or add --no-resume to start over")
+                                  f"({options_diff(old, key)}): rerun with the journal's options to resume it, "
+                                  f"or start over with these: {rerun_command(('--no-resume',), ('--resume',))}")
         j._f = open(j.path, "ab")
         if start is None:
             j.events = []

@@ -7,6 +7,21 @@ pickle with their arguments intact, so they cross Ray task boundaries unchanged.
 
 from __future__ import annotations
 
+import shlex
+
+#: The command line being run (``["gpufeed", "convert", ...]``), set by the CLI, so that advice can quote
+#: the exact command that works; ``None`` when gpufeed is used as a library.
+INVOCATION: list[str] | None = None
+
+
+def rerun_command(add: tuple = (), drop: tuple = ()) -> str:
+    """The user's own command with the options ``drop`` removed (flags) and ``add`` appended, quoted for a
+    shell; without a known command line, the options alone (``the same command with --no-resume``)."""
+    if INVOCATION is None:
+        return "the same command" + (f" with {' '.join(add)}" if add else "")
+    words = [w for w in INVOCATION if w not in drop]
+    return shlex.join(words + [a for a in add if a not in words])
+
 
 class GpufeedError(Exception):
     """Root of gpufeed's errors. ``str(err)`` is one sentence a person can act on."""
@@ -93,8 +108,8 @@ class CorruptRecordError(GpufeedError, ValueError):
         where = f"record {self.record_index}" if self.record_index is not None else "a record"
         if self.byte_offset is not None:
             where += f" at byte {self.byte_offset}"
-        return (f"{self.path}: {where}: {self.reason}; the file is damaged: write it again with the same "
-                "`gpufeed convert` command and --no-resume")
+        return (f"{self.path}: {where}: {self.reason}; the file is damaged: write it again with the "
+                "`gpufeed convert` command that made it and --no-resume")
 
 
 class RecordTooLargeError(GpufeedError, ValueError):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 DATASETS = ("imagenet", "cifar10", "cifar100", "ptb", "folder")
+#: Images with more pixels are refused undecoded. Pillow's own default (``PIL.Image.MAX_IMAGE_PIXELS``):
+#: about a 9459x9459 image, 256 MiB of RGB.
+DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def open_source(dataset: str, src: str, **options):

@@ -61,13 +61,14 @@ class _Budget:
         self.total += size
         if self.members > lim.max_members:
             raise UnsafeArchiveError(self.url, f"more than {lim.max_members} members (a tar bomb?)",
-                                     "raise ArchiveLimits.max_members if the archive is genuine")
+                                     "if the archive is genuine, extract it and convert the extracted folder")
         if size > lim.max_member_size:
             raise UnsafeArchiveError(self.url, f"member {name!r} declares {size} bytes, over the limit of "
-                                     f"{lim.max_member_size}", "raise ArchiveLimits.max_member_size if it is genuine")
+                                     f"{lim.max_member_size}", "no dataset ships a file this large: check that the archive is the "
+                                     "one you meant (a damaged download?)")
         if self.total > lim.max_total_size:
             raise UnsafeArchiveError(self.url, f"members declare more than {lim.max_total_size} bytes in all "
-                                     "(a tar bomb?)", "raise ArchiveLimits.max_total_size if the archive is genuine")
+                                     "(a tar bomb?)", "if the archive is genuine, extract it and convert the extracted folder")
 
 
 def has_undecodable(name: str) -> bool:

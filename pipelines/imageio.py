@@ -19,9 +19,7 @@ import numpy as np
 
 from gpufeed.errors import BadImageError, DecompressionBombError
 from gpufeed.formats.base import PNG_MAGIC, sniff_image_format
-
-#: Pillow's own default limit (``PIL.Image.MAX_IMAGE_PIXELS``): about a 9459x9459 image, 256 MiB of RGB.
-DEFAULT_MAX_PIXELS = 89_478_485
+from gpufeed.pipelines import DEFAULT_MAX_PIXELS
 
 # JPEG markers. SOF0-15 except DHT (C4), JPG (C8) and DAC (CC) carry the frame size.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -95,7 +93,7 @@ def probe(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
         raise DecompressionBombError(
             origin, f"{info.width}x{info.height} = {info.height * info.width} pixels is over the limit "
             f"of {max_pixels} (a possible decompression bomb); it was not decoded",
-            "raise --max-pixels (ImageOptions.max_pixels) if the image is genuine")
+            "if the image is genuine, raise gpufeed convert's --max-pixels")
     return info
 
 
@@ -352,7 +350,7 @@ def _decode_pillow(data: bytes, info: ImageInfo, origin: str, gray: bool) -> np.
                 bgr = np.asarray(im.convert("RGB"))[..., ::-1]
     except Image.DecompressionBombError as e:
         raise DecompressionBombError(origin, f"{e}; it was not decoded",
-                                     "raise --max-pixels if the image is genuine") from e
+                                     "if the image is genuine, raise gpufeed convert's --max-pixels") from e
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError... for damaged data
         raise BadImageError(origin, f"corrupt {info.format}: {e}",
                             _REFETCH) from e

@@ -497,9 +497,13 @@ class FolderSource(_ImageSource):
         except FileNotFoundError as e:
             raise SourceNotFound(url, "the list file") from e
         items = []
+        first = True
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
+            if first:
+                self._check_first_path(url, line)
+                first = False
             if "\t" in line:
                 parts = line.split("\t")
                 rel, fields = parts[-1], parts[1:-1]
@@ -514,8 +518,21 @@ class FolderSource(_ImageSource):
             item = self._file_item(self.root.join(self.root.path, rel), rel, label, {})
             if item is not None:
                 items.append(item)
+        if first:
+            raise SourceNotFound(url, "a single line", "an im2rec .lst has index<TAB>label<TAB>path lines, a Caffe "
+                                 "list 'path label' lines")
         self._list_items = items
         return items
+
+
+    def _check_first_path(self, url: str, line: str) -> None:
+        """A list whose first file is not under the root was given the wrong root: said once, not as one
+        missing file per line."""
+        rel = line.split("\t")[-1] if "\t" in line else line.strip().rpartition(" ")[0]
+        if rel and not self.root.exists(self.root.join(self.root.path, rel)):
+            raise SourceNotFound(self.root.join(self.root.path, rel), f"the first file {url} lists",
+                                 f"its paths start from --root, now {self.root.path}: give the folder they are "
+                                 "relative to")
 
 
 def _parse_label(fields: list[str]):

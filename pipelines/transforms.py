@@ -26,7 +26,7 @@ import numpy as np
 from gpufeed.errors import ConfigError, InputError
 from gpufeed.formats.base import Sample
 from gpufeed.pipelines.base import Item, read_item
-from gpufeed.pipelines.imageio import DEFAULT_MAX_PIXELS, decode, decode_image, probe, reduction_for
+from gpufeed.pipelines.imageio import DEFAULT_MAX_PIXELS, ImageInfo, decode, decode_image, probe, reduction_for
 
 ENCODINGS = ("jpeg", "png", "raw", "pass")
 STORE_DTYPES = ("uint8", "float16", "float32")
@@ -179,12 +179,16 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
         info = probe(data, origin, options.max_pixels)
         src_format = info.format
         if options.encode == "pass":
-            if options.validate:
-                decode(data, info, origin, gray=True,
-                       reduce=_VALIDATE_REDUCTION if info.format == "JPEG" else 1)
-            meta.update(height=info.height, width=info.width, channels=1 if info.channels == 1 else 3,
-                        format=info.format)
-            return Sample(item.key, item.label, bytes(data), "encoded", index, meta)
+            change = pass_through_change(info)
+            if change is None:
+                if options.validate:
+                    decode(data, info, origin, gray=True, reduce=_VALIDATE_REDUCTION)
+                meta.update(height=info.height, width=info.width, channels=3, format=info.format)
+                return Sample(item.key, item.label, bytes(data), "encoded", index, meta)
+            # Kept as they are, these would decode to 1 or 4 channels (or not as JPEG) in the readers'
+            # default calls, and a batch would fail to stack: stored as an RGB JPEG instead, and listed.
+            options = dataclasses.replace(options, encode="jpeg")
+            meta["converted"] = f"{change}: stored as an RGB JPEG (quality {options.quality})"
         box, out_hw = output_geometry(info.height, info.width, options)
         reduce = reduction_for(info, (box[2] / out_hw[0], box[3] / out_hw[1]))
         img = decode(data, info, origin, gray=options.gray, reduce=reduce)
@@ -198,6 +202,15 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
     if fmt == "RAW" and src_format != "RAW":
         meta["source_format"] = src_format
     return Sample(item.key, item.label, payload, kind, index, meta)
+
+
+def pass_through_change(info: ImageInfo) -> str | None:
+    """Why pass-through cannot keep an image's bytes, or ``None`` for an RGB (YCbCr) JPEG, which every
+    reader decodes to 3 channels by default. (A header claiming another number of components is a damaged
+    file: validation refuses it, and ``--no-validate`` keeps it as it is, as asked.)"""
+    if info.format != "JPEG":
+        return f"a {info.format} file, not a JPEG"
+    return {1: "a grayscale JPEG", 4: "a CMYK JPEG"}.get(info.channels)
 
 
 def _tokens(data: np.ndarray, origin: str) -> np.ndarray:

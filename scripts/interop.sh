@@ -64,10 +64,11 @@ if wants caffe; then
 fi
 
 # The data: a small synthetic ImageNet converted three times (re-encoded JPEGs in 2 shards; raw 32x32 pixels with
-# the mean image; the original bytes, CMYK / grayscale / PNG-named-JPEG included), then the edge cases written with the format writers, and expected.json over all of it.
+# the mean image; the original bytes, where the CMYK / grayscale / PNG-named-JPEG files become RGB JPEGs), CIFAR-10
+# and CIFAR-100 with their defaults, then the edge cases written with the format writers, and expected.json over all.
 if [ ! -f "$DATA/expected.json" ]; then
   echo "== data in $DATA"
-  rm -rf "$DATA/src" "$DATA/jpeg" "$DATA/raw" "$DATA/pass" "$DATA/edge"
+  rm -rf "$DATA/src" "$DATA/jpeg" "$DATA/raw" "$DATA/pass" "$DATA/edge" "$DATA"/src-cifar* "$DATA"/cifar*
   "$GPUFEED" synth imagenet "$DATA/src" --classes 4 --per-class 6 --val-per-class 2
   "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord --out "$DATA/jpeg" --resize 256 --shards 2 \
     --workers 1 --on-error skip --no-progress
@@ -75,6 +76,11 @@ if [ ! -f "$DATA/expected.json" ]; then
     --encode raw --normalize --split train --workers 1 --on-error skip --no-progress
   "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord --out "$DATA/pass" --encode pass \
     --split train --workers 1 --on-error skip --no-progress
+  # CIFAR with each format's default encoding (raw Datums, PNG in RecordIO and TFRecord), as users convert it.
+  for c in cifar10 cifar100; do
+    "$GPUFEED" synth "$c" "$DATA/src-$c" --forms python
+    "$GPUFEED" convert "$c" "$DATA/src-$c" --to lmdb,recordio,tfrecord --out "$DATA/$c" --workers 1 --no-progress
+  done
   "$PY" tests/interop/make_cases.py "$DATA"
 fi
 

@@ -172,7 +172,7 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
         verify(str(out))
 
 
-def test_cifar_raw_pixels_and_ptb_tokens(tmp_path, ray_local):
+def test_cifar_per_format_defaults_and_ptb_tokens(tmp_path, ray_local):
     from gpufeed.formats import get_format
     from gpufeed.pipelines.synth import synth_cifar10, synth_ptb
 
@@ -182,7 +182,9 @@ def test_cifar_raw_pixels_and_ptb_tokens(tmp_path, ray_local):
                            shard_size=15, normalize=True, progress=False))
     verify(str(out))
     sample = next(iter(get_format("recordio").reader(str(out / "recordio" / "train.rec"))))
-    assert sample.kind == "raw" and sample.payload.shape == (32, 32, 3)
+    assert sample.kind == "encoded" and bytes(sample.payload).startswith(b"\x89PNG")  # RecordIO's CIFAR: PNG
+    datum = next(iter(get_format("lmdb").reader(str(out / "lmdb" / "train_lmdb"))))
+    assert datum.kind == "raw" and datum.payload.shape == (32, 32, 3)  # Caffe's: raw pixel Datums
     assert (out / "mean.binaryproto").exists()
 
     synth_ptb(str(tmp_path / "ptb"), train_tokens=2000, vocab=100)

@@ -118,8 +118,7 @@ def test_verify_rejects_non_finite_pixels(cifar, tmp_path, ray_local):
 
 
 def test_pass_through_statistics_count_each_image_once(tmp_path, ray_local):
-    from gpufeed.pipelines import open_source
-    from gpufeed.pipelines.base import read_item
+    from gpufeed.formats import get_format
     from gpufeed.pipelines.transforms import ChannelStats, decode_image
 
     src = synth_source(tmp_path / "src")
@@ -127,14 +126,14 @@ def test_pass_through_statistics_count_each_image_once(tmp_path, ray_local):
     summary = convert(options(src, out, formats=("tfrecord",), resize=None, encode="pass", normalize=True,
                               splits=("train",)))
     doc = json.loads((out / "mean_std.json").read_text())
-    # The statistics are those of exactly the images written (a gray JPEG among them), each decoded to RGB
-    # as a reader decodes it; the broken files are skipped and not counted.
-    assert doc["images"] == summary.samples["train"]["written"] > 0 and summary.skipped
-    skipped = {origin for origin, _ in summary.skipped}
+    # The statistics are those of exactly the images written (the gray and CMYK JPEGs among them stored as
+    # RGB JPEGs), each decoded to RGB as a reader decodes it; the broken files are skipped and not counted.
+    assert doc["images"] == summary.samples["train"]["written"] > 0 and summary.skipped and summary.converted
     stats = ChannelStats()
-    for item in open_source("imagenet", src).items("train"):
-        if item.origin not in skipped:
-            stats.update(decode_image(read_item(item), item.origin))
+    for shard in sorted((out / "tfrecord").glob("train-*-of-*")):
+        if not shard.suffix:
+            for sample in get_format("tfrecord").reader(str(shard)):
+                stats.update(decode_image(bytes(sample.payload), sample.key))
     assert doc["images"] == stats.images and doc["mean"] == pytest.approx(stats.mean, abs=1e-9)
     verify(str(out))
     assert os.path.exists(out / "manifest.json")

@@ -73,8 +73,12 @@ def test_png_named_jpeg_is_detected_by_its_bytes(tmp_path):
     sample = make_sample(item_for(tmp_path, "n02105855_2933.JPEG", data), ImageOptions(encode="raw"), 0)
     assert sample.meta["source_format"] == "PNG"
     np.testing.assert_array_equal(sample.payload, rgb)
+    # Pass-through cannot keep it (a JPEG decoder would refuse it): stored as an RGB JPEG, and said so.
     passed = make_sample(item_for(tmp_path, "x.JPEG", data), ImageOptions(encode="pass"), 0)
-    assert passed.meta["format"] == "PNG" and passed.payload == data
+    assert passed.meta["format"] == "JPEG" and passed.payload.startswith(b"\xff\xd8")
+    assert passed.meta["converted"] == "a PNG file, not a JPEG: stored as an RGB JPEG (quality 95)"
+    back = cv2.cvtColor(cv2.imdecode(np.frombuffer(passed.payload, np.uint8), cv2.IMREAD_UNCHANGED), cv2.COLOR_BGR2RGB)
+    assert np.abs(back.astype(int) - rgb).mean() < 2
 
 
 @pytest.mark.parametrize("keep", [0.3, 0.6, 0.95, -2])

@@ -47,6 +47,10 @@ def check_env(c: Checks, pb2, rel: str, spec: dict, means: dict) -> None:
             c.equal(sha256(d.data), w["sha256"], f"{where}: data = the image bytes")
             img = cv2.imdecode(np.frombuffer(d.data, np.uint8), cv2.IMREAD_COLOR)
             c.check(img is not None and img.ndim == 3, f"{where}: cv2.imdecode reads data")
+            # DecodeDatumToCVMatNative (is_color unset) decodes with the file's own channels: 3 for every image.
+            own = cv2.imdecode(np.frombuffer(d.data, np.uint8), cv2.IMREAD_UNCHANGED)
+            c.check(own is not None and own.ndim == 3 and own.shape[2] == 3,
+                    f"{where}: 3 channels decoded natively (got {None if own is None else own.shape})")
             if len(labels) > 1:
                 c.equal(list(d.float_data), labels, f"{where}: float_data = all labels")
             truth = c.class_label(dataset_of(rel), w["key"])

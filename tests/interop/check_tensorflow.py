@@ -67,9 +67,13 @@ def check_shard(c: Checks, rel: str, spec: dict) -> None:
         truth = c.class_label(dataset_of(rel), w["key"])
         if truth is not None:
             c.equal(lab, [truth + offset], f"{where}: label against classes.txt")
-        # Pass-through sets keep ImageNet's one PNG named .JPEG as it is, labelled image/format = PNG.
+        # CIFAR is stored as PNG by default (as TFDS stores it), labelled image/format = PNG.
         fmt = b"PNG" if data.startswith(b"\x89PNG") else b"JPEG"
         c.equal(ex["image/format"].numpy(), fmt, f"{where}: image/format")
+        # decode_image with channels=0 keeps the file's own channels: every stored image must give 3 (a gray
+        # or CMYK JPEG kept by pass-through would give 1 or 4, and a batch would fail to stack).
+        own = tf.io.decode_image(data, channels=0, expand_animations=False)
+        c.equal(int(own.shape[-1]), 3, f"{where}: channels under decode_image(channels=0)")
         # decode_jpeg, as the ImageNet input pipelines call it for every record (it also accepts PNG in TF 2).
         img = tf.io.decode_jpeg(data, channels=3)
         h, wd = int(ex["image/height"]), int(ex["image/width"])

@@ -1,0 +1,252 @@
+"""What a new user meets first: each ecosystem's default encoding, 3-channel pass-through, im2rec and Caffe list
+files from the CLI, quick trials (--limit, --shard-bytes), advice that works when followed, honest summaries.
+
+Every case runs the real CLI or engine on a real local Ray with real files; what the consumers themselves make
+of the files is checked by scripts/interop.sh (mxnet, TensorFlow, Caffe's parser, DALI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+from convert_fixtures import options
+from gpufeed.convert.cli import main
+from gpufeed.convert.engine import convert
+from gpufeed.convert.options import ConvertOptions, parse_bytes
+from gpufeed.convert.progress import Progress, format_summary
+from gpufeed.errors import ConfigError, SourceNotFound
+from gpufeed.formats import get_format
+from gpufeed.formats.lmdb import LMDBReader
+from gpufeed.formats.recordio import RecordIOReader
+
+
+def _manifest(out) -> dict:
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
+
+
+def _channels(data: bytes) -> int:
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    return 1 if img.ndim == 2 else img.shape[2]
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory):
+    from gpufeed.pipelines.synth import synth_cifar10
+
+    root = str(tmp_path_factory.mktemp("cifar") / "cifar10")
+    synth_cifar10(root, per_class=2, test_per_class=1, seed=3, forms=("python",))
+    return root
+
+
+def test_cifar_defaults_are_each_ecosystems_own(cifar, tmp_path, ray_local):
+    """Without --encode: PNG in RecordIO (ImageRecordIter decodes it) and TFRecord (as TFDS stores CIFAR), raw
+    pixel Datums in LMDB (as convert_cifar_data writes them); the same pixels in all three."""
+    out = str(tmp_path / "out")
+    convert(ConvertOptions(dataset="cifar10", src=cifar, formats=("lmdb", "recordio", "tfrecord"), out=out,
+                           workers=2, progress=False, shuffle=False), Progress(False))
+    assert _manifest(out)["output_options"]["encode"] == {"lmdb": "raw", "recordio": "png", "tfrecord": "png"}
+    rec = RecordIOReader(os.path.join(out, "recordio", "test.rec"))
+    tf_path = os.path.join(out, "tfrecord", "test-00000-of-00001")
+    tf = get_format("tfrecord").reader(tf_path)
+    with LMDBReader(os.path.join(out, "lmdb", "test_lmdb")) as db:
+        datums = list(db)
+    assert len(rec) == len(datums) == 10
+    for i, datum in enumerate(datums):
+        png = bytes(rec[i].payload)
+        assert png.startswith(b"\x89PNG") and _channels(png) == 3
+        stored = tf[i]
+        assert stored.kind == "encoded" and bytes(stored.payload).startswith(b"\x89PNG")
+        assert datum.kind == "raw"
+        rgb = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        assert np.array_equal(rgb, np.asarray(datum.payload)), i  # lossless: the same pixels everywhere
+
+
+def test_cifar_encode_raw_still_applies_to_every_format(cifar, tmp_path, ray_local):
+    out = str(tmp_path / "raw")
+    convert(ConvertOptions(dataset="cifar10", src=cifar, formats=("recordio", "tfrecord"), out=out, workers=2,
+                           encode="raw", progress=False), Progress(False))
+    assert _manifest(out)["output_options"]["encode"] == "raw"
+    assert get_format("tfrecord").reader(os.path.join(out, "tfrecord", "test-00000-of-00001"))[0].kind == "raw"
+
+
+def test_pass_through_stores_every_image_as_3_channels_and_lists_the_re_encoded(src, tmp_path, ray_local):
+    """RGB JPEGs keep their bytes; the grayscale and CMYK JPEGs and the PNG named .JPEG of ImageNet become RGB
+    JPEGs, each listed with why, in the summary and the manifest."""
+    out = str(tmp_path / "pass")
+    summary = convert(options(src, out, resize=None, encode="pass", formats=("recordio",)), Progress(False))
+    why = dict(summary.converted)
+    assert sorted(why.values()) == sorted([
+        "a grayscale JPEG: stored as an RGB JPEG (quality 95)", "a CMYK JPEG: stored as an RGB JPEG (quality 95)",
+        "a PNG file, not a JPEG: stored as an RGB JPEG (quality 95)"])
+    assert sorted(map(tuple, _manifest(out)["converted"])) == sorted(summary.converted)
+    assert "re-encoded inputs (3)" in format_summary(summary)
+    kept = 0
+    for split in ("train", "val"):
+        rec = RecordIOReader(os.path.join(out, "recordio", f"{split}.rec"))
+        for i in range(len(rec)):
+            sample = rec[i]
+            data = bytes(sample.payload)
+            assert data.startswith(b"\xff\xd8") and _channels(data) == 3, sample.key
+            with open(os.path.join(src, split, sample.key), "rb") as f:
+                original = f.read()
+            if os.path.join(src, split, sample.key) not in why:
+                assert data == original, sample.key
+                kept += 1
+    assert kept == summary.written - 3
+
+
+@pytest.fixture
+def list_files(src, tmp_path):
+    """An im2rec .lst with two labels per line and a Caffe list, both relative to the train folder, kept
+    elsewhere (as users keep them)."""
+    train = os.path.join(src, "train")
+    with open(os.path.join(src, "synth.json")) as f:
+        bad = json.load(f)["bad_files"]
+    names = sorted(os.path.relpath(os.path.join(d, n), train) for d, _, ns in os.walk(train) for n in ns)
+    names = [n for n in names if n not in bad][:6]
+    assert len(names) == 6
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "train.lst").write_text("".join(f"{i}\t{i % 3}\t{i % 2}\t{n}\n" for i, n in enumerate(names)))
+    (lists / "val.txt").write_text("".join(f"{n} {i % 3}\n" for i, n in enumerate(names)))
+    return train, str(lists), names
+
+
+def test_im2rec_list_with_several_labels_from_the_cli(list_files, tmp_path, ray_local):
+    train, lists, names = list_files
+    out = str(tmp_path / "lst")
+    rc = main(["convert", "folder", os.path.join(lists, "train.lst"), "--root", train, "--to", "recordio",
+               "--out", out, "--workers", "2", "--no-progress", "--no-shuffle", "--on-error", "skip"])
+    assert rc == 0
+    rec = RecordIOReader(os.path.join(out, "recordio", "train.rec"))
+    got = {rec[i].key: tuple(rec[i].label) for i in range(len(rec))}
+    assert len(got) == _manifest(out)["splits"]["train"]["written"] == len(names)
+    for i, n in enumerate(names):
+        assert got[n] == (float(i % 3), float(i % 2))
+
+
+def test_caffe_list_from_the_cli_root_defaults_to_the_lists_folder(list_files, tmp_path, ray_local, capsys):
+    train, lists, names = list_files
+    out = str(tmp_path / "caffe")
+    assert main(["convert", "folder", os.path.join(lists, "val.txt"), "--root", train, "--to", "lmdb", "--out", out,
+                 "--workers", "2", "--no-progress", "--on-error", "skip"]) == 0
+    assert os.path.isdir(os.path.join(out, "lmdb", "val_lmdb"))
+    # Without --root the paths start at the list's own folder, where the images are not: said once, with the fix.
+    with pytest.raises(SourceNotFound, match="--root, now .*lists"):
+        convert(ConvertOptions(dataset="folder", src=os.path.join(lists, "val.txt"), formats=("lmdb",),
+                               out=str(tmp_path / "x"), workers=2, progress=False), Progress(False))
+    shutil.copytree(train, os.path.join(lists, "imgs"))
+    for name in ("val.txt",):
+        text = open(os.path.join(lists, name)).read()
+        with open(os.path.join(lists, name), "w") as f:
+            f.write("".join(f"imgs/{line}\n" for line in text.splitlines()))
+    out2 = str(tmp_path / "caffe2")
+    assert main(["convert", "folder", os.path.join(lists, "val.txt"), "--to", "lmdb", "--out", out2,
+                 "--workers", "2", "--no-progress", "--on-error", "skip"]) == 0
+
+
+@pytest.mark.parametrize("dataset, src_kind, extra, text", [
+    ("imagenet", "list", [], "read by the folder dataset"),
+    ("folder", "dir", ["--root", "."], "SRC is not a list file"),
+])
+def test_list_file_misuse_is_refused_with_the_fix(list_files, tmp_path, dataset, src_kind, extra, text, capsys):
+    train, lists, _ = list_files
+    src_arg = os.path.join(lists, "val.txt") if src_kind == "list" else train
+    rc = main(["convert", dataset, src_arg, "--to", "lmdb", "--out", str(tmp_path / "o"), *extra])
+    assert rc == 2 and text in capsys.readouterr().err
+
+
+def test_limit_and_shard_bytes(src, tmp_path, ray_local):
+    """--limit converts a seeded sample of N inputs per split (the same one every time); --shard-bytes cuts
+    each split into shards of about that many input bytes."""
+    out = str(tmp_path / "lim")
+    summary = convert(options(src, out, formats=("tfrecord",), limit=7, shard_bytes=250_000), Progress(False))
+    assert summary.samples["train"]["planned"] == 7 and summary.samples["val"]["planned"] == 6  # val has 6
+    reader = get_format("tfrecord").reader
+    inputs = [os.path.join(src, "train", reader(p)[i].key) for p in _shards(out, "train")
+              for i in range(len(reader(p)))]
+    inputs += [origin for origin, _ in summary.skipped if "/train/" in origin]
+    assert len(inputs) == 7
+    total = sum(os.path.getsize(p) for p in inputs)
+    assert summary.samples["train"]["shards"] == max(1, round(total / 250_000)) > 1
+    again = convert(options(src, str(tmp_path / "lim2"), formats=("tfrecord",), limit=7, shard_bytes=250_000),
+                    Progress(False))
+    assert again.samples == summary.samples and again.skipped == summary.skipped  # the same seeded sample
+
+
+def _shards(out, split) -> list[str]:
+    d = os.path.join(out, "tfrecord")
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.startswith(split + "-") and "." not in n)
+
+
+@pytest.mark.parametrize("text, value", [("256MB", 256_000_000), ("1GiB", 2**30), ("500k", 500_000), ("42", 42),
+                                         ("1.5 GB", 1_500_000_000)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text, "--shard-bytes") == value
+
+
+def test_bad_sizes_and_limits_are_refused():
+    with pytest.raises(ConfigError, match="like 256MB"):
+        parse_bytes("5XB", "--shard-bytes")
+    with pytest.raises(ConfigError, match="--limit"):
+        ConvertOptions(dataset="imagenet", src="/nonexistent", formats=("lmdb",), out="/tmp/o", limit=0)
+
+
+def test_on_error_does_not_block_a_resume_and_other_changes_quote_the_command(src, tmp_path, ray_local, capsys):
+    """After 'skip it with --on-error skip' the rerun with that option goes on from the journal; an option that
+    changes the bytes of finished shards is refused with the exact command that starts over, which works."""
+    out = str(tmp_path / "resume")
+    args = ["convert", "imagenet", src, "--to", "recordio", "--out", out, "--workers", "2", "--resize", "40",
+            "--shard-size", "5", "--no-progress"]
+    assert main(args) == 2  # the synthetic ImageNet holds a truncated JPEG
+    err = capsys.readouterr().err
+    assert "--on-error skip" in err
+    assert main(args + ["--on-error", "skip"]) == 0
+    capsys.readouterr()
+    os.remove(os.path.join(out, "manifest.json"))  # a partial output again, journal gone: start a fresh one
+    shutil.rmtree(out)
+    assert main(args) == 2
+    capsys.readouterr()
+    changed = args + ["--on-error", "skip", "--quality", "80"]
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "quality: journal 95, now 80" in err
+    command = err.rsplit("start over with these: ", 1)[1].strip()
+    assert command.startswith("gpufeed convert imagenet ") and command.endswith("--no-resume")
+    import shlex
+
+    words = shlex.split(command)
+    assert main(words[1:]) == 0
+
+
+def test_max_pixels_is_an_option_and_the_bomb_advice_names_it(tmp_path, ray_local, capsys):
+    from gpufeed.pipelines.synth import synth_jpeg
+
+    folder = tmp_path / "imgs" / "cls"
+    folder.mkdir(parents=True)
+    (folder / "big.jpg").write_bytes(synth_jpeg(np.random.default_rng(0), 300, 300))
+    args = ["convert", "folder", str(tmp_path / "imgs"), "--to", "tfrecord", "--workers", "1", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--max-pixels", "1000"]) == 2
+    assert "raise gpufeed convert's --max-pixels" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "b"), "--max-pixels", "100000"]) == 0
+
+
+def test_text_datasets_count_records_and_dry_runs_say_what_they_would_do(tmp_path, ray_local):
+    from gpufeed.pipelines.synth import synth_ptb
+
+    ptb = str(tmp_path / "ptb")
+    synth_ptb(ptb, train_tokens=3000, seed=1)
+    o = ConvertOptions(dataset="ptb", src=ptb, formats=("tfrecord",), out=str(tmp_path / "o"), workers=1,
+                       progress=False)
+    dry = format_summary(convert(dataclasses.replace(o, dry_run=True), Progress(False)))
+    assert "nothing was written" in dry and "0 of" not in dry and " records in 1 shard" in dry
+    text = format_summary(convert(o, Progress(False)))
+    assert "records/s" in text and "images" not in text
