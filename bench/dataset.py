@@ -239,7 +239,7 @@ def add_arguments(parser) -> None:
                         help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels")
     parser.add_argument("--resize", type=int, default=None, help="store JPEGs resized to this shorter side")
     parser.add_argument("--shards", type=int, default=1, help="files per format")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="same seed, same dataset, byte for byte")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
 
 

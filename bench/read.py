@@ -341,7 +341,7 @@ def add_arguments(parser) -> None:
                         help="end a run after S seconds (or --samples), whichever comes first")
     parser.add_argument("--access", choices=ACCESS, default="random", help="shuffled (training) or file order")
     parser.add_argument("--samples", type=int, default=1000, help="samples read per run")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per DataLoader batch")
     parser.add_argument("--crop", type=int, default=None, help="RandomResizedCrop size (224; 32 for cifar)")
     parser.add_argument("--host-seconds", type=float, default=0.5,
                         help="seconds per pattern when measuring the host disk before emulating")

@@ -612,7 +612,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=224, help="crop size fed to the model")
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="evict the dataset from the page cache before every run")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the crops, the model weights and the synthetic batches")
 
 
 def options_from_args(args) -> TrainOptions:

@@ -15,7 +15,7 @@ import hashlib
 import os
 
 from gpufeed import io
-from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound
+from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
 
 
 def add_arguments(p) -> None:
@@ -205,6 +205,8 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
         manifest = manifest_mod.load(out)
     except ValueError as e:
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: not valid JSON ({e}); convert again") from None
+    if manifest is None and io.is_local(out) and not os.path.isdir(out):
+        raise SourceNotFound(out, "a conversion output (folder)", "give the --out of a gpufeed convert run")
     if manifest is None:
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: missing, so the conversion did not finish; rerun "
                                     "the same gpufeed convert command to complete it")

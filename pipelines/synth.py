@@ -507,14 +507,15 @@ def synth_ptb(out: str, train_tokens: int = 50_000, vocab: int = 2_000, seed: in
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("dataset", choices=("imagenet", "cifar10", "cifar100", "ptb"))
+    parser.add_argument("dataset", choices=("imagenet", "cifar10", "cifar100", "ptb"),
+                        help="the dataset whose on-disk layout to write")
     parser.add_argument("out", metavar="OUT", help="folder to write (created)")
     parser.add_argument("--classes", type=int, default=10, help="imagenet: number of classes")
     parser.add_argument("--per-class", type=int, default=None,
                         help="images per class in train (imagenet default 20, cifar10 100, cifar100 10)")
     parser.add_argument("--val-per-class", type=int, default=None,
                         help="images per class in val/test (imagenet default 5, cifar10 20, cifar100 2)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="same seed, same files, byte for byte")
     parser.add_argument("--layout", choices=LAYOUTS, default="tree",
                         help="imagenet: extracted tree, original archives, or both")
     parser.add_argument("--no-bad-files", action="store_true",
