@@ -38,83 +38,17 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 TASKS = ("train", "infer")
-DECODES = ("cpu", "gpu")
+DECODES = ("cpu", "gpu", "hw", "hybrid")  # gpufeed.pipelines.loader.DECODES
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
 DEFAULT_BATCH = {"train": 256, "infer": 512}
 #: Format name of the rows measured on synthetic tensors (no storage, no decoding).
 SYNTHETIC = "synthetic"
 #: Tier name of those rows: the data sits in accelerator memory.
 SYNTHETIC_TIER = "memory"
-#: ImageNet channel statistics (RGB, 0-255 scale) that torchvision's ResNet-50 is trained with.
-IMAGENET_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_STD = (58.395, 57.12, 57.375)
-#: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
-CENTER_FRACTION = 224 / 256
 #: MLPerf Storage's pass mark for ResNet-50.
 AU_TARGET = 0.90
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms"}
-
-
-def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
-    """``(top, left, h, w)`` of the square centre crop that resize-256-then-crop-224 keeps, in source pixels."""
-    side = max(1, int(round(min(height, width) * fraction)))
-    return (height - side) // 2, (width - side) // 2, side, side
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuDecode:
-    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (train) or centre crop (infer).
-
-    The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
-    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch.
-    """
-
-    task: str
-    size: int = 224
-    seed: int = 0
-
-    def __call__(self, sample):
-        import cv2
-
-        from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
-
-        img = decode_image(sample.payload, sample.key)
-        if self.task == "train":
-            out = random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
-        else:
-            top, left, h, w = center_box(*img.shape[:2])
-            out = cv2.resize(img[top:top + h, left:left + w], (self.size, self.size),
-                             interpolation=cv2.INTER_LINEAR)
-        return out, int(sample.labels[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedBytes:
-    """Runs in DataLoader workers for ``--decode gpu``: the record's JPEG bytes, undecoded, and the label."""
-
-    def __call__(self, sample):
-        if not isinstance(sample.payload, (bytes, bytearray, memoryview)):
-            raise ConfigError(f"--decode gpu needs encoded images, but {sample.key} is stored as raw pixels; "
-                              "convert with --encode jpeg or use --decode cpu")
-        return bytes(sample.payload), int(sample.labels[0])
-
-
-def collate_encoded(batch):
-    """``[(jpeg bytes, label)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels).
-
-    One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
-    splits it into per-image views for ``decode_jpeg``."""
-    import torch
-
-    sizes = [len(data) for data, _ in batch]
-    flat = np.empty(sum(sizes), dtype=np.uint8)
-    offset = 0
-    for (data, _), n in zip(batch, sizes):
-        flat[offset:offset + n] = np.frombuffer(data, dtype=np.uint8)
-        offset += n
-    return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
-            torch.tensor([label for _, label in batch], dtype=torch.int64))
 
 
 def _cycle(loader) -> Iterator:
@@ -172,8 +106,6 @@ class CudaResNet:
         self.model_name = model
         net = getattr(torchvision.models, model)(weights=None)
         self.model = net.to(self.device, memory_format=torch.channels_last)
-        self.mean = torch.tensor(IMAGENET_MEAN, device=self.device).view(1, 3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD, device=self.device).view(1, 3, 1, 1)
         if task == "train":
             self.model.train()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
@@ -182,7 +114,9 @@ class CudaResNet:
             self.model.eval()
 
     def normalise(self, x_nhwc_u8):
-        return x_nhwc_u8.permute(0, 3, 1, 2).float().sub_(self.mean).div_(self.std)
+        from gpufeed.pipelines.loader import normalise
+
+        return normalise(x_nhwc_u8)
 
     def step(self, x, y) -> None:
         torch = self.torch
@@ -245,103 +179,6 @@ def synthetic_batches(accel, batch: int, size: int, seed: int) -> Iterator:
     x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=accel.device, generator=gen)
     y = torch.randint(0, 1000, (batch,), dtype=torch.int64, device=accel.device, generator=gen)
     return itertools.repeat((x, y))
-
-
-def host_batches(loader, accel) -> Iterator:
-    """CPU-decoded NHWC uint8 batches, copied to the accelerator (pinned memory, asynchronous copy)."""
-    if accel.kind == "emulated":
-        yield from _cycle(loader)
-        return
-    for x, y in _cycle(loader):
-        yield x.to(accel.device, non_blocking=True), y.to(accel.device, non_blocking=True)
-
-
-class GpuJpegDecoder:
-    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``, then crop + resize on the GPU.
-
-    Training crops are drawn by :func:`gpufeed.pipelines.transforms.random_resized_crop_params` (torchvision's
-    RandomResizedCrop: scale 0.08-1, ratio 3/4-4/3), flipped with p=0.5; inference takes :func:`center_box`.
-    Images of one shape are stacked and cropped + resized together by ``roi_align`` (bilinear, 2x2 samples per
-    output pixel), one launch per shape instead of several per image, as DALI's batched resize does; output
-    is NHWC uint8 on the GPU, what the CPU path gives after its copy.
-    """
-
-    def __init__(self, accel, task: str, size: int = 224, seed: int = 0):
-        import torch
-        import torchvision
-        import torchvision.ops
-
-        self.torch, self.tv = torch, torchvision
-        self.device, self.task, self.size = accel.device, task, size
-        self.stream = torch.cuda.Stream(device=self.device)
-        self.rng = np.random.default_rng(seed)
-
-    def _box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        if self.task == "train":
-            from gpufeed.pipelines.transforms import random_resized_crop_params
-
-            return random_resized_crop_params(height, width, self.rng)
-        return center_box(height, width)
-
-    def decode(self, flat, sizes, labels):
-        torch = self.torch
-        datas = list(torch.split(flat, sizes.tolist()))
-        images = self.tv.io.decode_jpeg(datas, mode=self.tv.io.ImageReadMode.RGB, device=self.device)
-        by_shape: dict[tuple, list[int]] = {}
-        for i, img in enumerate(images):
-            by_shape.setdefault(tuple(img.shape), []).append(i)
-        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
-        for (_, height, width), members in by_shape.items():
-            rois = []
-            for k, _i in enumerate(members):
-                top, left, h, w = self._box(height, width)
-                rois.append((k, left, top, left + w, top + h))
-            stack = torch.stack([images[i] for i in members]).float()
-            crops = self.tv.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
-                                          output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
-            out.index_copy_(0, torch.tensor(members).to(self.device), crops)
-        if self.task == "train":
-            flip = torch.from_numpy(np.flatnonzero(self.rng.random(len(images)) < 0.5)).to(self.device)
-            out[flip] = out[flip].flip(-1)
-        x = out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
-        return x, labels.to(self.device, non_blocking=True)
-
-
-def gpu_decoded_batches(loader, decoder: GpuJpegDecoder, depth: int = 2) -> Iterator:
-    """Batches decoded on the GPU ahead of the step that uses them, in a background thread on its own stream.
-
-    torchvision's nvJPEG call runs part of each decode on the host (entropy decoding) under one process-wide
-    lock; on the main thread it would hold back the launches of the step it should overlap. The thread keeps
-    up to ``depth`` batches in flight; the main thread only fetches encoded batches from the DataLoader and
-    makes the step wait (on the GPU, through an event) for its batch's decode.
-    """
-    import collections
-    import concurrent.futures
-
-    torch = decoder.torch
-    main = torch.cuda.current_stream(decoder.device)
-    batches = _cycle(loader)
-
-    def decode(flat, sizes, labels):
-        with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
-            x, y = decoder.decode(flat, sizes, labels)
-            done = torch.cuda.Event()
-            done.record(decoder.stream)
-        return x, y, done
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufeed-nvjpeg")
-    pending: collections.deque = collections.deque()
-    try:
-        while True:
-            while len(pending) < depth:
-                pending.append(pool.submit(decode, *next(batches)))
-            x, y, done = pending.popleft().result()
-            main.wait_event(done)
-            x.record_stream(main)
-            y.record_stream(main)
-            yield x, y
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
@@ -430,24 +267,19 @@ def default_workers() -> int:
     return max(1, min(16, usable_cores()))
 
 
-def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, pin: bool):
-    import torch
+def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel):
+    """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path."""
+    from gpufeed.pipelines.loader import Loader
 
-    from gpufeed.formats.torch import MapDataset
-
-    transform = CpuDecode(task, opts.image_size, opts.seed) if decode == "cpu" else EncodedBytes()
-    dataset = MapDataset(fmt, paths, transform=transform)
     batch = opts.batch(task)
-    if len(dataset) < batch:
-        raise ConfigError(f"{paths[0]}: {len(dataset)} samples is fewer than one batch of {batch}; "
+    loader = Loader(paths, format=fmt, batch_size=batch, decode=decode,
+                    augment="train" if task == "train" else "eval", size=opts.image_size, rank=0, world_size=1,
+                    workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
+                    shuffle=task == "train")
+    if len(loader.dataset) < batch:
+        raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}; "
                           "build a larger dataset or pass --batch-size")
-    # The length came from readers opened here; workers open their own, and an LMDB map left open in this
-    # process would keep the file's pages from being evicted before the next cold run.
-    dataset.close()
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch, shuffle=task == "train", num_workers=opts.workers, drop_last=True,
-        collate_fn=collate_encoded if decode == "gpu" else None, pin_memory=pin,
-        persistent_workers=opts.workers > 0, generator=torch.Generator().manual_seed(opts.seed))
+    return loader
 
 
 def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
@@ -468,12 +300,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        # nvJPEG takes pageable host bytes; pinning is worth it only for the decoded batches' copy.
-        loader = make_loader(fmt, paths, task, decode, opts, pin=accel.kind == "cuda" and decode == "cpu")
-        if decode == "gpu":
-            batches = gpu_decoded_batches(loader, GpuJpegDecoder(accel, task, opts.image_size, opts.seed))
-        else:
-            batches = host_batches(loader, accel)
+        loader = make_loader(fmt, paths, task, decode, opts, accel)
+        batches = _cycle(loader)
         try:
             return {"run": timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps,
                                       opts.warmup_steps)}
@@ -596,7 +424,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", type=_csv(FORMATS), default=",".join(FORMATS), help="formats to feed from")
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
     parser.add_argument("--decode", type=_csv(DECODES), default="cpu",
-                        help="where JPEGs are decoded: cpu (DataLoader workers), gpu (nvJPEG), or both")
+                        help="where JPEGs are decoded, one or several: cpu (DataLoader workers), gpu (nvJPEG on "
+                             "the SMs), hw (the GPU's JPEG engines, nvImageCodec), hybrid (CPU workers and engines)")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",
                         help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
     parser.add_argument("--profile", default="h200",

@@ -6,3 +6,11 @@ sources, transforms, synthetic data), ``gpufeed.convert`` (CLI, Ray orchestratio
 """
 
 __version__ = "0.1.0"
+
+
+def loader(paths, format=None, batch_size=256, decode="cpu", augment="train", **options):
+    """Training or inference batches on the GPU from gpufeed's files, decoded on the CPU, with nvJPEG, on the
+    GPU's JPEG engines or both (:mod:`gpufeed.pipelines.loader`)."""
+    from gpufeed.pipelines.loader import loader as _loader
+
+    return _loader(paths, format=format, batch_size=batch_size, decode=decode, augment=augment, **options)

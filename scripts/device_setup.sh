@@ -3,9 +3,10 @@
 # scripts/device_wheels.sh) and gpufeed itself into /tmp/site, and puts it on PYTHONPATH. A warm machine
 # keeps /tmp, so a second call skips the install.
 set -euo pipefail
-if [ ! -f /tmp/site/.gpufeed-installed ] || [ "${REINSTALL:-0}" = 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  touch /tmp/site/.gpufeed-installed
+WHEELS=${WHEELS:-.whl}   # .whl-decode for scripts/gpu_decode.sh (no Ray; nvImageCodec instead)
+if [ ! -f "/tmp/site/.installed-$WHEELS" ] || [ "${REINSTALL:-0}" = 1 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
+  touch "/tmp/site/.installed-$WHEELS"
 fi
 # gpufeed itself, every call: the checkout may have changed since the machine was warm.
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \

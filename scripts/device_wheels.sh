@@ -19,9 +19,10 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
 # Ray's dependencies that the machine's python3 lacks (it has click, filelock, msgpack, packaging,
 # protobuf, pyyaml, requests); lmdb and crc32c for the formats.
 dl "$WHL" lmdb==3.0.0 crc32c==2.9.post0 jsonschema referencing rpds-py jsonschema-specifications attrs
-if [ -n "${GPU_DECODE:-}" ]; then
-  dl "$WHL" nvidia-nvimgcodec-cu13 nvidia-nvjpeg
-fi
+# .whl-decode: what scripts/gpu_decode.sh needs (the loader's GPU paths, no Ray), ~30 MB.
+mkdir -p .whl-decode
+cp "$WHL"/lmdb-*.whl "$WHL"/crc32c-*.whl .whl-decode/
+dl .whl-decode nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.3.2.43
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 dl "$tmp" "ray==${RAY_VERSION:-2.60.0}"

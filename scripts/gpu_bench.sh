@@ -110,7 +110,7 @@ for stage in $STAGES; do
       ;;
     read)
       stamp "read benchmark: decode + RandomResizedCrop + flip per worker, warm cache (CPU cores per img/s)"
-      "${GPUFEED[@]}" bench read "$DATA/full" --results "$RESULTS" --tier "local=$DATA/full" --formats tfrecord \
+      "${GPUFEED[@]}" bench read "$DATA/full" --grid full --results "$RESULTS" --tier "local=$DATA/full" --formats tfrecord \
         --modes decode --cache warm --workers "1,$WORKERS" --samples "$READ_SAMPLES" --repeats 2 --warmup 0 \
         || stamp "FAILED: read benchmark"
       ;;

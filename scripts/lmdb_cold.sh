@@ -21,7 +21,7 @@ import json, sys
 d = json.load(open(sys.argv[1])); d.pop("offsets"); json.dump(d, open(sys.argv[1], "w"))
 PY
 for d in no-offsets with-offsets; do
-  python3 -m gpufeed bench read "$DATA/$d" --tier "local=$DATA/$d" --tier ssd --allow-invalid --formats lmdb,recordio \
+  python3 -m gpufeed bench read "$DATA/$d" --grid full --tier "local=$DATA/$d" --tier ssd --allow-invalid --formats lmdb,recordio \
     --modes raw --cache cold --workers "${WORKERS:-0,4}" --samples "${SAMPLES:-2000}" --repeats 3 --warmup 0 \
     --results "$OUT/lmdb-cold.jsonl" 2>&1 | grep -E "^\s*(local|ssd)" | sed "s/^/$d /"
 done

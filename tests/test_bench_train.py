@@ -48,35 +48,6 @@ def test_profiles_scale_with_batch():
     assert {"h200", "h100-mlperf", "a100-mlperf"} <= set(PROFILES)
 
 
-def test_center_box_is_resize_256_crop_224():
-    top, left, h, w = train.center_box(375, 500)
-    assert (h, w) == (328, 328)
-    assert (top, left) == ((375 - 328) // 2, (500 - 328) // 2)
-
-
-def test_cpu_decode_transform_on_real_records(dataset):
-    from gpufeed.bench.dataset import load_dataset_info
-    from gpufeed.formats import get_format
-
-    info = load_dataset_info(dataset)
-    reader = get_format("recordio").reader(info["formats"]["recordio"]["paths"][0])
-    sample = reader[3]
-    for task in ("train", "infer"):
-        img, label = train.CpuDecode(task, 224, seed=5)(sample)
-        assert img.shape == (224, 224, 3) and img.dtype == np.uint8
-        assert label == int(sample.labels[0])
-    # The crop of a sample is a function of (seed, index): runs are repeatable.
-    a, _ = train.CpuDecode("train", 224, seed=5)(sample)
-    b, _ = train.CpuDecode("train", 224, seed=5)(sample)
-    assert np.array_equal(a, b)
-
-    raw, label = train.EncodedBytes()(sample)
-    assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff"
-    flat, sizes, labels = train.collate_encoded([(raw, label), (raw[:100], 7)])
-    assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
-    assert bytes(flat[:len(raw)].numpy()) == raw
-
-
 def test_timed_loop_au_and_waits():
     accel = train.EmulatedAccelerator("h200", "train", batch=8)
     run = train.timed_loop(train.synthetic_batches(accel, 8, 224, 0), accel.step, accel.synchronize, 8, steps=5,

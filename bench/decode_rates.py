@@ -1,0 +1,93 @@
+"""``python -m gpufeed.bench.decode_rates DST``: JPEG decode rates side by side, in one run, on one GPU machine.
+
+The same records (the first ``--images`` of a benchmark dataset's RecordIO, as stored) decoded by:
+
+* one CPU core (OpenCV, full decode, as :func:`gpufeed.pipelines.transforms.decode_image`),
+* nvJPEG on the SMs (``torchvision.io.decode_jpeg(device="cuda")``, batches of ``--batch``),
+* the JPEG engines through nvImageCodec (``HW_GPU_ONLY``, the ``hw`` path of :mod:`gpufeed.pipelines.loader`),
+
+each timed to the end of its work on the GPU (stream synchronised), after one warm-up batch. It also checks
+that the engines' pixels match the CPU's (mean absolute difference, 0-255 scale) so a fast path that
+decodes wrongly cannot pass. Prints one JSON line per decoder and appends them to ``--results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def _records(dst: str, n: int) -> list[bytes]:
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.formats import get_format
+
+    reader = get_format("recordio").reader(load_dataset_info(dst)["formats"]["recordio"]["paths"][0])
+    return [bytes(reader[i].payload) for i in range(min(n, len(reader)))]
+
+
+def _timed(fn, batches, sync) -> float:
+    fn(batches[0])
+    sync()
+    t0 = time.perf_counter()
+    for b in batches:
+        fn(b)
+    sync()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from gpufeed.pipelines.loader import HwJpegDecoder, NvJpegDecoder, collate_encoded
+    from gpufeed.pipelines.transforms import decode_image
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    p.add_argument("--images", type=int, default=2048, help="records decoded by each GPU path")
+    p.add_argument("--cpu-images", type=int, default=200, help="records decoded by the one CPU core")
+    p.add_argument("--batch", type=int, default=256, help="images per GPU decode call")
+    p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
+    args = p.parse_args(argv)
+
+    datas = _records(args.dst, args.images)
+    mean_kib = sum(map(len, datas)) / len(datas) / 1024
+    device = torch.device("cuda")
+    batches = [collate_encoded([(d, 0) for d in datas[k:k + args.batch]])[:2] for k in range(0, len(datas), args.batch)]
+    rows = []
+
+    def row(decoder: str, images: int, seconds: float, **extra):
+        r = {"bench": "decode", "decoder": decoder, "images": images, "seconds": round(seconds, 4),
+             "images_per_s": round(images / seconds, 1), "mean_kib": round(mean_kib, 1),
+             "gpu": torch.cuda.get_device_name(device), **extra}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    cpu = datas[:args.cpu_images]
+    t0 = time.perf_counter()
+    for i, d in enumerate(cpu):
+        decode_image(d, f"record {i}")
+    row("cpu-1-core", len(cpu), time.perf_counter() - t0)
+
+    sync = torch.cuda.synchronize
+    nv = NvJpegDecoder(device, train=False)
+    row("nvjpeg-sm", len(datas), _timed(lambda b: nv.images(*b), batches, sync), batch=args.batch)
+    hw = HwJpegDecoder(device, train=False)
+    seconds = _timed(lambda b: hw.images(*b), batches, sync)
+    # The engines' pixels against the CPU's, on the first images (JPEG decoders may differ by rounding).
+    got = hw.images(*collate_encoded([(d, 0) for d in cpu[:32]])[:2])
+    diffs = [float(np.abs(g.permute(1, 2, 0).cpu().numpy().astype(int) - decode_image(d, "x").astype(int)).mean())
+             for g, d in zip(got, cpu[:32])]
+    row("hw-engines", len(datas), seconds, batch=args.batch, fallbacks=hw.fallbacks,
+        max_mean_abs_diff_vs_cpu=round(max(diffs), 3))
+    if args.results:
+        with open(args.results, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""Training and inference batches on the GPU from any gpufeed format: ``gpufeed.loader(...)``.
+
+::
+
+    import gpufeed
+    train = gpufeed.loader(["out/tfrecord/train-00000-of-00004", ...], batch_size=256, decode="hybrid",
+                           augment="train", rank=rank, world_size=world)
+    for epoch in range(90):
+        train.set_epoch(epoch)
+        for x, y in train:            # x: N x 224 x 224 x 3 uint8 on the GPU (NHWC), y: int64 labels
+            ...
+
+Where the JPEGs are decoded (``decode``):
+
+* ``cpu``: in DataLoader worker processes (OpenCV, DCT-domain downscale where the crop allows), then one
+  pinned, asynchronous copy per batch.
+* ``gpu``: nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``: fast, but its kernels run on the
+  SMs the model needs.
+* ``hw``: the GPU's JPEG engines (NVJPG on A100/H100/H200) through NVIDIA nvImageCodec
+  (``BackendKind.HW_GPU_ONLY``), which leave the SMs to the model; images the engines do not take
+  (progressive JPEGs, some subsamplings) fall back to nvImageCodec's CUDA decoder, one batch call each.
+* ``hybrid``: each batch split between the CPU workers and the engines. The CPU share starts from the
+  workers' expected rate against the engines' and then follows the measured waits: when the main loop waits
+  for the workers, the engines take more; when it waits for the engines, the workers do.
+
+``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
+horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
+is the centre crop that resize-256-then-crop-224 keeps, resized to ``size``. All four paths give the same
+NHWC uint8 batches (the GPU paths crop and resize with bilinear ``roi_align``); ``normalize=True`` gives
+NCHW float32 ``(x / 255 - mean) / std`` with ImageNet's statistics instead.
+
+Without torch, or without a GPU or nvImageCodec for the GPU paths, :func:`loader` raises one line naming
+``pip install 'gpufeed[gpu]'`` and ``decode="cpu"``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from gpufeed.errors import ConfigError
+
+DECODES = ("cpu", "gpu", "hw", "hybrid")
+AUGMENTS = ("train", "eval")
+#: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
+CENTER_FRACTION = 224 / 256
+#: ImageNet channel statistics (RGB, 0-255 scale), what torchvision's models are trained with.
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+#: Expected rates for the first hybrid split, before measured waits steer it: one CPU worker decoding and
+#: cropping a ~500x375 JPEG, and the H100/H200 JPEG engines together (nvImageCodec, ~140 KB photos).
+CPU_WORKER_RATE = 300.0
+HW_RATE = 13_000.0
+_INSTALL = "pip install 'gpufeed[gpu]'"
+
+
+def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of the square centre crop that resize-256-then-crop-224 keeps, in source pixels."""
+    side = max(1, int(round(min(height, width) * fraction)))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+# --------------------------------------------------------------------------------------- in DataLoader workers
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuDecode:
+    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (``train``) or the centre crop.
+
+    The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
+    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch.
+    """
+
+    train: bool
+    size: int = 224
+    seed: int = 0
+
+    def __call__(self, sample):
+        return self.pixels(sample), int(sample.labels[0])
+
+    def pixels(self, sample) -> np.ndarray:
+        import cv2
+
+        from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
+
+        img = decode_image(sample.payload, sample.key)
+        if self.train:
+            return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
+        top, left, h, w = center_box(*img.shape[:2])
+        return cv2.resize(img[top:top + h, left:left + w], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+
+def encoded_bytes(sample) -> bytes:
+    if not isinstance(sample.payload, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"GPU decoding needs encoded images, but {sample.key} is stored as raw pixels; "
+                          "convert with --encode jpeg, or decode='cpu'")
+    return bytes(sample.payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedBytes:
+    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, and the label."""
+
+    def __call__(self, sample):
+        return encoded_bytes(sample), int(sample.labels[0])
+
+
+def collate_encoded(batch):
+    """``[(jpeg bytes, label)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels).
+
+    One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
+    splits it into per-image views."""
+    import torch
+
+    sizes = [len(data) for data, _ in batch]
+    flat = np.empty(sum(sizes), dtype=np.uint8)
+    offset = 0
+    for (data, _), n in zip(batch, sizes):
+        flat[offset:offset + n] = np.frombuffer(data, dtype=np.uint8)
+        offset += n
+    return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
+            torch.tensor([label for _, label in batch], dtype=torch.int64))
+
+
+class HybridSplit:
+    """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here) when its
+    place in a fixed low-discrepancy sequence falls under the current share, else its bytes go to the engines.
+    ``share`` is a ``multiprocessing.Value`` the main process steers; forked workers see its changes."""
+
+    def __init__(self, cpu: CpuDecode, share):
+        self.cpu, self.share = cpu, share
+
+    def __call__(self, sample):
+        # The golden-ratio sequence spreads any share evenly over consecutive indices.
+        if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
+            return "px", self.cpu.pixels(sample), int(sample.labels[0])
+        return "jpeg", encoded_bytes(sample), int(sample.labels[0])
+
+
+def collate_hybrid(batch):
+    """``[("px", pixels, label) | ("jpeg", bytes, label)]`` -> (NHWC uint8 pixels, their batch positions,
+    the other images as :func:`collate_encoded` packs them, their positions, all labels)."""
+    import torch
+
+    px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
+    enc = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "jpeg"]
+    pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
+    flat, sizes, _ = collate_encoded([(data, 0) for _, data in enc])
+    return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
+            torch.tensor([i for i, _ in enc], dtype=torch.int64),
+            torch.tensor([item[2] for item in batch], dtype=torch.int64))
+
+
+# ------------------------------------------------------------------------------------------------- on the GPU
+
+
+class GpuCrop:
+    """Crop + resize (+ flip) of decoded images on the GPU: training crops drawn by
+    :func:`gpufeed.pipelines.transforms.random_resized_crop_params`, evaluation by :func:`center_box`. Images of
+    one shape are stacked and cropped by one bilinear ``roi_align`` (2x2 samples per output pixel), one
+    launch per shape, as DALI's batched resize does. Output: NHWC uint8."""
+
+    def __init__(self, device, train: bool, size: int = 224, seed: int = 0):
+        import torch
+        import torchvision.ops
+
+        self.torch, self.ops = torch, torchvision.ops
+        self.device, self.train, self.size = device, train, size
+        self.stream = torch.cuda.Stream(device=device)
+        self.rng = np.random.default_rng(seed)
+
+    def _box(self, height: int, width: int) -> tuple[int, int, int, int]:
+        if self.train:
+            from gpufeed.pipelines.transforms import random_resized_crop_params
+
+            return random_resized_crop_params(height, width, self.rng)
+        return center_box(height, width)
+
+    def crop(self, images: list) -> object:
+        """``images``: CHW uint8 tensors on the device -> N x size x size x 3 uint8."""
+        torch = self.torch
+        by_shape: dict[tuple, list[int]] = {}
+        for i, img in enumerate(images):
+            by_shape.setdefault(tuple(img.shape), []).append(i)
+        out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
+        for (_, height, width), members in by_shape.items():
+            rois = []
+            for k, _i in enumerate(members):
+                top, left, h, w = self._box(height, width)
+                rois.append((k, left, top, left + w, top + h))
+            stack = torch.stack([images[i] for i in members]).float()
+            crops = self.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
+                                       output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
+            out.index_copy_(0, torch.tensor(members).to(self.device), crops)
+        if self.train:
+            flip = torch.from_numpy(np.flatnonzero(self.rng.random(len(images)) < 0.5)).to(self.device)
+            out[flip] = out[flip].flip(-1)
+        return out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+class NvJpegDecoder(GpuCrop):
+    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")`` (CUDA kernels on the SMs)."""
+
+    def __init__(self, device, train: bool, size: int = 224, seed: int = 0):
+        super().__init__(device, train, size, seed)
+        import torchvision.io
+
+        self.io = torchvision.io
+
+    def images(self, flat, sizes) -> list:
+        datas = list(self.torch.split(flat, sizes.tolist()))
+        return self.io.decode_jpeg(datas, mode=self.io.ImageReadMode.RGB, device=self.device)
+
+    def decode(self, flat, sizes, labels):
+        return self.crop(self.images(flat, sizes)), labels.to(self.device, non_blocking=True)
+
+
+class HwJpegDecoder(GpuCrop):
+    """The GPU's JPEG engines through nvImageCodec (``HW_GPU_ONLY``); what they refuse goes to nvImageCodec's
+    CUDA decoder in one more batch call. Decoding runs on this object's stream."""
+
+    def __init__(self, device, train: bool, size: int = 224, seed: int = 0):
+        super().__init__(device, train, size, seed)
+        nvimgcodec = import_nvimgcodec()
+        index = self.torch.device(device).index or 0
+        self.nv = nvimgcodec
+        self.hw = nvimgcodec.Decoder(device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+        self.fallback = nvimgcodec.Decoder(device_id=index, backends=[
+            nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY), nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+        self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
+                                              sample_format=nvimgcodec.SampleFormat.I_RGB)
+        self.fallbacks = 0  # images the engines did not take, so far
+
+    def images(self, flat, sizes) -> list:
+        torch = self.torch
+        host = flat.numpy()
+        bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
+        streams = [self.nv.CodeStream(host[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        stream = self.torch.cuda.current_stream(self.device).cuda_stream
+        decoded = self.hw.decode(streams, params=self.params, cuda_stream=stream)
+        missing = [i for i, img in enumerate(decoded) if img is None]
+        if missing:
+            self.fallbacks += len(missing)
+            again = self.fallback.decode([streams[i] for i in missing], params=self.params, cuda_stream=stream)
+            for i, img in zip(missing, again):
+                if img is None:
+                    raise ConfigError(f"image {i} of a batch could not be decoded by nvImageCodec (corrupt?); "
+                                      "check the dataset with `gpufeed verify`")
+                decoded[i] = img
+        return [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
+
+    def decode(self, flat, sizes, labels):
+        return self.crop(self.images(flat, sizes)), labels.to(self.device, non_blocking=True)
+
+
+def import_nvimgcodec():
+    try:
+        from nvidia import nvimgcodec
+    except ImportError:
+        raise ConfigError(f"decode='hw' needs NVIDIA nvImageCodec: {_INSTALL} (adds nvidia-nvimgcodec-cu13), or "
+                          "decode='cpu'") from None
+    return nvimgcodec
+
+
+def decoded_batches(batches: Iterator, decode, device, depth: int = 2, timing=None) -> Iterator:
+    """``decode(*batch) -> (x, y)`` applied ahead of the consumer in a background thread on the decoder's own
+    stream (``decode.__self__.stream``), up to ``depth`` batches in flight; the consumer's stream waits for each
+    batch on the GPU (an event), never on the host. ``timing(wait_s, decode_s)`` gets, per batch, how long the
+    main thread waited for the DataLoader and how long the decode took on the GPU (the hybrid controller)."""
+    import torch
+
+    main = torch.cuda.current_stream(device)
+    side = decode.__self__.stream
+
+    def run(batch):
+        t0 = time.perf_counter()
+        with torch.cuda.device(device), torch.cuda.stream(side):
+            x, y = decode(*batch)
+            done = torch.cuda.Event()
+            done.record(side)
+        if timing is not None:
+            done.synchronize()
+        return x, y, done, time.perf_counter() - t0
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufeed-decode")
+    pending: collections.deque = collections.deque()
+    try:
+        while True:
+            while len(pending) < depth:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                pending.append((pool.submit(run, batch), time.perf_counter() - t0))
+            if not pending:
+                return
+            future, waited = pending.popleft()
+            x, y, done, took = future.result()
+            if timing is not None:
+                timing(waited, took)
+            main.wait_event(done)
+            x.record_stream(main)
+            y.record_stream(main)
+            yield x, y
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class HybridDecoder:
+    """Assembles a hybrid batch: the CPU-decoded part copied in, the rest decoded by the engines; and steers
+    the CPU share from the waits :func:`decoded_batches` reports."""
+
+    STEP = 0.02
+
+    def __init__(self, hw: HwJpegDecoder, share):
+        self.hw, self.share, self.stream = hw, share, hw.stream
+
+    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels):
+        torch, device = self.hw.torch, self.hw.device
+        x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
+        if pixels is not None:
+            x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
+        if len(enc_pos):
+            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes)))
+        return x, labels.to(device, non_blocking=True)
+
+    def timing(self, waited: float, decoded: float) -> None:
+        if max(waited, decoded) < 1e-3:
+            return  # neither side holds the loop back: the model does
+        share = self.share.value
+        if waited > 1.2 * decoded:
+            share -= self.STEP  # the main loop waits for the CPU workers: the engines take more
+        elif decoded > 1.2 * waited:
+            share += self.STEP
+        self.share.value = min(0.95, max(0.0, share))
+
+
+# ------------------------------------------------------------------------------------------------- the loader
+
+
+def format_of(path: str) -> str:
+    """The format of one output file or directory: ``.rec`` RecordIO, a directory with ``data.mdb`` LMDB,
+    anything else TFRecord."""
+    if path.endswith(".rec"):
+        return "recordio"
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "data.mdb")):
+        return "lmdb"
+    return "tfrecord"
+
+
+class Loader:
+    """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles)."""
+
+    def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = "cpu",
+                 augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
+                 workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
+                 drop_last: bool = True, normalize: bool = False):
+        torch = _import_torch()
+        if decode not in DECODES:
+            raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
+        if augment not in AUGMENTS:
+            raise ConfigError(f"augment={augment!r} is not one of {', '.join(AUGMENTS)}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
+        paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+        if not paths:
+            raise ConfigError("no input paths given to the loader")
+        self.format = format or format_of(paths[0])
+        self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
+        self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize
+        self.shuffle = augment == "train" if shuffle is None else shuffle
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if decode != "cpu":
+            _require_cuda(torch, self.device, decode)
+        if decode in ("hw", "hybrid"):
+            import_nvimgcodec()
+        from gpufeed.machine import usable_cores
+
+        self.workers = max(1, min(16, usable_cores())) if workers is None else workers
+        train = augment == "train"
+        self._share = None
+        if decode == "cpu":
+            transform, self._collate = CpuDecode(train, size, seed), None
+        elif decode == "hybrid":
+            import multiprocessing
+
+            rate = self.workers * CPU_WORKER_RATE
+            self._share = multiprocessing.Value("d", rate / (rate + HW_RATE), lock=False)
+            transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
+        else:
+            transform, self._collate = EncodedBytes(), collate_encoded
+        from gpufeed.formats.torch import MapDataset
+
+        self.dataset = MapDataset(self.format, paths, transform=transform, rank=rank, world_size=world_size,
+                                  even=True)
+        self.dataset.close()  # workers open their own readers
+        self.epoch = 0
+        self._decoder = None
+        self._batches = None
+
+    @property
+    def cpu_share(self) -> float | None:
+        """``hybrid``: the share of each batch the CPU workers decode now."""
+        return None if self._share is None else self._share.value
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _dataloader(self):
+        """One DataLoader for the loader's life: its workers persist across epochs (no restart stall), and
+        its sampler draws each epoch's order from ``(seed, epoch)``."""
+        import torch
+
+        if self._batches is None:
+            self._batches = torch.utils.data.DataLoader(
+                self.dataset, batch_size=self.batch_size, sampler=_EpochOrder(self), num_workers=self.workers,
+                drop_last=self.drop_last, collate_fn=self._collate,
+                pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
+                persistent_workers=self.workers > 0, prefetch_factor=4 if self.workers else None)
+        return self._batches
+
+    def _gpu_decoder(self):
+        if self._decoder is None:
+            train = self.augment == "train"
+            if self.decode == "gpu":
+                self._decoder = NvJpegDecoder(self.device, train, self.size, self.seed)
+            else:
+                hw = HwJpegDecoder(self.device, train, self.size, self.seed)
+                self._decoder = hw if self.decode == "hw" else HybridDecoder(hw, self._share)
+        return self._decoder
+
+    def __iter__(self) -> Iterator:
+        batches = iter(self._dataloader())
+        if self.decode == "cpu":
+            gen = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in batches)
+        else:
+            dec = self._gpu_decoder()
+            gen = decoded_batches(batches, dec.decode, self.device,
+                                  timing=dec.timing if isinstance(dec, HybridDecoder) else None)
+        for x, y in gen:
+            yield (normalise(x) if self.normalize else x), y
+
+
+class _EpochOrder:
+    """The sample order of the loader's current epoch: a permutation drawn from ``(seed, epoch)`` when
+    shuffling, else file order."""
+
+    def __init__(self, loader: Loader):
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader.dataset)
+
+    def __iter__(self):
+        n = len(self.loader.dataset)
+        if not self.loader.shuffle:
+            return iter(range(n))
+        return iter(np.random.default_rng((self.loader.seed, self.loader.epoch)).permutation(n).tolist())
+
+
+def normalise(x_nhwc_u8):
+    """NHWC uint8 -> NCHW float32 ``(x - mean) / std`` with ImageNet's statistics (0-255 scale)."""
+    import torch
+
+    mean = torch.tensor(IMAGENET_MEAN, device=x_nhwc_u8.device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=x_nhwc_u8.device).view(1, 3, 1, 1)
+    return x_nhwc_u8.permute(0, 3, 1, 2).float().sub_(mean).div_(std)
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError(f"gpufeed.loader needs PyTorch: {_INSTALL}") from None
+    return torch
+
+
+def _require_cuda(torch, device, decode: str) -> None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ConfigError(f"decode={decode!r} decodes on an NVIDIA GPU and torch sees none (device {device}); "
+                          f"use decode='cpu', or on a GPU machine {_INSTALL}")
+    try:
+        import torchvision.ops  # noqa: F401  (the GPU paths crop with roi_align)
+    except ImportError:
+        raise ConfigError(f"decode={decode!r} crops on the GPU with torchvision: {_INSTALL}") from None
+
+
+def loader(paths: str | Sequence[str], format: str | None = None, batch_size: int = 256, decode: str = "cpu",
+           augment: str = "train", **options) -> Loader:
+    """Batches ``(x, y)`` on the GPU from gpufeed files; see this module's documentation and :class:`Loader`."""
+    return Loader(paths, format=format, batch_size=batch_size, decode=decode, augment=augment, **options)

@@ -1,0 +1,114 @@
+"""gpufeed.loader on the CPU path (CI has no GPU), its building blocks, and its one-line refusals.
+
+The GPU paths (nvJPEG, the JPEG engines through nvImageCodec, hybrid) run on the GPU machine:
+scripts/gpu_decode.sh measures them and checks their batches against the CPU path's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gpufeed  # noqa: E402
+from gpufeed.errors import ConfigError  # noqa: E402
+from gpufeed.pipelines import loader as L  # noqa: E402
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from gpufeed.bench.dataset import build_dataset, load_dataset_info
+
+    out = tmp_path_factory.mktemp("loader") / "ds"
+    build_dataset(str(out), n=N, workers=2)
+    return load_dataset_info(str(out))["formats"]
+
+
+def test_center_box_is_resize_256_crop_224():
+    top, left, h, w = L.center_box(375, 500)
+    assert (h, w) == (328, 328)
+    assert (top, left) == ((375 - 328) // 2, (500 - 328) // 2)
+
+
+def test_cpu_decode_and_encoded_bytes_on_real_records(dataset):
+    from gpufeed.formats import get_format
+
+    sample = get_format("recordio").reader(dataset["recordio"]["paths"][0])[3]
+    for train in (True, False):
+        img, label = L.CpuDecode(train, 224, seed=5)(sample)
+        assert img.shape == (224, 224, 3) and img.dtype == np.uint8 and label == int(sample.labels[0])
+    # The crop of a sample is a function of (seed, index): runs are repeatable.
+    assert np.array_equal(L.CpuDecode(True, 224, seed=5)(sample)[0], L.CpuDecode(True, 224, seed=5)(sample)[0])
+    raw, label = L.EncodedBytes()(sample)
+    assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff"
+    flat, sizes, labels = L.collate_encoded([(raw, label), (raw[:100], 7)])
+    assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
+
+
+@pytest.mark.parametrize("fmt", ["recordio", "tfrecord", "lmdb"])
+def test_loader_gives_the_same_batches_from_every_format(dataset, fmt):
+    ld = gpufeed.loader(dataset[fmt]["paths"], batch_size=8, decode="cpu", augment="eval", workers=2)
+    assert ld.format == fmt and len(ld) == N // 8
+    xs, ys = zip(*ld)
+    assert all(x.shape == (8, 224, 224, 3) and x.dtype == torch.uint8 for x in xs)
+    ref = gpufeed.loader(dataset["recordio"]["paths"], batch_size=8, augment="eval", workers=0)
+    rx, ry = zip(*ref)
+    assert torch.equal(torch.cat(ys), torch.cat(ry)) and torch.equal(torch.cat(xs), torch.cat(rx))
+
+
+def test_epochs_reshuffle_deterministically_and_ranks_split_the_data(dataset):
+    paths = dataset["tfrecord"]["paths"]
+
+    def labels(epoch, rank=0, world=1, seed=0):
+        ld = gpufeed.loader(paths, batch_size=4, workers=1, rank=rank, world_size=world, seed=seed)
+        ld.set_epoch(epoch)
+        return torch.cat([y for _, y in ld]).tolist()
+
+    assert labels(0) == labels(0) and labels(0) != labels(1) and sorted(labels(0)) == sorted(labels(1))
+    halves = labels(0, 0, 2) + labels(0, 1, 2)
+    assert len(halves) == N and sorted(halves) == sorted(labels(0))
+
+
+def test_normalize_gives_nchw_float(dataset):
+    x, _ = next(iter(gpufeed.loader(dataset["lmdb"]["paths"], batch_size=4, workers=0, normalize=True)))
+    assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
+
+
+def test_hybrid_split_follows_the_shared_share(dataset):
+    from gpufeed.formats import get_format
+
+    reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
+    share = multiprocessing.Value("d", 0.25, lock=False)
+    split = L.HybridSplit(L.CpuDecode(True, 64), share)
+    kinds = [split(reader[i])[0] for i in range(N)]
+    assert abs(kinds.count("px") / N - 0.25) <= 0.05  # evenly spread by the golden-ratio sequence
+    share.value = 0.0
+    items = [split(reader[i]) for i in range(6)]
+    assert {k for k, _, _ in items} == {"jpeg"}
+    share.value = 0.5
+    pixels, px_pos, flat, sizes, enc_pos, labels = L.collate_hybrid([split(reader[i]) for i in range(8)])
+    assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
+    assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
+
+
+@pytest.mark.parametrize("decode", ["gpu", "hw", "hybrid"])
+def test_gpu_paths_without_a_gpu_say_what_to_do_in_one_line(dataset, decode):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError) as err:
+        gpufeed.loader(dataset["recordio"]["paths"], decode=decode)
+    text = str(err.value)
+    assert "\n" not in text and "pip install 'gpufeed[gpu]'" in text and "decode='cpu'" in text
+
+
+@pytest.mark.parametrize("kwargs, text", [({"decode": "nvdec"}, "decode='nvdec'"),
+                                          ({"augment": "test"}, "augment='test'"),
+                                          ({"batch_size": 0}, "batch_size")])
+def test_bad_arguments(dataset, kwargs, text):
+    with pytest.raises(ConfigError, match=text):
+        gpufeed.loader(dataset["recordio"]["paths"], **kwargs)
