@@ -307,6 +307,7 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
                                       opts.warmup_steps)}
         finally:
             batches.close()
+            loader.close()
             del batches, loader
             gc.collect()
 

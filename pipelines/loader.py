@@ -131,7 +131,8 @@ def collate_encoded(batch):
 class HybridSplit:
     """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here) when its
     place in a fixed low-discrepancy sequence falls under the current share, else its bytes go to the engines.
-    ``share`` is a ``multiprocessing.Value`` the main process steers; forked workers see its changes."""
+    ``share`` is a shared ``multiprocessing`` value the main process steers; the workers, handed it when they
+    start, see its changes."""
 
     def __init__(self, cpu: CpuDecode, share):
         self.cpu, self.share = cpu, share
@@ -393,7 +394,8 @@ class Loader:
             import multiprocessing
 
             rate = self.workers * CPU_WORKER_RATE
-            self._share = multiprocessing.Value("d", rate / (rate + HW_RATE), lock=False)
+            self._share = multiprocessing.get_context(self._start_method()).Value("d", rate / (rate + HW_RATE),
+                                                                                 lock=False)
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
             transform, self._collate = EncodedBytes(), collate_encoded
@@ -403,8 +405,15 @@ class Loader:
                                   even=True)
         self.dataset.close()  # workers open their own readers
         self.epoch = 0
+        self._order = _EpochOrder(len(self.dataset), seed, self.shuffle)
         self._decoder = None
         self._batches = None
+
+    def _start_method(self) -> str:
+        """How DataLoader workers start. The GPU paths run decoder threads (nvImageCodec's, the decode thread)
+        in this process; a worker forked while one of them holds a lock can hang on that lock at exit, so they
+        start from a fork server (a clean process). The CPU path forks, which starts fastest."""
+        return "fork" if self.decode == "cpu" else "forkserver"
 
     @property
     def cpu_share(self) -> float | None:
@@ -412,7 +421,12 @@ class Loader:
         return None if self._share is None else self._share.value
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch = self._order.epoch = epoch
+
+    def close(self) -> None:
+        """Stop the DataLoader's workers now (they otherwise live as long as the loader)."""
+        self._batches = None
+        self._decoder = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -425,10 +439,11 @@ class Loader:
 
         if self._batches is None:
             self._batches = torch.utils.data.DataLoader(
-                self.dataset, batch_size=self.batch_size, sampler=_EpochOrder(self), num_workers=self.workers,
+                self.dataset, batch_size=self.batch_size, sampler=self._order, num_workers=self.workers,
                 drop_last=self.drop_last, collate_fn=self._collate,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
-                persistent_workers=self.workers > 0, prefetch_factor=4 if self.workers else None)
+                persistent_workers=self.workers > 0,
+                multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
     def _gpu_decoder(self):
@@ -454,20 +469,20 @@ class Loader:
 
 
 class _EpochOrder:
-    """The sample order of the loader's current epoch: a permutation drawn from ``(seed, epoch)`` when
-    shuffling, else file order."""
+    """The sample order of the current epoch: a permutation drawn from ``(seed, epoch)`` when shuffling,
+    else file order. It holds no reference to the loader, so dropping a loader frees its DataLoader (and
+    stops its workers) at once rather than at the next garbage collection."""
 
-    def __init__(self, loader: Loader):
-        self.loader = loader
+    def __init__(self, n: int, seed: int, shuffle: bool):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
 
     def __len__(self) -> int:
-        return len(self.loader.dataset)
+        return self.n
 
     def __iter__(self):
-        n = len(self.loader.dataset)
-        if not self.loader.shuffle:
-            return iter(range(n))
-        return iter(np.random.default_rng((self.loader.seed, self.loader.epoch)).permutation(n).tolist())
+        if not self.shuffle:
+            return iter(range(self.n))
+        return iter(np.random.default_rng((self.seed, self.epoch)).permutation(self.n).tolist())
 
 
 def normalise(x_nhwc_u8):
