@@ -55,8 +55,8 @@ PROFILES = {p.name: p for p in (
         name="h200", device="NVIDIA H200", model="resnet50",
         train=StepProfile(batch=256, step_s=0.0545),
         infer=StepProfile(batch=512, step_s=512 / 15929),
-        source="measured on one H200, PyTorch 2.11, bf16 autocast, channels_last, eager "
-               "(shared/PERFORMANCE.md): 4,701 img/s training at batch 256, 15,929 img/s inference at 512"),
+        source="measured on one H200, PyTorch 2.11, bf16 autocast, channels_last, eager: 4,701 img/s "
+               "training at batch 256, 15,929 img/s inference at 512"),
     AcceleratorProfile(
         name="h100-mlperf", device="NVIDIA H100", model="resnet50",
         train=StepProfile(batch=400, step_s=0.224), infer=None,

@@ -11,6 +11,7 @@ import pytest
 
 from gpufeed.bench import report
 from gpufeed.bench.results import ResultWriter, load_results, summarize
+from gpufeed.convert.cli import main
 from gpufeed.errors import ConfigError
 
 GPU = "NVIDIA H200"
@@ -72,8 +73,10 @@ def test_answer_names_what_passes_cores_and_bandwidth(results):
     assert "ResNet-50 train on NVIDIA H200" in text and "4,700 img/s" in text
     assert "recordio on nvme (cpu decode): AU 97.9%" in text
     assert "below the mark: lmdb on nvme (cpu decode): AU 51.1%" in text
-    # Training: 0.9 * 4700 / 360 per core (the read benchmark's best per-worker rate) -> 12 cores.
-    assert "about **12 cores**" in text
+    # Training: 0.9 * 4700 / (2900 / 16) per core (the read benchmark at the most workers measured, not one
+    # worker alone, which is faster per core than a full machine) -> 24 cores.
+    assert "about **24 cores**" in text and "2,900 img/s with 16 worker(s); one worker alone: 360 img/s" in text
+    assert "Decoding with `gpu` (nvJPEG on the SMs) reached AU" in text and "16 DataLoader workers only" in text
     # Inference: the CPU-bound loop gives 6800 / 16 = 425 img/s per core -> 0.9 * 15900 / 425 -> 34 cores.
     assert "about **34 cores**" in text and "16 workers already kept it at AU 90.6%" in text
     assert "| ultra | 140 | profile cap |" in text
@@ -155,3 +158,15 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     # A rendered page: mostly white, with text, tables and plots drawing many distinct grey levels.
     assert sum(1 for count in img.histogram() if count) > 50
     assert img.getextrema()[0] < 60
+
+
+def test_single_runs_show_no_spread():
+    assert report.fmt_spread({"values": [5.0], "spread": 0.0}) == "1 run"
+    assert report.fmt_spread({"values": [4.0, 5.0], "spread": 0.2}) == report.fmt_pct(0.2)
+
+
+def test_the_report_cites_no_file_the_user_does_not_have(results, tmp_path):
+    out = tmp_path / "r.md"
+    assert main(["report", results, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "shared/" not in text and "TIERS.md" not in text and "PERFORMANCE.md" not in text
