@@ -387,6 +387,7 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
                            for r in sorted(failing, key=lambda r: -(figure(r, "au") or 0))])
         blocks.extend(_cores_answer(rows, d, resize_to))
     blocks.extend(_bandwidth_answer(rows, ds, resize_to))
+    blocks.extend(sized_disks(rows, ds, resize_to)[0])
     return blocks
 
 
@@ -468,6 +469,54 @@ def _bandwidth_answer(rows: Sequence[dict], ds: list[Demand], resize_to: int) ->
         blocks.append("Measured with the smaller stored images (same loop, format, tier and decoding):")
         blocks.append(compared)
     return blocks
+
+
+#: GPU counts the sized-disk table answers for.
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple[list[Block], list[Block]]:
+    """The smallest disk of each kind that feeds 1, 2, 4 and 8 accelerators, by the vendors' formulas: each
+    accelerator asks its no-wait images/s, each image one random read of the stored image's bytes (one request
+    up to the tier's I/O unit). A capacity model, not a measurement: the AU rows on emulated tiers check it.
+    Returns (one sentence per demand and image size, for the answer; the tables, for a section of their own)."""
+    from gpufeed.bench import tiers as tier_profiles
+
+    sizes = bytes_per_image(rows)
+    if not sizes or not ds:
+        return [], []
+    as_captured = sizes.get(None) or max(sizes.values())
+    small = sizes.get(resize_to) or as_captured * (resize_to / _stored_side(rows)) ** 2
+    sentences: list[Block] = []
+    tables: list[Block] = []
+    for d in ds:
+        for label, nbytes in (("as captured", as_captured), (f"--resize {resize_to}", small)):
+            table = Table(f"Smallest disk that feeds N x {d.accelerator} ({d.task}, images {label}, "
+                          f"{fmt_bytes(nbytes)} each)",
+                          ["disk", *[f"{n} GPU{'s' if n > 1 else ''}" for n in GPU_COUNTS], "per-disk max"], [])
+            feeds_one = []
+            for name, prof in tier_profiles.PROFILES.items():
+                ops = math.ceil(nbytes / prof.io_unit)
+                cells = []
+                for n in GPU_COUNTS:
+                    gib = prof.smallest_gib(n * d.images_per_s * nbytes / MB, n * d.images_per_s * ops)
+                    fixed = not prof.iops_per_gib and not prof.mbps_per_gib
+                    cells.append("-" if gib is None else ("yes (fixed)" if fixed else f"{int(gib):,} GiB"))
+                    if n == 1 and gib is not None:
+                        feeds_one.append(f"{name} {'(fixed size)' if fixed else f'of {int(gib):,} GiB'}")
+                top = prof.limits(1e9)
+                table.rows.append([name, *cells, f"{fmt_num(top.bytes_per_s / MB)} MB/s, {fmt_num(top.iops)} IOPS"])
+            table.note = ("By the vendors' formulas (min(base + per-GiB x size, per-disk max)); '-' = no size of that "
+                          "disk reaches it. A model of the disk alone: an instance may cap lower, and the CPU or the "
+                          "loader may limit first (see the AU rows).")
+            need = d.images_per_s * nbytes / MB
+            sentences.append(f"Disks sized as bought: one {d.accelerator} {d.task} ({fmt_num(d.images_per_s)} img/s) "
+                             f"from images {label} needs {fmt_num(need)} MB/s of random reads; by the vendors' "
+                             "formulas the smallest disks that feed one are "
+                             + (", ".join(feeds_one) if feeds_one else "none of the profiles")
+                             + " (2, 4 and 8 GPUs: the tables under 'Disks sized as bought').")
+            tables.append(table)
+    return sentences, tables
 
 
 def _resize_comparison(rows: Sequence[dict]) -> list[str]:
@@ -897,6 +946,9 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
                           "first")
     base = choose_baseline(rows, baseline)
     sections = [Section("The answer", answer(rows, resize_to))]
+    sized = sized_disks(rows, demands(rows), resize_to)[1]
+    if sized:
+        sections.append(Section("Disks sized as bought", sized))
 
     checks = finding_checks(rows)
     finding = Section("The published finding, checked", [

@@ -32,6 +32,8 @@ DEFAULT_GIB = 500
 _BLOCK_SPLIT = 512 * KiB
 
 _ALIBABA_DOC = "Alibaba Cloud ECS docs, 'Block storage performance' (help/en/ecs/user-guide/block-storage-performance)"
+_ESSD_DOC = ("Alibaba Cloud ECS docs, 'ESSDs' (PL2: 461-32,768 GiB, min{1,800 + 50 x GiB, 100,000} IOPS, "
+             "min{120 + 0.5 x GiB, 750} MB/s; PL3: from 1,261 GiB, up to 1,000,000 IOPS and 4,000 MB/s)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +69,27 @@ class Profile:
     latency_s: float
     latency_range: str
     io_unit: int
+    #: the smallest disk the vendor sells of this kind (ESSD PL2 starts at 461 GiB, PL3 at 1,261 GiB)
+    min_gib: float = 1
 
     def limits(self, size_gib: float = DEFAULT_GIB) -> Limits:
         iops = min(self.iops_base + self.iops_per_gib * size_gib, self.iops_max)
         mbps = min(self.mbps_base + self.mbps_per_gib * size_gib, self.mbps_max)
         return Limits(iops=iops, bytes_per_s=mbps * self.mb, latency_s=self.latency_s, io_unit=self.io_unit)
+
+    def smallest_gib(self, mb_per_s: float, iops: float) -> float | None:
+        """The smallest disk of this kind, in whole GiB, that serves ``mb_per_s`` (10^6 bytes) and ``iops``
+        by the vendor's formulas; ``None`` when no size reaches them (the per-disk maxima are lower)."""
+        need_mbps = mb_per_s * MB / self.mb
+        if need_mbps > self.mbps_max or iops > self.iops_max:
+            return None
+        sizes = [self.min_gib]
+        for need, base, per_gib in ((need_mbps, self.mbps_base, self.mbps_per_gib),
+                                    (iops, self.iops_base, self.iops_per_gib)):
+            if need > base:
+                sizes.append(math.ceil((need - base) / per_gib) if per_gib else math.inf)
+        size = max(sizes)
+        return None if math.isinf(size) else float(math.ceil(size))
 
     def describe(self, size_gib: float = DEFAULT_GIB) -> dict:
         lim = self.limits(size_gib)
@@ -86,9 +104,13 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("ssd", "Alibaba standard SSD cloud disk (cloud_ssd), previous generation", _ALIBABA_DOC,
             1800, 30, 25000, 120, 0.5, 300, MB, 1e-3, "0.5-2 ms", _BLOCK_SPLIT),
     Profile("essd-pl0", "Alibaba ESSD PL0", _ALIBABA_DOC,
-            1800, 12, 10000, 100, 0.25, 180, MB, 0.4e-3, "0.3-0.5 ms", _BLOCK_SPLIT),
+            1800, 12, 10000, 100, 0.25, 180, MB, 0.4e-3, "0.3-0.5 ms", _BLOCK_SPLIT, min_gib=40),
     Profile("essd-pl1", "Alibaba ESSD PL1", _ALIBABA_DOC,
-            1800, 50, 50000, 120, 0.5, 350, MB, 0.2e-3, "~0.2 ms", _BLOCK_SPLIT),
+            1800, 50, 50000, 120, 0.5, 350, MB, 0.2e-3, "~0.2 ms", _BLOCK_SPLIT, min_gib=20),
+    Profile("essd-pl2", "Alibaba ESSD PL2", _ESSD_DOC,
+            1800, 50, 100000, 120, 0.5, 750, MB, 0.2e-3, "~0.2 ms", _BLOCK_SPLIT, min_gib=461),
+    Profile("essd-pl3", "Alibaba ESSD PL3", _ESSD_DOC,
+            1800, 50, 1000000, 120, 0.5, 4000, MB, 0.1e-3, "~0.1 ms", _BLOCK_SPLIT, min_gib=1261),
     Profile("nvme", "Alibaba local NVMe SSD (i2/i3-class), one disk, low end of the published range",
             "Alibaba Cloud ECS docs, 'Local disks' (i2/i3 instance families: 150k-300k+ IOPS, 1-2+ GB/s per disk)",
             150000, 0, 150000, 1000, 0, 1000, MB, 50e-6, "tens of us", 128 * KiB),

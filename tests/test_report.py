@@ -170,3 +170,25 @@ def test_the_report_cites_no_file_the_user_does_not_have(results, tmp_path):
     assert main(["report", results, "-o", str(out)]) == 0
     text = out.read_text()
     assert "shared/" not in text and "TIERS.md" not in text and "PERFORMANCE.md" not in text
+
+
+def test_smallest_disk_by_the_vendor_formulas():
+    from gpufeed.bench.tiers import PROFILES
+
+    pl1 = PROFILES["essd-pl1"]
+    # Throughput decides: (300 - 120) / 0.5 = 360 GiB; IOPS would need (10000 - 1800) / 50 = 164 GiB.
+    assert pl1.smallest_gib(300, 10_000) == 360
+    assert pl1.smallest_gib(400, 1000) is None  # over PL1's 350 MB/s per disk, at any size
+    assert PROFILES["essd-pl2"].smallest_gib(100, 1000) == 461  # PL2 is sold from 461 GiB
+    assert PROFILES["ultra"].smallest_gib(80, 4674) == 360  # IOPS decides: (4674 - 1800) / 8
+    assert PROFILES["gp3"].smallest_gib(200, 100) is None
+
+
+def test_report_sizes_disks_for_1_to_8_gpus(results, tmp_path):
+    out = tmp_path / "r.md"
+    assert main(["report", results, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "## Disks sized as bought" in text and "| disk | 1 GPU | 2 GPUs | 4 GPUs | 8 GPUs | per-disk max |" in text
+    # The fixture's train demand: 4,700 img/s of 118 KB = 555 MB/s: beyond ESSD PL1 at any size.
+    assert "| essd-pl1 | - | - | - | - |" in text
+    assert "Disks sized as bought: one NVIDIA H200 train" in text
