@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import mmap
 import os
+import threading
 import zlib
 
 from gpufeed import io
@@ -84,8 +85,14 @@ class StreamCursor:
         return None if self.size is None else self.size - self.pos
 
 
+#: Serialises opening sources (once per process each).
+_OPEN_LOCK = threading.Lock()
+
+
 class ByteSource:
-    """One data file, opened on first use in each process."""
+    """One data file, opened on first use in each process. Safe to read from several threads at once: the
+    memory map is shared, and where reads go through a file object (an emulated tier, an fsspec URL) each
+    thread has its own handle, since a shared one would move under another thread's seek."""
 
     def __init__(self, path: str, compression: str | None = None, use_mmap: bool = True):
         self.path = os.fspath(path)
@@ -94,15 +101,38 @@ class ByteSource:
         self._pid = None
         self._f = None
         self._mv = None
+        self._local = threading.local()
+        self._handles: list = []
+        self._handles_lock = threading.Lock()
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.update(_pid=None, _f=None, _mv=None)
+        state.update(_pid=None, _f=None, _mv=None, _local=None, _handles=[], _handles_lock=None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
+        self._handles_lock = threading.Lock()
+
+    def _thread_file(self):
+        """This thread's handle on the file (random reads seek it)."""
+        f = getattr(self._local, "f", None)
+        if f is None or getattr(self._local, "pid", None) != os.getpid():
+            f = io.open_file(self.path, "rb", buffering=0 if io.is_local(self.path) else -1)
+            self._local.f, self._local.pid = f, os.getpid()
+            with self._handles_lock:
+                self._handles.append(f)
+        return f
 
     def _open(self) -> None:
         if self._pid == os.getpid():
             return
+        with _OPEN_LOCK:  # threads reading a fresh source at once open it once
+            if self._pid != os.getpid():
+                self._open_once()
+
+    def _open_once(self) -> None:
         self._f = self._mv = None
         f = io.open_file(self.path, "rb", buffering=0 if io.is_local(self.path) else -1)
         if (self.compression is None and self.use_mmap and io.is_local(self.path)
@@ -142,22 +172,24 @@ class ByteSource:
         self._open()
         if self._mv is not None:
             return ViewCursor(self._mv, pos)
-        self._f.seek(pos)
-        return StreamCursor(self._f, pos, _size(self._f))
+        f = self._thread_file()
+        f.seek(pos)
+        return StreamCursor(f, pos, _size(f))
 
     def read_at(self, offset: int, n: int):
         """``n`` bytes at ``offset`` (fewer at end of file); a zero-copy slice when memory-mapped."""
         self._open()
         if self._mv is not None:
             return self._mv[offset:offset + n]
-        self._f.seek(offset)
-        return read_fully(self._f, n)
+        f = self._thread_file()
+        f.seek(offset)
+        return read_fully(f, n)
 
     def size(self) -> int:
         self._open()
         if self._mv is not None:
             return len(self._mv)
-        return _size(self._f)
+        return _size(self._thread_file())
 
     def close(self) -> None:
         mv, f = self._mv, self._f
@@ -165,6 +197,11 @@ class ByteSource:
         self._pid = None
         if f is not None:
             f.close()
+        with self._handles_lock:
+            handles, self._handles = self._handles, []
+        for h in handles:
+            h.close()
+        self._local = threading.local()
         if mv is not None:
             # Slices handed out keep the map alive; it is unmapped when the last one is dropped.
             try:

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -420,7 +421,6 @@ def _copy_compacted(env, data_path: str, psize: int) -> tuple[np.ndarray, str]:
     into a pipe, and a thread takes whole pages from it, checks them (:class:`_PageChecks`) and writes them
     out, so the file is never read back. Returns the page CRCs and the file's SHA-256."""
     import fcntl
-    import threading
 
     checks = _PageChecks(psize)
     failed = []
@@ -850,6 +850,10 @@ def _release_env(key) -> None:
             entry[0].close()
 
 
+#: Serialises opening readers (rare, and an environment may be opened once per process).
+_OPEN_LOCK = threading.Lock()
+
+
 class LMDBReader(Reader):
     """Reads an environment directory written by gpufeed or by Caffe's ``convert_imageset``.
 
@@ -891,6 +895,11 @@ class LMDBReader(Reader):
     def _open(self):
         if self._pid == os.getpid():
             return
+        with _OPEN_LOCK:  # threads reading a fresh reader at once open it once
+            if self._pid != os.getpid():
+                self._open_once()
+
+    def _open_once(self):
         import lmdb
 
         self._errors = lmdb.Error
@@ -901,6 +910,8 @@ class LMDBReader(Reader):
         try:
             self._txn = env.begin(buffers=True)
             self._cursor = self._txn.cursor()
+            self._env, self._owner = env, threading.get_ident()
+            self._local, self._thread_txns, self._txn_lock = threading.local(), [], threading.Lock()
             self._check_environment(env)
         except BaseException as e:
             txn = self.__dict__.pop("_txn", None)
@@ -981,22 +992,35 @@ class LMDBReader(Reader):
         self._open()
         return self._len
 
+    def _txn_cursor(self):
+        """This thread's read transaction and cursor: a cursor moves, so threads reading at once each need
+        their own (the thread that opened the reader uses the first)."""
+        if threading.get_ident() == self._owner:
+            return self._txn, self._cursor
+        local = self._local
+        if getattr(local, "cursor", None) is None:
+            local.txn = self._env.begin(buffers=True)
+            local.cursor = local.txn.cursor()
+            with self._txn_lock:
+                self._thread_txns.append(local.txn)
+        return local.txn, local.cursor
+
     def _key_value(self, i: int):
         self._open()
         i = position(i, self._len, self.path)
+        txn, cur = self._txn_cursor()
         try:
             if not self._seekable and self._keys is None:
                 self._keys = self._list_keys()
             if self._seekable or isinstance(self._keys, np.ndarray):
                 prefix = b"%08d_" % (i if self._seekable else self._keys[i])
-                cur = self._cursor
                 if not cur.set_range(prefix) or not bytes(cur.key()[:len(prefix)]) == prefix:
                     raise CorruptRecordError(self.data_path, i, None, f"no key with prefix {prefix!r}")
                 key = cur.key()  # the leaf page only; the value is read below
                 value = self._pread_value(i) if self._offsets is not None else cur.value()
             else:
                 key = self._keys[i]
-                value = self._pread_value(i) if self._offsets is not None else self._txn.get(key)
+                value = self._pread_value(i) if self._offsets is not None else txn.get(key)
         except self._errors as e:
             raise CorruptRecordError(self.data_path, i, None, f"LMDB error ({e})") from e
         if self._offsets is None:  # read through the map: charged its page faults
@@ -1068,8 +1092,12 @@ class LMDBReader(Reader):
     def close(self) -> None:
         txn = self.__dict__.pop("_txn", None)
         self.__dict__.pop("_cursor", None)
+        self.__dict__.pop("_env", None)
+        others = self.__dict__.pop("_thread_txns", [])
         # A transaction opened in a parent process is not ours to end (LMDB forbids it after fork).
         if txn is not None and self._pid == os.getpid():
+            for other in others:
+                other.abort()
             txn.abort()
             _release_env(self._env_key)
         fd = self.__dict__.pop("_fd", None)

@@ -502,11 +502,14 @@ class RecordIOReader(Reader):
         if self._offsets is None:
             if not self._has_idx:
                 raise TypeError(f"{self.path} has no .idx: iterate it sequentially instead")
-            self._keys, self._offsets = _read_idx(index_path(self.path), self._side_hash("idx"))
-            if self.layout.records is not None and len(self._offsets) != self.layout.records:
+            # Built whole, checked, then published: another thread sees None or the finished index.
+            keys, offsets = _read_idx(index_path(self.path), self._side_hash("idx"))
+            if self.layout.records is not None and len(offsets) != self.layout.records:
                 raise CorruptRecordError(index_path(self.path), None, None,
-                                         f"the index lists {len(self._offsets)} records, the sidecar "
+                                         f"the index lists {len(offsets)} records, the sidecar "
                                          f"{self.layout.records}")
+            self._keys = keys
+            self._offsets = offsets
         return self._offsets
 
     def _side_hash(self, name: str) -> str | None:
@@ -562,12 +565,13 @@ class RecordIOReader(Reader):
     def _load_names(self):
         if self._names is None:
             lst = list_path(self.path)
-            self._names = {}
+            names = {}
             if exists(lst):
                 for line in _read_side_file(lst, self._side_hash("lst")).decode("utf-8", "replace").splitlines():
                     parts = line.split("\t")
                     if len(parts) >= 2 and parts[0].strip().isdigit():
-                        self._names[int(parts[0])] = parts[-1]
+                        names[int(parts[0])] = parts[-1]
+            self._names = names  # published whole: another thread never sees it half filled
         return self._names
 
     def _records(self, checksum: bool):

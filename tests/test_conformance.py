@@ -344,3 +344,25 @@ def test_reads_go_through_the_tier_emulator(fmt_name, tmp_path, rng):
         assert_same(g, s)
     if fmt_name != "lmdb":  # LMDB reads through its map and charges pages faulted from disk, none when cached
         assert read >= size
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_one_reader_serves_many_threads(fmt_name, tmp_path, rng, emulated):
+    """Random reads of one reader from 8 threads at once give every record intact, whether the file is mapped
+    or read through handles (an emulated tier): a thread pool over one reader is how prefetching loaders use it."""
+    import concurrent.futures
+    import contextlib
+
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.tiers import Limits
+
+    samples = image_samples(rng, 24)
+    path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
+    fast = Limits(iops=1e6, bytes_per_s=1e10, latency_s=0.0, io_unit=4096)
+    scope = Throttle.emulate(fast, accounting="requests", state_dir=str(tmp_path)) if emulated else contextlib.nullcontext()
+    with scope, get_format(fmt_name).reader(path) as r:
+        order = [int(i) for i in np.random.default_rng(3).permutation(len(samples))] * 8
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda i: (i, r[i]), order))
+    for i, g in got:
+        assert_same(g, samples[i])
