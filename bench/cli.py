@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "convert": ("gpufeed.bench.convert_bench", "time `gpufeed convert` per format, tier and worker count"),
     "read": ("gpufeed.bench.read", "read throughput and latency per format and tier, cold and warm"),
     "train": ("gpufeed.bench.train", "a real training / inference loop fed from each format and tier"),
+    "feed": ("gpufeed.bench.feed", "how many emulated accelerators a disk keeps at >= 90% AU (MLPerf Storage style)"),
     "tiers": ("gpufeed.bench.tiers_cmd", "list tier profiles, self-test the emulator, measure the host disk"),
     "dataset": ("gpufeed.bench.dataset", "build a benchmark dataset in every format without Ray"),
 }

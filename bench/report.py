@@ -386,9 +386,34 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
             blocks.append([f"below the mark: {_describe_config(r)}: AU {fmt_pct(figure(r, 'au'))}"
                            for r in sorted(failing, key=lambda r: -(figure(r, "au") or 0))])
         blocks.extend(_cores_answer(rows, d, resize_to))
+    blocks.extend(_gpus_fed(rows))
     blocks.extend(_bandwidth_answer(rows, ds, resize_to))
     blocks.extend(sized_disks(rows, ds, resize_to)[0])
     return blocks
+
+
+def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
+    """The `gpufeed bench feed` rows: how many emulated accelerators each tier kept at >= 90% AU."""
+    feed = of_bench(rows, "feed")
+    if not feed:
+        return []
+    t = Table("Accelerators fed per disk (gpufeed bench feed: emulated accelerators reading stored bytes)",
+              ["tier", "disk", "format", "task", "accelerator", "fed at AU >= 90%", "first N below", "note"], [])
+    for r in sorted(feed, key=lambda r: (str(r.get("tier")), str(r.get("format")))):
+        lim = r.get("tier_limits") or {}
+        disk = (f"{fmt_num(lim.get('size_gib'))} GiB: {fmt_num(lim.get('mb_per_s'))} MB/s, "
+                f"{fmt_num(lim.get('iops'))} IOPS" if lim else "measured mount")
+        note = []
+        if r.get("cpu_limited"):
+            note.append("this machine's CPUs were busy > 90%: the disk may feed more")
+        if r.get("capped_at_max"):
+            note.append(f"search stopped at {params(r).get('max_gpus')}")
+        if not r.get("valid", True):
+            note.append("invalid: " + str(r.get("invalid_reason")))
+        t.rows.append([tier_label(r), disk, str(r.get("format")), str(params(r).get("task")),
+                       str(params(r).get("accelerator")), str(r.get("gpus_fed")), str(r.get("first_failing") or "-"),
+                       "; ".join(note) or "-"])
+    return [t]
 
 
 def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block]:

@@ -38,7 +38,7 @@ from gpufeed.machine import usable_cores  # noqa: F401 (bench modules import it 
 #: Bumped when a field changes meaning; readers check it.
 SCHEMA_VERSION = 1
 
-BENCHES = ("convert", "read", "train")
+BENCHES = ("convert", "read", "train", "feed")
 MODES = ("measured", "emulated")
 
 #: Every row has these; ResultWriter fills ``machine``, ``versions``, ``time`` and ``schema`` itself.

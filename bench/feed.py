@@ -1,0 +1,213 @@
+"""``gpufeed bench feed DST``: how many emulated accelerators one disk keeps busy, as MLPerf Storage counts them.
+
+Each emulated accelerator is a process that reads its rank's share of a format in shuffled order (the stored
+bytes, as MLPerf Storage's clients read: no decoding, which is the CPU's question, not the disk's), a batch at a
+time with ``--threads`` reads in flight, and "computes" each batch by sleeping the step time of an accelerator
+profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU is compute time / wall
+time over the timed steps. N accelerators run at once on one tier (an emulated profile throttles all of them
+through one shared token bucket, or a real mount serves them), and the search doubles N while every rank keeps
+AU >= 0.90, then bisects between the last N that passed and the first that failed. The row says the largest N
+fed, the disk (profile and size) and each N tried with its lowest AU.
+
+The processes share this machine's cores: when its CPUs were busier than 90% during a failing N, the row says
+the machine, not the disk, may have been the limit (``cpu_limited``), as MLPerf Storage warns of its clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import sys
+import time
+
+import numpy as np
+
+from gpufeed.errors import ConfigError
+
+AU_TARGET = 0.90
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+def _rank(cfg: dict, rank: int, world: int, conn) -> None:
+    """One emulated accelerator (a child process): AU over the timed steps, sent back through ``conn``."""
+    from gpufeed.formats import get_format
+
+    import threading
+
+    local = threading.local()
+
+    def read(i: int):
+        # A reader per thread: readers keep a file position, so threads must not share one.
+        if not hasattr(local, "reader"):
+            local.reader = get_format(cfg["format"]).reader(cfg["path"])
+        return local.reader.read_raw(i)
+
+    try:
+        reader = get_format(cfg["format"]).reader(cfg["path"])
+        order = np.random.default_rng((cfg["seed"], 0)).permutation(len(reader))[rank::world]
+        batch, step_s = cfg["batch"], cfg["step_s"]
+        steps = cfg["warmup"] + cfg["steps"]
+        if len(order) < batch:
+            raise ConfigError(f"{cfg['path']}: {len(reader)} records give rank {rank} of {world} fewer than one batch "
+                              f"of {batch}; build a larger dataset or pass a smaller --batch-size")
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg["threads"])
+
+        def read_batch(k: int) -> int:
+            idx = [int(order[(k * batch + j) % len(order)]) for j in range(batch)]
+            return sum(len(v) for v in pool.map(read, idx))
+
+        ahead = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        pending = ahead.submit(read_batch, 0)
+        waits, nbytes, t_start = [], 0, None
+        for k in range(steps):
+            if k == cfg["warmup"]:
+                t_start = time.perf_counter()
+            t0 = time.perf_counter()
+            got = pending.result()
+            if k >= cfg["warmup"]:
+                nbytes += got
+                waits.append(time.perf_counter() - t0)
+            pending = ahead.submit(read_batch, k + 1)
+            time.sleep(step_s)
+        wall = time.perf_counter() - t_start
+        pending.cancel()
+        conn.send(("ok", {"au": cfg["steps"] * step_s / wall, "mb_per_s": nbytes / wall / 1e6,
+                          "wait_p99_ms": float(np.percentile(waits, 99) * 1e3)}))
+    except BaseException as e:  # noqa: BLE001 - the parent re-raises it
+        conn.send(("error", e))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def run_n(cfg: dict, n: int) -> dict:
+    """``n`` emulated accelerators at once: per rank AU, their lowest, the total MB/s and the machine's CPU use."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    busy0, total0 = _cpu_times()
+    procs, conns = [], []
+    for r in range(n):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_rank, args=(cfg, r, n, child), daemon=True)
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    results = []
+    for p, c in zip(procs, conns):
+        try:
+            status, value = c.recv()
+        except EOFError:
+            raise ConfigError(f"an emulated accelerator process died (exit code {p.exitcode}) with {n} at once; "
+                              "look for an out-of-memory kill") from None
+        p.join()
+        if status == "error":
+            raise value
+        results.append(value)
+    busy1, total1 = _cpu_times()
+    return {"gpus": n, "min_au": min(r["au"] for r in results), "au": [round(r["au"], 4) for r in results],
+            "mb_per_s": sum(r["mb_per_s"] for r in results),
+            "cpu_busy": (busy1 - busy0) / max(1e-9, total1 - total0)}
+
+
+def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
+    """The largest N at which every rank keeps AU >= 0.90: doubling, then bisection. ``run(cfg, n)`` measures
+    one N (:func:`run_n`)."""
+    tried: dict[int, dict] = {}
+
+    def ok(n: int) -> bool:
+        if n not in tried:
+            tried[n] = run(cfg, n)
+            t = tried[n]
+            log(f"  {n:>3} accelerators: lowest AU {t['min_au']:.3f}, {t['mb_per_s']:,.0f} MB/s read, "
+                f"CPUs {t['cpu_busy']:.0%} busy")
+        return tried[n]["min_au"] >= AU_TARGET
+
+    good, bad = 0, None
+    n = 1
+    while n <= max_gpus:
+        if ok(n):
+            good, n = n, n * 2
+        else:
+            bad = n
+            break
+    if bad is not None:
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if ok(mid):
+                good = mid
+            else:
+                bad = mid
+    first_fail = tried.get(bad) if bad is not None else None
+    return {"gpus_fed": good, "first_failing": bad, "capped_at_max": bad is None,
+            "cpu_limited": bool(first_fail and first_fail["cpu_busy"] > 0.9),
+            "tried": [tried[k] for k in sorted(tried)]}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from gpufeed.bench.cli import add_tier_arguments
+    from gpufeed.formats import FORMATS
+
+    parser.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST, or a gpufeed convert output)")
+    add_tier_arguments(parser)
+    parser.add_argument("--formats", default="tfrecord", help=f"comma-separated, of {', '.join(FORMATS)}")
+    parser.add_argument("--task", choices=("train", "infer"), default="train")
+    parser.add_argument("--profile", default="h200", help="accelerator profile whose step time is emulated")
+    parser.add_argument("--batch-size", type=int, default=None, help="images per step (the profile's by default)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per accelerator")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--threads", type=int, default=32,
+                        help="reads in flight per accelerator (requests/s <= threads / latency: enough that the "
+                             "disk, not the reader, is the limit)")
+    parser.add_argument("--max-gpus", type=int, default=64, help="stop the search here")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample order")
+
+
+def run(args) -> int:
+    from gpufeed.bench.accelerator import get_profile
+    from gpufeed.bench.cli import tiers_from_args
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.read import dataset_paths, tier_dataset
+    from gpufeed.bench.results import ResultWriter, summarize
+    from gpufeed.bench.train import tier_scope
+
+    profile = get_profile(args.profile).task(args.task)
+    batch = args.batch_size or profile.batch
+    if min(batch, args.steps, args.threads, args.max_gpus) < 1 or args.warmup_steps < 0:
+        raise ConfigError("--batch-size, --steps, --threads and --max-gpus must be at least 1")
+    info = load_dataset_info(args.dst)
+    writer = ResultWriter(args.results, data_path=args.dst)
+    for tier in tiers_from_args(args, os.path.abspath(args.dst)):
+        directory = tier_dataset(tier, os.path.abspath(args.dst))
+        for fmt in [f for f in args.formats.split(",") if f]:
+            if fmt not in info["formats"]:
+                raise ConfigError(f"{args.dst} holds no {fmt}; it has {', '.join(info['formats'])}")
+            paths = dataset_paths(info, directory, fmt)
+            if len(paths) != 1:
+                raise ConfigError(f"bench feed reads one file per format; {fmt} has {len(paths)} (build the "
+                                  "dataset with one shard)")
+            cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
+                   "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "seed": args.seed}
+            print(f"{tier.name} {fmt} {args.task}: emulated {args.profile} accelerators, "
+                  f"{batch / cfg['step_s']:,.0f} img/s each", file=sys.stderr, flush=True)
+            with tier_scope(tier, directory, args.allow_invalid) as validity:
+                found = search(cfg, args.max_gpus, log=lambda line: print(line, file=sys.stderr, flush=True))
+            row = {"bench": "feed", **tier.row_fields(), "format": fmt, **validity,
+                   "params": {"task": args.task, "accelerator": args.profile, "batch_size": batch,
+                              "steps": args.steps, "threads": args.threads, "max_gpus": args.max_gpus},
+                   **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found}
+            writer.write(row)
+            limit = " (the machine's CPUs, not only the disk, may have been the limit)" if found["cpu_limited"] else ""
+            more = f" (the search stopped at --max-gpus {args.max_gpus})" if found["capped_at_max"] else ""
+            print(f"{tier.name:<12}{fmt:<9} feeds {found['gpus_fed']} emulated {args.profile} ({args.task}) at AU >= "
+                  f"{AU_TARGET:.0%}{more}{limit}")
+    return 0
