@@ -71,8 +71,14 @@ def test_answer_names_what_passes_cores_and_bandwidth(results):
     text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows))]), "/nonexistent",
                                   "x")
     assert "ResNet-50 train on NVIDIA H200" in text and "4,700 img/s" in text
-    assert "recordio on nvme (cpu decode): AU 97.9%" in text
-    assert "below the mark: lmdb on nvme (cpu decode): AU 51.1%" in text
+    # The first screen: one recommendation (the slowest disk that passes) and the AU matrix per task.
+    assert ("**Recommendation:** recordio on ultra* (cpu decode), 16 workers: AU 97.4%, the slowest disk measured that "
+            "keeps it at >= 90%") in text
+    assert "| format | stored | nvme | ssd* | ultra* |" in text and "| lmdb | as captured | 51.1% (cpu) |" in text
+    assert "| recordio | as captured | **97.9% (cpu)** | **97.7% (cpu)** | **97.4% (cpu)** |" in text
+    everything = report.render_markdown(report.Report("t", "s", [report.Section(
+        "b", report.every_configuration(rows))]), "/nonexistent", "x")
+    assert "below the mark: lmdb on nvme (cpu decode): AU 51.1%" in everything
     # Training: 0.9 * 4700 / (2900 / 16) per core (the read benchmark at the most workers measured, not one
     # worker alone, which is faster per core than a full machine) -> 24 cores.
     assert "about **24 cores**" in text and "2,900 img/s with 16 worker(s); one worker alone: 360 img/s" in text
