@@ -158,7 +158,7 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     # The first screen answers: the recommendation and the AU matrix come before any long list or table.
     page = dom.stdout
     first = min(page.index("Recommendation:"), page.index("AU of ResNet-50 train"))
-    assert first < page.index("Storage bandwidth") < page.index("Every configuration measured")
+    assert first < page.index("Storage bandwidth") < page.index("Every configuration measured</h2>")
     subprocess.run([*base, "--window-size=1200,3000", f"--screenshot={shot}", f"file://{out}"],
                    capture_output=True, timeout=90, check=True)
     from PIL import Image
