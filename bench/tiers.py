@@ -121,6 +121,10 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             "Google Cloud docs, 'Persistent Disk performance' (pd-balanced: 3,000 IOPS + 6/GiB, "
             "140 MiB/s + 0.28 MiB/s per GiB; per-disk max 80,000 IOPS, 1,200 MiB/s)",
             3000, 6, 80000, 140, 0.28, 1200, MiB, 0.8e-3, "sub-ms to ~1 ms", _BLOCK_SPLIT),
+    Profile("pd-ssd", "GCP SSD (performance) persistent disk",
+            "Google Cloud docs, 'Persistent Disk performance' (pd-ssd: 6,000 IOPS + 30/GiB, 240 MiB/s + "
+            "0.48 MiB/s per GiB; per-instance read max 100,000 IOPS, 1,200 MiB/s)",
+            6000, 30, 100000, 240, 0.48, 1200, MiB, 0.5e-3, "sub-ms", _BLOCK_SPLIT),
 )}
 
 
