@@ -499,7 +499,10 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
         if ran:
             best = max(ran, key=lambda r: figure(r, "au") or 0)
             workers = params(best).get("workers")
-            cores = (f"{workers} DataLoader workers" + (" only reading bytes" if decode != "hybrid" else "")
+            share = figure(best, "cpu_share")
+            cores = (f"{workers} DataLoader workers" + (" only reading bytes" if decode != "hybrid" else
+                                                         f" decoding {fmt_pct(share)} of each batch" if share is not None
+                                                         else "")
                      if workers else "no DataLoader workers")
             text += (f" Decoding with `{decode}` ({what}) reached AU {fmt_pct(figure(best, 'au'))} at best "
                      f"({_describe_config(best)}) with {cores}, plus the main process.")

@@ -48,7 +48,7 @@ SYNTHETIC_TIER = "memory"
 #: MLPerf Storage's pass mark for ResNet-50.
 AU_TARGET = 0.90
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
-          "data_wait_share": "fraction", "step_ms": "ms"}
+          "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -192,6 +192,7 @@ class LoopRun:
     steps: int
     wall_s: float
     waits_s: list[float]
+    cpu_share: float | None = None  # hybrid decoding: the share of each batch the CPU workers took at the end
 
     @property
     def images_per_s(self) -> float:
@@ -204,7 +205,8 @@ class LoopRun:
                 "data_wait_p50_ms": float(np.percentile(waits_ms, 50)),
                 "data_wait_p99_ms": float(np.percentile(waits_ms, 99)),
                 "data_wait_share": float(sum(self.waits_s) / self.wall_s),
-                "step_ms": self.wall_s / self.steps * 1e3}
+                "step_ms": self.wall_s / self.steps * 1e3,
+                **({"cpu_share": self.cpu_share} if self.cpu_share is not None else {})}
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
@@ -303,8 +305,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         loader = make_loader(fmt, paths, task, decode, opts, accel)
         batches = _cycle(loader)
         try:
-            return {"run": timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps,
-                                      opts.warmup_steps)}
+            run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps)
+            return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
             loader.close()

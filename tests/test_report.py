@@ -202,3 +202,15 @@ def test_report_sizes_disks_for_1_to_8_gpus(results, tmp_path):
     # The fixture's train demand: 4,700 img/s of 118 KB = 555 MB/s: beyond ESSD PL1 at any size.
     assert "| essd-pl1 | - | - | - | - |" in text
     assert "Disks sized as bought: one NVIDIA H200 train" in text
+
+
+def test_cores_say_what_share_the_hybrid_path_left_to_the_cpus(results, tmp_path):
+    rows = load_results(results)
+    extra = tmp_path / "hybrid.jsonl"
+    _train(ResultWriter(str(extra)), "nvme", "tfrecord", "train", "hybrid", 4650.0, 4700.0)
+    hybrid = load_results(str(extra))[0]
+    hybrid["metrics"]["cpu_share"] = {"unit": "fraction", "median": 0.31, "spread": 0, "values": [0.31]}
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows + [hybrid]))]),
+                                  "/nonexistent", "x")
+    assert ("Decoding with `hybrid` (CPU workers and the JPEG engines) reached AU 98.9% at best (tfrecord on nvme "
+            "(hybrid decode)) with 16 DataLoader workers decoding 31.0% of each batch") in text
