@@ -854,6 +854,7 @@ def _file_identity(url: str, cache: dict) -> str:
     if io.is_local(url):
         try:
             st = os.stat(io.local_path(url))
+            cache[("size", url)] = st.st_size  # for --shard-bytes (_input_bytes): one stat per file
             return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
         except OSError:
             return "unreadable"
@@ -879,9 +880,10 @@ def _identities(items: list, strict: bool = False, cache: dict | None = None) ->
 
 
 def _input_bytes(items: list, cache: dict) -> int:
-    """The inputs' total size as listed (``--shard-bytes``): a tar member's header, a local file's stat, a
-    remote file's entry in the listings :func:`item_identity` cached; data in memory by its length. Inputs
-    whose size cannot be learnt count as the mean of the others."""
+    """The inputs' total size as listed (``--shard-bytes``): a tar member's header, a local file's stat and a
+    remote file's entry in its directory's listing as :func:`item_identity` cached them (nothing is asked of
+    the storage again); data in memory by its length. Inputs whose size is unknown count as the mean of the
+    others."""
     sizes = []
     for it in items:
         ref = it.ref
@@ -890,10 +892,7 @@ def _input_bytes(items: list, cache: dict) -> int:
         elif isinstance(ref, InlineRef):
             sizes.append(getattr(ref.data, "nbytes", None) or len(ref.data))
         elif io.is_local(ref.url):
-            try:
-                sizes.append(os.stat(io.local_path(ref.url)).st_size)
-            except OSError:
-                sizes.append(None)
+            sizes.append(cache.get(("size", ref.url)))
         else:
             import fsspec
 
