@@ -90,14 +90,6 @@ def drop_caches(*trees: str) -> str:
         return "fadvise"
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat; idle and iowait count as not busy."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
-
-
 def _limit_one(path: str) -> int:
     from gpufeed.bench.transform_speed import limit_one
 
@@ -149,9 +141,11 @@ class _RssSampler(threading.Thread):
 
 def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> dict:
     """One ``gpufeed convert`` process, timed from start to exit; its summary figures."""
+    from gpufeed.bench.results import cpu_ticks
+
     cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
-    busy0, total0 = _cpu_ticks()
+    busy0, total0 = cpu_ticks()
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -159,7 +153,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
     rss.start()
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
-    busy1, total1 = _cpu_ticks()
+    busy1, total1 = cpu_ticks()
     rss.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr.decode()[-3000:]}")

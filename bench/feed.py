@@ -28,14 +28,6 @@ from gpufeed.errors import ConfigError
 AU_TARGET = 0.90
 
 
-def _cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [float(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return sum(fields) - idle, sum(fields)
-
-
 def _rank(cfg: dict, rank: int, world: int, conn) -> None:
     """One emulated accelerator (a child process): AU over the timed steps, sent back through ``conn``."""
     from gpufeed.formats import get_format
@@ -92,8 +84,10 @@ def run_n(cfg: dict, n: int) -> dict:
     """``n`` emulated accelerators at once: per rank AU, their lowest, the total MB/s and the machine's CPU use."""
     import multiprocessing
 
+    from gpufeed.bench.results import cpu_ticks
+
     ctx = multiprocessing.get_context("fork")
-    busy0, total0 = _cpu_times()
+    busy0, total0 = cpu_ticks()
     procs, conns = [], []
     for r in range(n):
         parent, child = ctx.Pipe(duplex=False)
@@ -113,7 +107,7 @@ def run_n(cfg: dict, n: int) -> dict:
         if status == "error":
             raise value
         results.append(value)
-    busy1, total1 = _cpu_times()
+    busy1, total1 = cpu_ticks()
     return {"gpus": n, "min_au": min(r["au"] for r in results), "au": [round(r["au"], 4) for r in results],
             "mb_per_s": sum(r["mb_per_s"] for r in results),
             "cpu_busy": (busy1 - busy0) / max(1e-9, total1 - total0)}

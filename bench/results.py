@@ -173,6 +173,15 @@ def disk_info(path: str) -> dict[str, Any]:
     return info
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat; idle and iowait count as not busy. Two readings give
+    the machine's CPU use in between."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
 def machine_info(data_path: str | None = None) -> dict[str, Any]:
     """CPU, cores, RAM, GPUs, kernel, and (given ``data_path``) the disk and filesystem holding the data."""
     info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": _cpu_model(),
