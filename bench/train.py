@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from gpufeed.errors import ConfigError
+from gpufeed.pipelines.loader import DECODES
 
 TASKS = ("train", "infer")
-DECODES = ("cpu", "gpu", "hw", "hybrid")  # gpufeed.pipelines.loader.DECODES
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
 DEFAULT_BATCH = {"train": 256, "infer": 512}
 #: Format name of the rows measured on synthetic tensors (no storage, no decoding).
