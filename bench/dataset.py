@@ -9,6 +9,10 @@ records are what conversion writes. Two shapes:
   like ImageNet's ~110 KB and MLPerf Storage's ResNet-50 records (114,660 bytes);
 * ``image="cifar"``: 32x32 RGB pixels stored raw (3,072 bytes), like CIFAR-10.
 
+``size``/``center_crop``/``encode`` store the ImageNet-like images as ``gpufeed convert --size HxW
+--center-crop --encode raw`` would (the inference recipes: a stored centre crop leaves a loader only a decode,
+raw pixels not even that).
+
 Workers synthesise and encode (the CPU work); the parent only frames and appends, one writer per format
 (one ``.rec``, one LMDB environment, ``shards`` TFRecord files). ``DST/bench_dataset.json`` lists the outputs
 for :mod:`gpufeed.bench.read`.
@@ -57,14 +61,9 @@ def _make(task):
     from gpufeed.pipelines.base import InlineRef, Item
     from gpufeed.pipelines.transforms import ImageOptions, make_sample
 
-    start, end, image, resize, seed, formats = task
+    start, end, image, store, seed, formats = task
     fmts = [get_format(f) for f in formats]
-    if image == "cifar":
-        options = ImageOptions(encode="raw")
-    elif resize:
-        options = ImageOptions(resize=resize, quality=95)
-    else:
-        options = ImageOptions(encode="pass", validate=False)
+    options = store_options(image, **store)
     out = []
     for i in range(start, end):
         rng = np.random.default_rng([seed, i])
@@ -85,6 +84,28 @@ def _make(task):
     return start, out
 
 
+def store_options(image: str, resize: int | None = None, size: tuple[int, int] | None = None,
+                  center_crop: bool = False, encode: str | None = None):
+    """The :class:`~gpufeed.pipelines.transforms.ImageOptions` a benchmark dataset is stored with: CIFAR raw;
+    ImageNet-like images passed through as captured, or transformed and encoded (JPEG q95 or raw)."""
+    from gpufeed.pipelines.transforms import ImageOptions
+
+    if image == "cifar":
+        return ImageOptions(encode="raw")
+    if not (resize or size or center_crop) and encode in (None, "pass"):
+        return ImageOptions(encode="pass", validate=False)
+    return ImageOptions(resize=resize, size=size, center_crop=center_crop, encode=encode or "jpeg", quality=95)
+
+
+def store_flags(resize: int | None = None, size: tuple[int, int] | None = None, center_crop: bool = False,
+                encode: str | None = None) -> str | None:
+    """The ``gpufeed convert`` flags that store images as a benchmark dataset's ``store`` does, or None for
+    images kept as captured."""
+    flags = ([f"--resize {resize}"] if resize else []) + ([f"--size {size[0]}x{size[1]}"] if size else []) + (
+        ["--center-crop"] if center_crop else []) + ([f"--encode {encode}"] if encode == "raw" else [])
+    return " ".join(flags) or None
+
+
 def output_path(out: str, fmt: str, shard: int = 0, shards: int = 1) -> str:
     """Where ``build_dataset`` puts format ``fmt`` (the path its reader takes)."""
     from gpufeed.formats.naming import shard_name
@@ -98,18 +119,26 @@ def output_path(out: str, fmt: str, shard: int = 0, shards: int = 1) -> str:
 
 
 def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1000, image: str = "imagenet",
-                  resize: int | None = None, seed: int = 0, workers: int | None = None, shards: int = 1) -> dict:
+                  resize: int | None = None, seed: int = 0, workers: int | None = None, shards: int = 1,
+                  size: tuple[int, int] | None = None, center_crop: bool = False, encode: str | None = None) -> dict:
     """Write ``n`` synthetic samples to every format in ``formats`` under ``out``; return (and store as
     ``out/bench_dataset.json``) what was written: per format its reader paths, files, bytes and mean record
-    size, plus the mean stored sample size."""
+    size, plus the mean stored sample size. ``resize``, ``size``, ``center_crop`` and ``encode`` are
+    ``gpufeed convert``'s options of those names (ImageNet-like images only)."""
     from gpufeed.formats import get_format
 
     if image not in IMAGES:
         raise ConfigError(f"image={image!r} is not one of {', '.join(IMAGES)}")
     if n < 1 or shards < 1 or shards > n:
         raise ConfigError(f"need n >= 1 and 1 <= shards <= n, got n={n}, shards={shards}")
-    if image == "cifar" and resize:
-        raise ConfigError("resize applies to image='imagenet'; CIFAR-sized samples are 32x32 already")
+    store = {"resize": resize, "size": tuple(size) if size else None, "center_crop": center_crop, "encode": encode}
+    if image == "cifar" and (resize or size or center_crop or encode):
+        raise ConfigError("resize, size, center_crop and encode apply to image='imagenet'; CIFAR-sized samples "
+                          "are 32x32 raw pixels already")
+    if encode not in (None, "pass", "jpeg", "raw"):
+        raise ConfigError(f"encode={encode!r}: use pass, jpeg or raw")
+    if encode == "pass" and (resize or size or center_crop):
+        raise ConfigError("encode='pass' keeps the captured bytes; resize, size and center_crop need jpeg or raw")
     formats = list(dict.fromkeys(formats))
     for f in formats:
         get_format(f)
@@ -120,7 +149,7 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
         for f in formats:
             os.makedirs(os.path.join(out, f), exist_ok=True)
         per_shard = -(-n // shards)
-        tasks = [(s, min(s + _CHUNK, n), image, resize, seed, formats) for s in range(0, n, _CHUNK)]
+        tasks = [(s, min(s + _CHUNK, n), image, store, seed, formats) for s in range(0, n, _CHUNK)]
         payload_bytes = 0
         written = {f: [] for f in formats}
         shard = -1
@@ -143,6 +172,7 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
         for w in writers.values():
             w.abort()
     info = {"out": os.path.abspath(out), "n": n, "image": image, "resize": resize, "seed": seed, "shards": shards,
+            "store": store_flags(**store),
             "sample_bytes": payload_bytes / n, "build_seconds": time.perf_counter() - t0, "formats": {}}
     for f in formats:
         files = [dataclasses.asdict(w) for w in written[f]]
@@ -178,7 +208,7 @@ def dataset_fields(info: dict, fmt: str) -> dict:
     from gpufeed.bench.results import dataset_ram_ratio
 
     f = info["formats"][fmt]
-    return {"image": info["image"], "resize": info["resize"], "n_samples": info["n"],
+    return {"image": info["image"], "resize": info["resize"], "store": info.get("store"), "n_samples": info["n"],
             "sample_bytes": info["sample_bytes"], "record_bytes": f["record_bytes"],
             "total_bytes": f["total_bytes"], "dataset_ram_ratio": dataset_ram_ratio(f["total_bytes"])}
 
@@ -192,7 +222,9 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
     options = m.get("options", {})
     info = {"out": os.path.abspath(out), "n": n, "image": "cifar" if str(options.get("dataset", "")).startswith(
         "cifar") else "imagenet", "resize": options.get("resize"), "seed": options.get("seed"),
-        "split": split, "source": "gpufeed convert", "formats": {}}
+        "split": split, "source": "gpufeed convert", "formats": {},
+        "store": store_flags(options.get("resize"), tuple(options["size"]) if options.get("size") else None,
+                             bool(options.get("center_crop")), options.get("encode"))}
 
     def in_split(rel: str) -> bool:
         name = os.path.basename(os.path.dirname(rel) if rel.endswith("data.mdb") else rel)
@@ -238,14 +270,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--image", choices=IMAGES, default="imagenet",
                         help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels")
     parser.add_argument("--resize", type=int, default=None, help="store JPEGs resized to this shorter side")
+    parser.add_argument("--size", default=None, metavar="HxW", help="store images at exactly this size")
+    parser.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing")
+    parser.add_argument("--encode", choices=("pass", "jpeg", "raw"), default=None,
+                        help="how images are stored (default: pass as captured; jpeg q95 when resized)")
     parser.add_argument("--shards", type=int, default=1, help="files per format")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same dataset, byte for byte")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
 
 
 def run(args) -> int:
+    from gpufeed.convert.options import parse_size
+
     info = build_dataset(args.out, [f for f in args.formats.split(",") if f], n=args.n, image=args.image,
-                         resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards)
+                         resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards,
+                         size=parse_size(args.size) if args.size else None, center_crop=args.center_crop,
+                         encode=args.encode)
     print(f"{info['n']} samples ({info['sample_bytes'] / 1e3:.1f} KB each) in {info['build_seconds']:.1f} s:")
     for f, d in info["formats"].items():
         print(f"  {f:<9} {d['data_bytes'] / 1e6:9.1f} MB  {d['record_bytes'] / 1e3:7.1f} KB/record  {d['paths'][0]}")

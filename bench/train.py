@@ -390,7 +390,8 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
                     for fmt in formats:
                         runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts)
                         emit({"bench": "train", **tier.row_fields(), "format": fmt,
-                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize")},
+                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
+                                         "store": info.get("store")},
                               **dataset_fields(info, fmt), **validity,
                               **summarize_runs(runs, compute_s)})
         del accel

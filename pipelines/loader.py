@@ -25,7 +25,9 @@ Where the JPEGs are decoded (``decode``):
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
-is the centre crop that resize-256-then-crop-224 keeps, resized to ``size``. All four paths give the same
+is the centre crop that resize-256-then-crop-224 keeps, resized to ``size``; an image stored at
+``size`` x ``size`` already (``convert --size 224x224 --center-crop``, the inference recipe) is used as it
+is. Raw pixel records (``--encode raw``) need ``decode="cpu"``, which then only crops. All four paths give the same
 NHWC uint8 batches (the GPU paths crop and resize with bilinear ``roi_align``); ``normalize=True`` gives
 NCHW float32 ``(x / 255 - mean) / std`` with ImageNet's statistics instead.
 
@@ -89,9 +91,13 @@ class CpuDecode:
 
         from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
 
-        img = decode_image(sample.payload, sample.key)
+        img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
+        if img.ndim == 2 or img.shape[2] == 1:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
         if self.train:
             return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
+        if img.shape[:2] == (self.size, self.size):
+            return np.ascontiguousarray(img)  # stored at the model's size (a centre crop): used as it is
         top, left, h, w = center_box(*img.shape[:2])
         return cv2.resize(img[top:top + h, left:left + w], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
 
@@ -191,6 +197,11 @@ class GpuCrop:
             by_shape.setdefault(tuple(img.shape), []).append(i)
         out = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
         for (_, height, width), members in by_shape.items():
+            if not self.train and (height, width) == (self.size, self.size):
+                # Stored at the model's size (a centre crop): used as it is, as on the CPU path.
+                index = torch.tensor(members).to(self.device)
+                out.index_copy_(0, index, torch.stack([images[i] for i in members]).float())
+                continue
             rois = []
             for k, _i in enumerate(members):
                 top, left, h, w = self._box(height, width)

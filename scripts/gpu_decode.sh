@@ -4,7 +4,10 @@
 #  2. decode rates side by side: one CPU core, nvJPEG on the SMs, the JPEG engines (python -m
 #     gpufeed.bench.decode_rates), with the engines' pixels checked against the CPU's;
 #  3. gpufeed bench train, cold cache, ResNet-50 training and inference fed by gpufeed.loader with
-#     decode cpu, hw and hybrid, from every format.
+#     decode cpu, hw and hybrid, from every format;
+#  4. (RECIPES=1) the inference recipes: the same images stored as a 224x224 centre crop (JPEG q95, then raw
+#     uint8), inference fed from tfrecord and recordio with RECIPE_DECODES (raw: cpu only, it is not decoded).
+# Every bench step runs under `timeout STEP_S` (default 240 s) so one stuck step cannot eat the call.
 #
 #   device run, carry .whl-decode (bash scripts/device_wheels.sh):  OUT=$OUT bash scripts/gpu_decode.sh
 set -euo pipefail
@@ -32,8 +35,24 @@ stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
 python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
 
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
-python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" --formats "${FORMATS:-tfrecord,recordio,lmdb}" \
-  --task "${TASKS:-train,infer}" --decode "${DECODES:-cpu,hw,hybrid}" --accelerator cuda --repeats 1 \
-  --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" --results "$RESULTS" 2>&1 \
-  | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
+train() {  # DATASET FORMATS TASKS DECODES
+  timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
+    --decode "$4" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
+    --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000" || stamp "step ended with rc $?"
+}
+[ -n "${DECODES-x}" ] && train "$DATA" "${FORMATS:-tfrecord,recordio,lmdb}" "${TASKS:-train,infer}" "${DECODES:-cpu,hw,hybrid}"
+
+if [ "${RECIPES:-0}" = 1 ]; then
+  for encode in jpeg raw; do
+    dir=$DATA-crop224-$encode
+    stamp "recipe: --size 224x224 --center-crop --encode $encode"
+    [ -f "$dir/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$dir" -n "${N:-20000}" \
+      --formats tfrecord,recordio --size 224x224 --center-crop --encode "$encode" --workers "$(nproc)"
+    du -sh "$dir"
+    decodes=${RECIPE_DECODES:-cpu,hw,hybrid}
+    [ "$encode" = raw ] && decodes=cpu
+    train "$dir" tfrecord,recordio infer "$decodes"
+    rm -rf "$dir"
+  done
+fi
 stamp "done"

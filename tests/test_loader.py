@@ -61,6 +61,32 @@ def test_loader_gives_the_same_batches_from_every_format(dataset, fmt):
     assert torch.equal(torch.cat(ys), torch.cat(ry)) and torch.equal(torch.cat(xs), torch.cat(rx))
 
 
+def test_inference_recipes_stored_centre_crop_jpeg_and_raw(tmp_path):
+    """A dataset stored at the model's size (``--size 224x224 --center-crop``, JPEG or raw) gives eval batches of
+    the stored pixels themselves: the loader does not crop again."""
+    from gpufeed.bench.dataset import build_dataset, load_dataset_info
+
+    batches = {}
+    for encode in ("jpeg", "raw"):
+        out = tmp_path / encode
+        info = build_dataset(str(out), ["lmdb", "tfrecord"], n=8, workers=1, size=(224, 224), center_crop=True,
+                             encode=encode)
+        assert info["store"] == "--size 224x224 --center-crop" + (" --encode raw" if encode == "raw" else "")
+        paths = load_dataset_info(str(out))["formats"]["tfrecord"]["paths"]
+        x, _ = next(iter(gpufeed.loader(paths, batch_size=8, augment="eval", workers=0)))
+        assert x.shape == (8, 224, 224, 3)
+        batches[encode] = x
+        if encode == "raw":
+            from gpufeed.formats import get_format
+
+            stored = get_format("tfrecord").reader(paths[0])[0].payload
+            assert np.array_equal(x[0].numpy(), np.asarray(stored))
+    # The JPEG recipe decodes to (nearly) the raw recipe's pixels: both are the same stored crop.
+    assert (batches["jpeg"].float() - batches["raw"].float()).abs().mean() < 8  # q95 JPEG error; another crop would differ by tens
+    with pytest.raises(ConfigError, match="resize, size and center_crop need jpeg or raw"):
+        build_dataset(str(tmp_path / "bad"), ["lmdb"], n=2, workers=1, resize=64, encode="pass")
+
+
 def test_epochs_reshuffle_deterministically_and_ranks_split_the_data(dataset):
     paths = dataset["tfrecord"]["paths"]
 
