@@ -59,7 +59,7 @@ def _make(task):
 
     from gpufeed.formats import get_format
     from gpufeed.pipelines.base import InlineRef, Item
-    from gpufeed.pipelines.transforms import ImageOptions, make_sample
+    from gpufeed.pipelines.transforms import make_sample
 
     start, end, image, store, seed, formats = task
     fmts = [get_format(f) for f in formats]

@@ -252,6 +252,7 @@ class TrainOptions:
     cold: bool = True
     allow_invalid: bool = False
     seed: int = 0
+    decode_threads: int = 2
 
     def batch(self, task: str) -> int:
         return self.batch_size or DEFAULT_BATCH[task]
@@ -259,7 +260,9 @@ class TrainOptions:
     def params(self, task: str, decode: str | None, accel) -> dict:
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers, "image_size": self.image_size,
-                "cold": self.cold if decode else None, **accel.describe()}
+                "cold": self.cold if decode else None,
+                **({"decode_threads": self.decode_threads} if decode in ("gpu", "hw", "hybrid") else {}),
+                **accel.describe()}
 
 
 def default_workers() -> int:
@@ -277,7 +280,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     loader = Loader(paths, format=fmt, batch_size=batch, decode=decode,
                     augment="train" if task == "train" else "eval", size=opts.image_size, rank=0, world_size=1,
                     workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
-                    shuffle=task == "train")
+                    shuffle=task == "train", decode_threads=opts.decode_threads)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}; "
                           "build a larger dataset or pass --batch-size")
@@ -446,6 +449,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="evict the dataset from the page cache before every run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the crops, the model weights and the synthetic batches")
+    parser.add_argument("--decode-threads", type=int, default=2,
+                        help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
 
 
 def options_from_args(args) -> TrainOptions:
@@ -454,6 +459,8 @@ def options_from_args(args) -> TrainOptions:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.warmup_steps < 0 or args.warmup < 0:
         raise ConfigError("--warmup-steps and --warmup must be >= 0")
+    if args.decode_threads < 1:
+        raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, not {args.batch_size}")
     workers = default_workers() if args.workers is None else args.workers
@@ -467,7 +474,7 @@ def options_from_args(args) -> TrainOptions:
                         profile=args.profile, model=args.model, batch_size=args.batch_size, steps=args.steps,
                         warmup_steps=args.warmup_steps, repeats=args.repeats, warmup_runs=args.warmup,
                         workers=workers, image_size=args.image_size, cold=args.cold,
-                        allow_invalid=args.allow_invalid, seed=args.seed)
+                        allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads)
 
 
 def run(args) -> int:

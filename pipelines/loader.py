@@ -97,9 +97,25 @@ class CpuDecode:
         if self.train:
             return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
         if img.shape[:2] == (self.size, self.size):
-            return np.ascontiguousarray(img)  # stored at the model's size (a centre crop): used as it is
+            # Stored at the model's size (a centre crop): used as it is (a copy where the reader's is read-only).
+            return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
         top, left, h, w = center_box(*img.shape[:2])
         return cv2.resize(img[top:top + h, left:left + w], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+
+def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):
+    """Per image of shape ``(h, w)`` and sample index: its crop ``(top, left, h, w)`` and whether it is flipped,
+    drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
+    if not train:
+        return [center_box(h, w) for h, w in shapes], [False] * len(shapes)
+    from gpufeed.pipelines.transforms import random_resized_crop_params
+
+    boxes, flips = [], []
+    for (h, w), index in zip(shapes, indices):
+        rng = np.random.default_rng((seed, int(index)))
+        boxes.append(random_resized_crop_params(h, w, rng))
+        flips.append(bool(rng.random() < 0.5))
+    return boxes, flips
 
 
 def encoded_bytes(sample) -> bytes:
@@ -111,27 +127,29 @@ def encoded_bytes(sample) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class EncodedBytes:
-    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, and the label."""
+    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label and its
+    index (the GPU crop of sample ``i`` is drawn from ``(seed, i)``, as on the CPU path)."""
 
     def __call__(self, sample):
-        return encoded_bytes(sample), int(sample.labels[0])
+        return encoded_bytes(sample), int(sample.labels[0]), int(sample.index)
 
 
 def collate_encoded(batch):
-    """``[(jpeg bytes, label)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels).
+    """``[(jpeg bytes, label, index)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64 indices).
 
     One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
     splits it into per-image views."""
     import torch
 
-    sizes = [len(data) for data, _ in batch]
+    sizes = [len(item[0]) for item in batch]
     flat = np.empty(sum(sizes), dtype=np.uint8)
     offset = 0
-    for (data, _), n in zip(batch, sizes):
-        flat[offset:offset + n] = np.frombuffer(data, dtype=np.uint8)
+    for item, n in zip(batch, sizes):
+        flat[offset:offset + n] = np.frombuffer(item[0], dtype=np.uint8)
         offset += n
     return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
-            torch.tensor([label for _, label in batch], dtype=torch.int64))
+            torch.tensor([item[1] for item in batch], dtype=torch.int64),
+            torch.tensor([item[2] for item in batch], dtype=torch.int64))
 
 
 class HybridSplit:
@@ -146,52 +164,50 @@ class HybridSplit:
     def __call__(self, sample):
         # The golden-ratio sequence spreads any share evenly over consecutive indices.
         if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
-            return "px", self.cpu.pixels(sample), int(sample.labels[0])
-        return "jpeg", encoded_bytes(sample), int(sample.labels[0])
+            return "px", self.cpu.pixels(sample), int(sample.labels[0]), int(sample.index)
+        return "jpeg", encoded_bytes(sample), int(sample.labels[0]), int(sample.index)
 
 
 def collate_hybrid(batch):
-    """``[("px", pixels, label) | ("jpeg", bytes, label)]`` -> (NHWC uint8 pixels, their batch positions,
-    the other images as :func:`collate_encoded` packs them, their positions, all labels)."""
+    """``[("px", pixels, label, index) | ("jpeg", bytes, label, index)]`` -> (NHWC uint8 pixels, their batch
+    positions, the other images as :func:`collate_encoded` packs them, their positions, all labels)."""
     import torch
 
     px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
-    enc = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "jpeg"]
+    enc = [(i, item) for i, item in enumerate(batch) if item[0] == "jpeg"]
     pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
-    flat, sizes, _ = collate_encoded([(data, 0) for _, data in enc])
+    flat, sizes, _, indices = collate_encoded([item[1:] for _, item in enc])
     return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
             torch.tensor([i for i, _ in enc], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64))
+            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices)
 
 
 # ------------------------------------------------------------------------------------------------- on the GPU
 
 
 class GpuCrop:
-    """Crop + resize (+ flip) of decoded images on the GPU: training crops drawn by
-    :func:`gpufeed.pipelines.transforms.random_resized_crop_params`, evaluation by :func:`center_box`. Images of
-    one shape are stacked and cropped by one bilinear ``roi_align`` (2x2 samples per output pixel), one
-    launch per shape, as DALI's batched resize does. Output: NHWC uint8."""
+    """Crop + resize (+ flip) of decoded images on the GPU: the training crop and flip of sample ``i`` drawn
+    from ``(seed, i)`` as :class:`CpuDecode` draws them (same boxes, same flips), evaluation by
+    :func:`center_box`. Images of one shape are stacked and cropped by one bilinear ``roi_align`` (2x2 samples per
+    output pixel), one launch per shape, as DALI's batched resize does. Output: NHWC uint8.
+
+    Work runs on this object's own stream, created at the highest priority the GPU has: when the model's
+    kernels fill every SM, the decoder's few kernels are scheduled first instead of queueing behind a whole
+    step (which would hold up the engines' next batch)."""
 
     def __init__(self, device, train: bool, size: int = 224, seed: int = 0):
         import torch
         import torchvision.ops
 
         self.torch, self.ops = torch, torchvision.ops
-        self.device, self.train, self.size = device, train, size
-        self.stream = torch.cuda.Stream(device=device)
-        self.rng = np.random.default_rng(seed)
+        self.device, self.train, self.size, self.seed = device, train, size, seed
+        self.stream = torch.cuda.Stream(device=device, priority=-100)  # clamped to the highest priority
 
-    def _box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        if self.train:
-            from gpufeed.pipelines.transforms import random_resized_crop_params
-
-            return random_resized_crop_params(height, width, self.rng)
-        return center_box(height, width)
-
-    def crop(self, images: list) -> object:
-        """``images``: CHW uint8 tensors on the device -> N x size x size x 3 uint8."""
+    def crop(self, images: list, indices) -> object:
+        """``images``: CHW uint8 tensors on the device, ``indices`` their sample indices -> N x size x size x 3
+        uint8."""
         torch = self.torch
+        boxes, flips = crop_params([tuple(img.shape[1:]) for img in images], indices, self.train, self.seed)
         by_shape: dict[tuple, list[int]] = {}
         for i, img in enumerate(images):
             by_shape.setdefault(tuple(img.shape), []).append(i)
@@ -203,15 +219,15 @@ class GpuCrop:
                 out.index_copy_(0, index, torch.stack([images[i] for i in members]).float())
                 continue
             rois = []
-            for k, _i in enumerate(members):
-                top, left, h, w = self._box(height, width)
+            for k, i in enumerate(members):
+                top, left, h, w = boxes[i]
                 rois.append((k, left, top, left + w, top + h))
             stack = torch.stack([images[i] for i in members]).float()
             crops = self.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
                                        output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
             out.index_copy_(0, torch.tensor(members).to(self.device), crops)
-        if self.train:
-            flip = torch.from_numpy(np.flatnonzero(self.rng.random(len(images)) < 0.5)).to(self.device)
+        if any(flips):
+            flip = torch.from_numpy(np.flatnonzero(flips)).to(self.device)
             out[flip] = out[flip].flip(-1)
         return out.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
@@ -229,8 +245,8 @@ class NvJpegDecoder(GpuCrop):
         datas = list(self.torch.split(flat, sizes.tolist()))
         return self.io.decode_jpeg(datas, mode=self.io.ImageReadMode.RGB, device=self.device)
 
-    def decode(self, flat, sizes, labels):
-        return self.crop(self.images(flat, sizes)), labels.to(self.device, non_blocking=True)
+    def decode(self, flat, sizes, labels, indices):
+        return self.crop(self.images(flat, sizes), indices), labels.to(self.device, non_blocking=True)
 
 
 class HwJpegDecoder(GpuCrop):
@@ -267,8 +283,8 @@ class HwJpegDecoder(GpuCrop):
                 decoded[i] = img
         return [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
 
-    def decode(self, flat, sizes, labels):
-        return self.crop(self.images(flat, sizes)), labels.to(self.device, non_blocking=True)
+    def decode(self, flat, sizes, labels, indices):
+        return self.crop(self.images(flat, sizes), indices), labels.to(self.device, non_blocking=True)
 
 
 def import_nvimgcodec():
@@ -280,27 +296,39 @@ def import_nvimgcodec():
     return nvimgcodec
 
 
-def decoded_batches(batches: Iterator, decode, device, depth: int = 2, timing=None) -> Iterator:
-    """``decode(*batch) -> (x, y)`` applied ahead of the consumer in a background thread on the decoder's own
-    stream (``decode.__self__.stream``), up to ``depth`` batches in flight; the consumer's stream waits for each
-    batch on the GPU (an event), never on the host. ``timing(wait_s, decode_s)`` gets, per batch, how long the
-    main thread waited for the DataLoader and how long the decode took on the GPU (the hybrid controller)."""
+def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | None = None,
+                    timing=None) -> Iterator:
+    """``decoder.decode(*batch) -> (x, y)`` applied ahead of the consumer by one background thread per decoder,
+    each on its decoder's own stream (``decoder.stream``), up to ``depth`` batches in flight (default: one more
+    than the decoders), delivered in order. Two decoders let one batch's engine work overlap the next one's host
+    work (bitstream parsing, launches), which one synchronous decode call cannot. The consumer's stream waits
+    for each batch on the GPU (an event), never on the host. ``timing(wait_s, decode_s)`` gets, per batch, how
+    long the main thread waited for the DataLoader and how long the decode took (the hybrid controller)."""
+    import queue
+
     import torch
 
     main = torch.cuda.current_stream(device)
-    side = decode.__self__.stream
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    for decoder in decoders:
+        free.put(decoder)
+    depth = depth or len(decoders) + 1
 
     def run(batch):
-        t0 = time.perf_counter()
-        with torch.cuda.device(device), torch.cuda.stream(side):
-            x, y = decode(*batch)
-            done = torch.cuda.Event()
-            done.record(side)
-        if timing is not None:
-            done.synchronize()
-        return x, y, done, time.perf_counter() - t0
+        decoder = free.get()  # one is free: there are as many threads as decoders
+        try:
+            t0 = time.perf_counter()
+            with torch.cuda.device(device), torch.cuda.stream(decoder.stream):
+                x, y = decoder.decode(*batch)
+                done = torch.cuda.Event()
+                done.record(decoder.stream)
+            if timing is not None:
+                done.synchronize()
+            return x, y, done, time.perf_counter() - t0
+        finally:
+            free.put(decoder)
 
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpufeed-decode")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(decoders), thread_name_prefix="gpufeed-decode")
     pending: collections.deque = collections.deque()
     try:
         while True:
@@ -334,13 +362,13 @@ class HybridDecoder:
     def __init__(self, hw: HwJpegDecoder, share):
         self.hw, self.share, self.stream = hw, share, hw.stream
 
-    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels):
+    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices):
         torch, device = self.hw.torch, self.hw.device
         x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
         if pixels is not None:
             x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
         if len(enc_pos):
-            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes)))
+            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes), indices))
         return x, labels.to(device, non_blocking=True)
 
     def timing(self, waited: float, decoded: float) -> None:
@@ -368,12 +396,15 @@ def format_of(path: str) -> str:
 
 
 class Loader:
-    """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles)."""
+    """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
+
+    ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
+    consecutive batches, so that one batch's engine work overlaps the next one's host-side work."""
 
     def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = "cpu",
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
-                 drop_last: bool = True, normalize: bool = False):
+                 drop_last: bool = True, normalize: bool = False, decode_threads: int = 2):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -387,6 +418,9 @@ class Loader:
         self.format = format or format_of(paths[0])
         self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
         self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize
+        if decode_threads < 1:
+            raise ConfigError(f"decode_threads={decode_threads}: need at least 1")
+        self.decode_threads = decode_threads
         self.shuffle = augment == "train" if shuffle is None else shuffle
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
@@ -457,14 +491,17 @@ class Loader:
                 multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
-    def _gpu_decoder(self):
+    def _gpu_decoders(self) -> list:
         if self._decoder is None:
             train = self.augment == "train"
             if self.decode == "gpu":
-                self._decoder = NvJpegDecoder(self.device, train, self.size, self.seed)
+                make = lambda: NvJpegDecoder(self.device, train, self.size, self.seed)  # noqa: E731
+            elif self.decode == "hw":
+                make = lambda: HwJpegDecoder(self.device, train, self.size, self.seed)  # noqa: E731
             else:
-                hw = HwJpegDecoder(self.device, train, self.size, self.seed)
-                self._decoder = hw if self.decode == "hw" else HybridDecoder(hw, self._share)
+                make = lambda: HybridDecoder(HwJpegDecoder(self.device, train, self.size, self.seed),  # noqa: E731
+                                             self._share)
+            self._decoder = [make() for _ in range(self.decode_threads)]
         return self._decoder
 
     def __iter__(self) -> Iterator:
@@ -472,9 +509,9 @@ class Loader:
         if self.decode == "cpu":
             gen = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in batches)
         else:
-            dec = self._gpu_decoder()
-            gen = decoded_batches(batches, dec.decode, self.device,
-                                  timing=dec.timing if isinstance(dec, HybridDecoder) else None)
+            decoders = self._gpu_decoders()
+            gen = decoded_batches(batches, decoders, self.device,
+                                  timing=decoders[0].timing if self.decode == "hybrid" else None)
         for x, y in gen:
             yield (normalise(x) if self.normalize else x), y
 

@@ -5,6 +5,8 @@
 #     gpufeed.bench.decode_rates), with the engines' pixels checked against the CPU's;
 #  3. gpufeed bench train, cold cache, ResNet-50 training and inference fed by gpufeed.loader with
 #     decode cpu, hw and hybrid, from every format;
+#  (PROBE=1) before 3: scripts/loader_probe.py, the loader's ceilings without the model (warm cache): the
+#     DataLoader alone, then hw decoding with 1-3 decoder threads, for eval and train augmentation;
 #  4. (RECIPES=1) the inference recipes: the same images stored as a 224x224 centre crop (JPEG q95, then raw
 #     uint8), inference fed from tfrecord and recordio with RECIPE_DECODES (raw: cpu only, it is not decoded).
 # Every bench step runs under `timeout STEP_S` (default 240 s) so one stuck step cannot eat the call.
@@ -16,6 +18,7 @@ OUT=$(realpath -m "${OUT:-$PWD/out}")
 mkdir -p "$OUT"
 RESULTS=$OUT/${RESULTS_NAME:-gpu-decode-h200.jsonl}
 [ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
+REPO=$PWD
 cd /tmp
 DATA=${DATA:-/tmp/gpufeed-decode}
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
@@ -34,21 +37,34 @@ du -sh "$DATA"
 stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
 python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
 
+if [ "${PROBE:-0}" = 1 ]; then
+  for aug in eval train; do
+    stamp "loader probe: tfrecord as captured, $aug"
+    timeout -k 10 150 python3 "$REPO/scripts/loader_probe.py" "$DATA" --format tfrecord --augment "$aug" \
+      --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
+      || stamp "probe ended with rc $?"
+  done
+fi
+
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
 train() {  # DATASET FORMATS TASKS DECODES
   timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
-    --decode "$4" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
-    --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000" || stamp "step ended with rc $?"
+    --decode "$4" --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
+    --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
+    || stamp "step ended with rc $?"
 }
 [ -n "${DECODES-x}" ] && train "$DATA" "${FORMATS:-tfrecord,recordio,lmdb}" "${TASKS:-train,infer}" "${DECODES:-cpu,hw,hybrid}"
 
 if [ "${RECIPES:-0}" = 1 ]; then
-  for encode in jpeg raw; do
+  for encode in ${RECIPE_ENCODES:-jpeg raw}; do
     dir=$DATA-crop224-$encode
     stamp "recipe: --size 224x224 --center-crop --encode $encode"
     [ -f "$dir/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$dir" -n "${N:-20000}" \
       --formats tfrecord,recordio --size 224x224 --center-crop --encode "$encode" --workers "$(nproc)"
     du -sh "$dir"
+    [ "${PROBE:-0}" = 1 ] && [ "$encode" = jpeg ] && { timeout -k 10 120 python3 "$REPO/scripts/loader_probe.py" \
+      "$dir" --format tfrecord --augment eval --threads 1,2 --results "$RESULTS" 2>&1 \
+      | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" || stamp "probe ended"; }
     decodes=${RECIPE_DECODES:-cpu,hw,hybrid}
     [ "$encode" = raw ] && decodes=cpu
     train "$dir" tfrecord,recordio infer "$decodes"

@@ -44,10 +44,31 @@ def test_cpu_decode_and_encoded_bytes_on_real_records(dataset):
         assert img.shape == (224, 224, 3) and img.dtype == np.uint8 and label == int(sample.labels[0])
     # The crop of a sample is a function of (seed, index): runs are repeatable.
     assert np.array_equal(L.CpuDecode(True, 224, seed=5)(sample)[0], L.CpuDecode(True, 224, seed=5)(sample)[0])
-    raw, label = L.EncodedBytes()(sample)
-    assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff"
-    flat, sizes, labels = L.collate_encoded([(raw, label), (raw[:100], 7)])
+    raw, label, index = L.EncodedBytes()(sample)
+    assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff" and index == sample.index == 3
+    flat, sizes, labels, indices = L.collate_encoded([(raw, label, 3), (raw[:100], 7, 9)])
     assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
+    assert indices.tolist() == [3, 9]
+
+
+def test_gpu_crops_are_the_cpu_paths_crops(dataset):
+    """The GPU paths crop and flip sample i as CpuDecode does: the same box and flip from (seed, i)."""
+    import cv2
+
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.transforms import decode_image
+
+    reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
+    samples = [reader[i] for i in range(12)]
+    images = [decode_image(s.payload, s.key) for s in samples]
+    boxes, flips = L.crop_params([im.shape[:2] for im in images], [s.index for s in samples], True, seed=5)
+    assert 0 < sum(flips) < len(flips)
+    for s, im, (top, left, h, w), flip in zip(samples, images, boxes, flips):
+        want = cv2.resize(im[top:top + h, left:left + w], (64, 64), interpolation=cv2.INTER_LINEAR)
+        want = cv2.flip(want, 1) if flip else want
+        assert np.array_equal(L.CpuDecode(True, 64, seed=5).pixels(s), want)
+    boxes, flips = L.crop_params([(375, 500)], [0], False)
+    assert boxes == [L.center_box(375, 500)] and flips == [False]
 
 
 @pytest.mark.parametrize("fmt", ["recordio", "tfrecord", "lmdb"])
@@ -115,11 +136,12 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     assert abs(kinds.count("px") / N - 0.25) <= 0.05  # evenly spread by the golden-ratio sequence
     share.value = 0.0
     items = [split(reader[i]) for i in range(6)]
-    assert {k for k, _, _ in items} == {"jpeg"}
+    assert {item[0] for item in items} == {"jpeg"}
     share.value = 0.5
-    pixels, px_pos, flat, sizes, enc_pos, labels = L.collate_hybrid([split(reader[i]) for i in range(8)])
+    pixels, px_pos, flat, sizes, enc_pos, labels, indices = L.collate_hybrid([split(reader[i]) for i in range(8)])
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
+    assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
 
 
 @pytest.mark.parametrize("decode", ["gpu", "hw", "hybrid"])

@@ -1,0 +1,88 @@
+"""Where gpufeed.loader's GPU paths spend their time, without the model (warm page cache).
+
+For one dataset and format, prints a JSON line per stage, each a ceiling the full loop cannot beat:
+  bytes        the DataLoader workers alone: records read and packed into batches (no decode);
+  hw-N         gpufeed.loader(decode="hw") with N decoder threads: batches decoded and cropped on the GPU;
+  hw-N-si      the same with the interpreter's thread switch interval at 1 ms instead of 5 ms.
+
+    python3 scripts/loader_probe.py DATASET --format tfrecord --augment eval --batches 40 --results OUT.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def timed(it, batches: int, sync) -> float:
+    next(it)  # workers started, decoders made
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    sync()
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.formats.torch import MapDataset
+    from gpufeed.pipelines.loader import EncodedBytes, Loader, collate_encoded
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("dst")
+    p.add_argument("--format", default="tfrecord")
+    p.add_argument("--augment", default="eval", choices=("train", "eval"))
+    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=16)
+    p.add_argument("--threads", default="1,2,3")
+    p.add_argument("--results", default=None)
+    args = p.parse_args(argv)
+    info = load_dataset_info(args.dst)
+    paths = info["formats"][args.format]["paths"]
+    sync = torch.cuda.synchronize
+    rows = []
+
+    def row(stage: str, seconds: float, **extra):
+        n = args.batches * args.batch_size
+        r = {"bench": "loader-probe", "stage": stage, "format": args.format, "augment": args.augment,
+             "store": info.get("store"), "record_bytes": round(info["formats"][args.format]["record_bytes"]),
+             "images": n, "seconds": round(seconds, 3), "images_per_s": round(n / seconds, 1), **extra}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    ds = MapDataset(args.format, paths, transform=EncodedBytes())
+    ds.close()
+    dl = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                                     collate_fn=collate_encoded, drop_last=True, persistent_workers=True,
+                                     multiprocessing_context="forkserver")
+    row("bytes", timed(iter(dl), args.batches, lambda: None))
+    del dl
+
+    for threads in [int(t) for t in args.threads.split(",") if t]:
+        for si in (None, 0.001):
+            if si is not None and threads != 2:
+                continue
+            old = sys.getswitchinterval()
+            if si is not None:
+                sys.setswitchinterval(si)
+            ld = Loader(paths, format=args.format, batch_size=args.batch_size, decode="hw", augment=args.augment,
+                        workers=args.workers, decode_threads=threads)
+            seconds = timed(iter(ld), args.batches, sync)
+            fallbacks = sum(d.fallbacks for d in ld._gpu_decoders())
+            ld.close()
+            sys.setswitchinterval(old)
+            row(f"hw-{threads}" + ("-si" if si else ""), seconds, fallbacks=fallbacks)
+    if args.results:
+        with open(args.results, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
