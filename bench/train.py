@@ -253,6 +253,7 @@ class TrainOptions:
     allow_invalid: bool = False
     seed: int = 0
     decode_threads: int = 2
+    decode_priority: int = 0
 
     def batch(self, task: str) -> int:
         return self.batch_size or DEFAULT_BATCH[task]
@@ -261,7 +262,8 @@ class TrainOptions:
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers, "image_size": self.image_size,
                 "cold": self.cold if decode else None,
-                **({"decode_threads": self.decode_threads} if decode in ("gpu", "hw", "hybrid") else {}),
+                **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
+                   if decode in ("gpu", "hw", "hybrid") else {}),
                 **accel.describe()}
 
 
@@ -280,7 +282,8 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     loader = Loader(paths, format=fmt, batch_size=batch, decode=decode,
                     augment="train" if task == "train" else "eval", size=opts.image_size, rank=0, world_size=1,
                     workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
-                    shuffle=task == "train", decode_threads=opts.decode_threads)
+                    shuffle=task == "train", decode_threads=opts.decode_threads,
+                    decode_priority=opts.decode_priority)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}; "
                           "build a larger dataset or pass --batch-size")
@@ -451,6 +454,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the crops, the model weights and the synthetic batches")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
+    parser.add_argument("--decode-priority", type=int, default=0,
+                        help="GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)")
 
 
 def options_from_args(args) -> TrainOptions:
@@ -474,7 +479,8 @@ def options_from_args(args) -> TrainOptions:
                         profile=args.profile, model=args.model, batch_size=args.batch_size, steps=args.steps,
                         warmup_steps=args.warmup_steps, repeats=args.repeats, warmup_runs=args.warmup,
                         workers=workers, image_size=args.image_size, cold=args.cold,
-                        allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads)
+                        allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
+                        decode_priority=args.decode_priority)
 
 
 def run(args) -> int:

@@ -38,9 +38,9 @@ stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
 python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
 
 if [ "${PROBE:-0}" = 1 ]; then
-  for aug in eval train; do
+  for aug in ${PROBE_AUGMENTS:-eval train}; do
     stamp "loader probe: tfrecord as captured, $aug"
-    timeout -k 10 150 python3 "$REPO/scripts/loader_probe.py" "$DATA" --format tfrecord --augment "$aug" \
+    timeout -k 10 150 python3 "$REPO/scripts/loader_probe.py" "$DATA" --format tfrecord --augment "$aug" --threads "${PROBE_THREADS:-1,2,3}" \
       --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
       || stamp "probe ended with rc $?"
   done

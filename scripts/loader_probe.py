@@ -56,6 +56,24 @@ def main(argv=None) -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
 
+    # The GPU crop against the CPU path's on real records (the unit test needs torchvision, CI lacks it).
+    import numpy as np
+
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.loader import CpuDecode, GpuCrop
+    from gpufeed.pipelines.transforms import decode_image
+
+    reader = get_format(args.format).reader(paths[0])
+    samples = [reader[i] for i in range(16)]
+    for train in (True, False):
+        images = [torch.from_numpy(decode_image(s.payload, s.key)).cuda().permute(2, 0, 1) for s in samples]
+        got = GpuCrop(torch.device("cuda"), train, 224, seed=3).crop(images, [s.index for s in samples]).cpu()
+        want = np.stack([CpuDecode(train, 224, seed=3).pixels(s) for s in samples])
+        diff = np.abs(got.numpy().astype(int) - want.astype(int)).mean(axis=(1, 2, 3))
+        r = {"bench": "loader-probe", "stage": "crop-check", "train": train, "max_mean_abs_diff": round(float(diff.max()), 2)}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
     ds = MapDataset(args.format, paths, transform=EncodedBytes())
     ds.close()
     dl = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,

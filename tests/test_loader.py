@@ -126,6 +126,29 @@ def test_normalize_gives_nchw_float(dataset):
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_crop_matches_the_cpu_path(dataset, train):
+    """GpuCrop's batching by shape, roi_align crop, flips and NHWC output, run on CPU tensors: the same crops
+    as CpuDecode up to interpolation (roi_align averages 2x2 samples, cv2 takes one). Needs torchvision (the
+    `gpu` extra); scripts/gpu_decode.sh runs it on the GPU machine."""
+    pytest.importorskip("torchvision.ops")
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.transforms import decode_image
+
+    reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
+    samples = [reader[i] for i in range(10)]
+    images = [torch.from_numpy(decode_image(s.payload, s.key)).permute(2, 0, 1) for s in samples]
+    out = L.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples])
+    want = np.stack([L.CpuDecode(train, 64, seed=3).pixels(s) for s in samples])
+    assert out.shape == (10, 64, 64, 3) and out.dtype == torch.uint8
+    diff = np.abs(out.numpy().astype(int) - want.astype(int)).mean(axis=(1, 2, 3))
+    assert diff.max() < 12, diff  # a wrong box or a missed flip differs by tens
+    # Images stored at the output size are used as they are in evaluation.
+    small = [torch.from_numpy(np.ascontiguousarray(w)).permute(2, 0, 1) for w in want[:3]]
+    if not train:
+        assert torch.equal(L.GpuCrop("cpu", False, 64).crop(small, [0, 1, 2]), torch.from_numpy(want[:3]))
+
+
 def test_hybrid_split_follows_the_shared_share(dataset):
     from gpufeed.formats import get_format
 
