@@ -3,7 +3,7 @@
 ::
 
     import gpufeed
-    train = gpufeed.loader(["out/tfrecord/train-00000-of-00004", ...], batch_size=256, decode="hybrid",
+    train = gpufeed.loader(["out/tfrecord/train-00000-of-00004", ...], batch_size=256, decode="hw",
                            augment="train", rank=rank, world_size=world)
     for epoch in range(90):
         train.set_epoch(epoch)
@@ -21,7 +21,8 @@ Where the JPEGs are decoded (``decode``):
   (progressive JPEGs, some subsamplings) fall back to nvImageCodec's CUDA decoder, one batch call each.
 * ``hybrid``: each batch split between the CPU workers and the engines. The CPU share starts from the
   workers' expected rate against the engines' and then follows the measured waits: when the main loop waits
-  for the workers, the engines take more; when it waits for the engines, the workers do.
+  for the workers, the engines take more; when it waits for the engines, the workers do. (On the H200 machine
+  it measured slower than ``hw``: the workers decoding take the cores the main process needs. docs/loader.md.)
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
