@@ -474,18 +474,82 @@ def _crashed(err) -> bool:
     return not isinstance(getattr(err, "cause", None), BaseException)
 
 
+class _LocalStart:
+    """Shards converted by local processes while the local Ray runtime starts (~4-7 s on a 16-core machine),
+    so the cores convert from the moment the plan exists instead of waiting for Ray.
+
+    The processes come from a fork server that has imported the engine already (each starts in milliseconds)
+    and run :func:`run_shard` itself: the same bytes as a Ray worker writes, journalled and committed alike.
+    Nothing is submitted here once Ray is up; the pool ends when its last shard is back. Any failure (an input
+    error, a crashed process breaking the pool) hands the shard back to Ray, whose retries, bisection and
+    error messages then deal with it as with any other shard."""
+
+    def __init__(self, workers: int, fn):
+        import concurrent.futures
+        import multiprocessing
+        import threading
+
+        from gpufeed.formats import _REGISTRY
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["gpufeed.convert.engine", "gpufeed.pipelines.transforms", "cv2",
+                                    *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
+        self.fn = fn
+        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+        self.futures: dict = {}  # future -> job
+        self.usable = True
+        self.shards = 0  # finished here
+        # Started while the driver lists: the fork server imports OpenCV and the formats, processes fork.
+        threading.Thread(target=self._warm, args=(workers,), name="gpufeed-local-warm", daemon=True).start()
+
+    def _warm(self, workers: int) -> None:
+        try:
+            for _ in range(workers):
+                self.pool.submit(_warm_worker)
+        except (RuntimeError, AttributeError):
+            pass  # closed already (the run needed no workers)
+
+    def submit(self, job, items) -> None:
+        self.futures[self.pool.submit(self.fn, job, items)] = job
+
+    def done(self, timeout: float | None) -> list:
+        """Futures finished within ``timeout`` seconds: ``[(future, job)]``."""
+        import concurrent.futures
+
+        if not self.futures:
+            return []
+        finished, _ = concurrent.futures.wait(list(self.futures), timeout=timeout,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+        return [(f, self.futures.pop(f)) for f in finished]
+
+    def close(self, kill: bool = False) -> None:
+        """End the pool (again: a no-op): after its last shard, or ``kill`` at once (a stop, or an error
+        elsewhere; nothing here is waited for, its files are atomic and unjournalled)."""
+        self.usable = False
+        if self.pool is None:
+            return
+        pool, self.pool = self.pool, None
+        if kill:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+            self.futures.clear()
+        pool.shutdown(wait=not kill, cancel_futures=True)
+
+
 class _Tasks:
     """Shard tasks on Ray: at most ``workers`` running, more only while ``admit(in flight)`` allows.
+
+    ``ray_ready(block)`` gives the Ray module once its runtime is up (``None`` while it starts and ``block``
+    is false); until then shards run in ``local`` (a :class:`_LocalStart`), when given.
 
     A shard whose worker dies on every retry is bisected with probe tasks (no retries) down to the one
     input that kills the worker: ``--on-error fail`` stops naming it, ``skip`` reruns the shard without it.
     """
 
-    def __init__(self, ray, fn, options, items_of, admit=None):
-        self.ray = ray
+    def __init__(self, ray_ready, fn, options, items_of, admit=None, local: _LocalStart | None = None):
+        self.ray_ready, self.fn, self.ray = ray_ready, fn, None
+        self.local = local
         self.retries = options.task_retries
-        self.task = ray.remote(fn).options(num_cpus=1, max_retries=self.retries, retry_exceptions=False)
-        self.probe = ray.remote(probe_items).options(num_cpus=1, max_retries=0, retry_exceptions=False)
         self.workers = options.workers
         self.on_error = options.on_error
         self.items_of = items_of  # ShardPlan -> its items
@@ -493,20 +557,74 @@ class _Tasks:
         self.pending = deque()
         self.inflight = {}
 
+    def _ray(self, block: bool):
+        if self.ray is None:
+            ray = self.ray_ready(block)
+            if ray is None:
+                return None
+            self.ray = ray
+            self.task = ray.remote(self.fn).options(num_cpus=1, max_retries=self.retries, retry_exceptions=False)
+            self.probe = ray.remote(probe_items).options(num_cpus=1, max_retries=0, retry_exceptions=False)
+            if self.local is not None:
+                self.local.usable = False  # Ray takes every shard from now on
+        return self.ray
+
+    def _local_inflight(self) -> int:
+        return len(self.local.futures) if self.local is not None else 0
+
     def __bool__(self) -> bool:
-        return bool(self.pending or self.inflight)
+        return bool(self.pending or self.inflight or self._local_inflight())
 
     def submit(self) -> None:
-        while self.pending and len(self.inflight) < self.workers and (
-                not self.inflight or self.admit(len(self.inflight))):
-            job = self.pending.popleft()
+        while self.pending:
+            running = len(self.inflight) + self._local_inflight()
+            if running >= self.workers or (running and not self.admit(running)):
+                return
+            job = self.pending[0]
+            if self._ray(block=False) is None:
+                if self.local is None or not self.local.usable:
+                    return  # next() waits for Ray
+                self.pending.popleft()
+                self.local.submit(job, self.items_of(job.plan))
+                continue
+            self.pending.popleft()
             self.inflight[self.task.remote(job, self.items_of(job.plan))] = job
+
+    def _local_result(self, timeout: float):
+        """A shard finished locally ``(job, result)``, or ``None``; failures go back to the queue for Ray."""
+        for future, job in self.local.done(timeout):
+            try:
+                result = future.result()
+            except BaseException:
+                import concurrent.futures.process
+
+                if isinstance(future.exception(), concurrent.futures.process.BrokenProcessPool):
+                    self.local.usable = False  # a process died: Ray, with its bisection, takes over
+                self.pending.appendleft(job)
+                continue
+            self.local.shards += 1
+            return job, result
+        return None
 
     def next(self):
         """Wait for the next finished shard: ``(job, result)``. Raises one gpufeed error on failure."""
         while True:
             self.submit()
-            [ref], _ = self.ray.wait(list(self.inflight), num_returns=1)
+            if self._local_inflight():
+                # Poll: Ray may come up (and take the next shards) while the local ones run.
+                got = self._local_result(0 if self.inflight else 0.05)
+                if got is not None:
+                    return got
+                if not self.inflight:
+                    continue
+            elif not self.inflight:
+                self._ray(block=True)
+                continue
+            ready, _ = self.ray.wait(list(self.inflight), num_returns=1,
+                                     timeout=0.05 if self._local_inflight() else None)
+            if not ready:
+                continue
+            ref = ready[0]
             job = self.inflight.pop(ref)
             try:
                 return job, self.ray.get(ref)
@@ -543,13 +661,15 @@ class _Tasks:
         return False
 
     def cancel(self) -> None:
-        """Stop waiting for the tasks in flight. Not ``ray.cancel``: a reply racing a cancellation aborts
+        """Stop waiting for the tasks in flight (and stop the local processes). Not ``ray.cancel``: a reply racing a cancellation aborts
         Ray's core in this process ("Tried to complete task that was not pending", Ray 2.60), where a Ctrl-C
         promises a clean stop. Ray ends the workers when this driver shuts its runtime down or leaves the
         cluster; a task that finishes first writes only atomic files nobody journalled, which the next run
         redoes (same bytes) or removes."""
         self.inflight.clear()
         self.pending.clear()
+        if self.local is not None:
+            self.local.close(kill=True)
 
 
 class _Split:
@@ -614,7 +734,8 @@ class _RayStart:
     """Ray started (or joined) in a thread while the driver lists and plans, so its seconds of start-up
     overlap that work; :meth:`get` waits for it. The thread lives until :meth:`shutdown`: the processes
     Ray starts (GCS, raylet) die with the thread that started them. A run that turns out to need no
-    workers (already complete) shuts down what it started."""
+    workers (already complete) shuts down what it started. When the runtime is started here, ``local`` is a
+    :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up."""
 
     def __init__(self, options: ConvertOptions):
         import threading
@@ -625,6 +746,12 @@ class _RayStart:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._watch = None
+        # A runtime started here takes seconds: shards run in local processes meanwhile. Joining a cluster
+        # (or a runtime this process has already) is quick, and the cluster is the point.
+        import ray
+
+        self.local = (_LocalStart(options.workers, run_shard)
+                      if not options.address and not ray.is_initialized() else None)
         self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
         self._thread.start()
 
@@ -643,6 +770,10 @@ class _RayStart:
         if self._result is not None and self._result[1]:
             self._result[0].shutdown()
 
+    def ready(self) -> bool:
+        """Whether :meth:`get` would return (or raise) at once."""
+        return self._ready.is_set()
+
     def get(self, progress=None):
         """``(ray, started_here)``, once Ray is up."""
         if not self._ready.is_set() and progress is not None:
@@ -657,6 +788,8 @@ class _RayStart:
         return self._result
 
     def shutdown(self) -> None:
+        if self.local is not None:
+            self.local.close(kill=bool(self.local.futures))
         self._ready.wait()
         if self._watch is not None:
             self._watch.stop()  # before Ray goes down on purpose
@@ -998,6 +1131,11 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
     ray = None
 
+    def ray_ready(block: bool):
+        if not block and not ray_start.ready():
+            return None
+        return ray_once()
+
     def ray_once():
         nonlocal ray, options
         if ray is None:
@@ -1025,8 +1163,10 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         for st in splits.values():
             committer.ready(st)
         if todo:
-            tasks = _Tasks(ray_once(), run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
-                           lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers)
+            local = ray_start.local if ray is None and not ray_start.ready() else None
+            tasks = _Tasks(ray_ready, run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
+                           lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers,
+                           local=local)
             if progress is not None:
                 progress.converting()
             faults = _test_faults()
@@ -1049,6 +1189,9 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 if progress is not None:
                     progress.update(result["written"] + len(result["skipped"]), result["bytes"])
                 committer.ready(st)
+            if local is not None:
+                local.close()
+                t0.marks["shards_converted_before_ray"] = local.shards
         t0.mark("shards_done")
         committer.close()
     except BaseException:
@@ -1066,7 +1209,10 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     finally:
         if progress is not None:
             progress.close()
-        ray_start.shutdown()
+        if ray_start.ready():
+            ray_start.shutdown()
+        # else: every shard ran before Ray came up; convert() shuts it down once the outputs are finished,
+        # rather than wait for it here.
 
     for st in splits.values():
         _commit_ready(st, journal, spool_dir, progress, t0)

@@ -1,0 +1,55 @@
+"""Shards converted by local processes while a fresh local Ray runtime starts (engine._LocalStart).
+
+Every other conversion test joins the session's Ray runtime, which is up already, so nothing runs locally
+there; these runs start their own runtime in a child process (``gpufeed convert`` without ``--address``),
+as users do. Output must be the same bytes as the session runtime writes, and a crash in a local process
+must end as it does on Ray: the input found by bisection and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from convert_fixtures import cli, cli_args, options, tree_bytes
+from gpufeed.convert.engine import CRASH_REASON, TEST_FAULTS_ENV, convert
+from gpufeed.convert.verify import verify
+
+
+def _manifest(out) -> dict:
+    with open(os.path.join(out, "manifest.json")) as f:
+        return json.load(f)
+
+
+def _run(args, **kw):
+    proc = cli(args, **kw)
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    return stdout.decode(), stderr.decode()
+
+
+def test_shards_run_locally_while_ray_starts_give_the_same_bytes(src, ray_local, tmp_path):
+    ref = tmp_path / "ref"
+    convert(options(src, ref))  # the session's runtime: every shard on Ray
+    out = str(tmp_path / "out")
+    stdout, stderr = _run(cli_args(src, out))
+    timeline = _manifest(out)["timings"]["timeline"]
+    assert timeline["shards_converted_before_ray"] >= 1, timeline
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(out)
+    assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines
+
+
+def test_a_local_process_crash_hands_the_shard_to_ray_which_finds_the_input(src, ray_local, tmp_path):
+    from gpufeed.pipelines import open_source
+
+    bad = open_source("imagenet", src).items("train")[3].origin
+    env = {**os.environ, TEST_FAULTS_ENV: json.dumps({"crash_on": bad})}
+    out = str(tmp_path / "out")
+    _run(cli_args(src, out, "--split", "train", "--task-retries", "1"), env=env)
+    ref = tmp_path / "ref"
+    convert(options(src, ref, splits=("train",)))
+    got, want = _manifest(out), _manifest(ref)
+    assert sorted(map(tuple, got["skipped"])) == sorted([*map(tuple, want["skipped"]), (bad, CRASH_REASON)])
+    assert got["splits"]["train"]["written"] == want["splits"]["train"]["written"] - 1
+    verify(out)
