@@ -418,6 +418,14 @@ def stats_shard(job: ShardJob, items: list) -> dict:
 
 # -- driver side -----------------------------------------------------------------------------------------
 
+def _worker_env() -> dict:
+    """What every worker's environment must hold, Ray's or local: a fixed hash seed, and the emulated
+    storage tier the driver runs under."""
+    env = {"PYTHONHASHSEED": "0"}
+    env.update({var: os.environ[var] for var in io.TIER_VARS if os.environ.get(var)})
+    return env
+
+
 def _open_ray(options: ConvertOptions):
     """Connect to Ray: reuse a runtime already initialised in this process, else start or join one.
     Returns ``(ray, started_here)``."""
@@ -427,9 +435,7 @@ def _open_ray(options: ConvertOptions):
 
     if ray.is_initialized():
         return ray, False
-    env = {"PYTHONHASHSEED": "0"}
-    # An emulated storage tier must reach the workers too.
-    env.update({var: os.environ[var] for var in io.TIER_VARS if os.environ.get(var)})
+    env = _worker_env()
     try:
         if options.address:
             # A cluster's workers are started by raylets on other machines: only runtime_env reaches them.
@@ -491,6 +497,8 @@ class _LocalStart:
 
         from gpufeed.formats import _REGISTRY
 
+        # The fork server starts from this process's environment (a runtime started here inherits it too).
+        os.environ.update(_worker_env())
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["gpufeed.convert.engine", "gpufeed.pipelines.transforms", "cv2",
                                     *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
@@ -512,15 +520,18 @@ class _LocalStart:
     def submit(self, job, items) -> None:
         self.futures[self.pool.submit(self.fn, job, items)] = job
 
-    def done(self, timeout: float | None) -> list:
-        """Futures finished within ``timeout`` seconds: ``[(future, job)]``."""
+    def done(self, timeout: float | None):
+        """One future finished within ``timeout`` seconds, ``(future, job)``, or ``None``."""
         import concurrent.futures
 
         if not self.futures:
-            return []
+            return None
         finished, _ = concurrent.futures.wait(list(self.futures), timeout=timeout,
                                               return_when=concurrent.futures.FIRST_COMPLETED)
-        return [(f, self.futures.pop(f)) for f in finished]
+        if not finished:
+            return None
+        future = min(finished, key=lambda f: self.futures[f].plan.start)  # any order would do; this one is fixed
+        return future, self.futures.pop(future)
 
     def close(self, kill: bool = False) -> None:
         """End the pool (again: a no-op): after its last shard, or ``kill`` at once (a stop, or an error
@@ -591,20 +602,21 @@ class _Tasks:
             self.inflight[self.task.remote(job, self.items_of(job.plan))] = job
 
     def _local_result(self, timeout: float):
-        """A shard finished locally ``(job, result)``, or ``None``; failures go back to the queue for Ray."""
-        for future, job in self.local.done(timeout):
-            try:
-                result = future.result()
-            except BaseException:
-                import concurrent.futures.process
+        """A shard finished locally ``(job, result)``, or ``None``; a failure goes back to the queue for Ray."""
+        import concurrent.futures.process
 
-                if isinstance(future.exception(), concurrent.futures.process.BrokenProcessPool):
-                    self.local.usable = False  # a process died: Ray, with its bisection, takes over
-                self.pending.appendleft(job)
-                continue
-            self.local.shards += 1
-            return job, result
-        return None
+        got = self.local.done(timeout)
+        if got is None:
+            return None
+        future, job = got
+        error = future.exception()
+        if error is not None:
+            if isinstance(error, concurrent.futures.process.BrokenProcessPool):
+                self.local.usable = False  # a process died: Ray, with its bisection, takes over
+            self.pending.appendleft(job)
+            return None
+        self.local.shards += 1
+        return job, future.result()
 
     def next(self):
         """Wait for the next finished shard: ``(job, result)``. Raises one gpufeed error on failure."""

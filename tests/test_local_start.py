@@ -40,6 +40,18 @@ def test_shards_run_locally_while_ray_starts_give_the_same_bytes(src, ray_local,
     assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines
 
 
+def test_shards_split_between_local_processes_and_ray_are_all_there(src, ray_local, tmp_path):
+    """Slow inputs keep the local processes busy until Ray is up, so shards finish on both sides, often
+    several at once: every shard is journalled and committed once, and the bytes are the reference's."""
+    ref = tmp_path / "ref"
+    convert(options(src, ref, shard_size=1))
+    out = str(tmp_path / "out")
+    env = {**os.environ, TEST_FAULTS_ENV: json.dumps({"delay_s": 0.5})}
+    _run(cli_args(src, out, "--shard-size", "1"), env=env)
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(out)
+
+
 def test_a_local_process_crash_hands_the_shard_to_ray_which_finds_the_input(src, ray_local, tmp_path):
     from gpufeed.pipelines import open_source
 
