@@ -27,9 +27,10 @@ SUBCOMMANDS = {
 def add_tier_arguments(parser: argparse.ArgumentParser, results: bool = True) -> None:
     """The options every benchmark shares: ``--tier`` (repeatable), ``--results``, ``--repeats``, ``--warmup``,
     ``--allow-invalid``. :func:`tiers_from_args` turns them into :class:`gpufeed.bench.tiers.TierSpec`."""
-    parser.add_argument("--tier", action="append", default=None, metavar="NAME[@GIB][=PATH]",
+    parser.add_argument("--tier", action="append", default=None, metavar="NAME[@GIB[:iops=N,mbps=N]][=PATH]",
                         help="storage tier to run on; repeat for a comparison. NAME alone emulates that profile "
-                             "on the host disk (NAME@GIB for a disk of GIB GiB); NAME=PATH measures a real mount. "
+                             "on the host disk (NAME@GIB for a disk of GIB GiB; gp3@GIB:iops=N,mbps=N with provisioned "
+                             "performance); NAME=PATH measures a real mount. "
                              "Default: the host disk itself, measured, as tier 'host'")
     if results:
         parser.add_argument("--results", metavar="FILE.jsonl", required=True,

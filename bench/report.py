@@ -581,6 +581,19 @@ def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple
                         feeds_one.append(f"{name} {'(fixed size)' if fixed else f'of {int(gib):,} GiB'}")
                 top = prof.limits(1e9)
                 table.rows.append([name, *cells, f"{fmt_num(top.bytes_per_s / MB)} MB/s, {fmt_num(top.iops)} IOPS"])
+                if prof.provisioning is not None:
+                    # Bought performance: the smallest size that may carry the IOPS, and what to provision.
+                    unit = "MiB/s" if prof.mb != MB else "MB/s"
+                    bought = [prof.provisioned_for(n * d.images_per_s * nbytes / MB, n * d.images_per_s * ops)
+                              for n in GPU_COUNTS]
+                    cells = ["-" if b is None else f"{int(b[0]):,} GiB + {fmt_num(b[1])} IOPS, {fmt_num(b[2])} {unit}"
+                             for b in bought]
+                    if bought[0] is not None:
+                        feeds_one.append(f"{name} of {int(bought[0][0]):,} GiB provisioned with "
+                                         f"{fmt_num(bought[0][1])} IOPS and {fmt_num(bought[0][2])} {unit}")
+                    prov = prof.provisioning
+                    table.rows.append([f"{name}, provisioned", *cells,
+                                       f"{fmt_num(prov.mbps_max)} {unit}, {fmt_num(prov.iops_max)} IOPS"])
             table.note = ("By the vendors' formulas (min(base + per-GiB x size, per-disk max)); '-' = no size of that "
                           "disk reaches it. A model of the disk alone: an instance may cap lower, and the CPU or the "
                           "loader may limit first (see the AU rows).")

@@ -192,6 +192,26 @@ def test_smallest_disk_by_the_vendor_formulas():
     assert PROFILES["essd-pl2"].smallest_gib(100, 1000) == 461  # PL2 is sold from 461 GiB
     assert PROFILES["ultra"].smallest_gib(80, 4674) == 360  # IOPS decides: (4674 - 1800) / 8
     assert PROFILES["gp3"].smallest_gib(200, 100) is None
+    # gp3 sells performance: 552 MB/s = 527 MiB/s needs 2,108 IOPS (0.25 MiB/s per IOPS), the demand asks
+    # 4,678; 4,678 IOPS need 10 GiB (500 per GiB).
+    assert PROFILES["gp3"].provisioned_for(552, 4677.1) == (10.0, 4678.0, 527.0)
+    assert PROFILES["gp3"].provisioned_for(1100, 1000) is None  # over 1,000 MiB/s
+    assert PROFILES["essd-pl1"].provisioned_for(100, 100) is None  # sized, not provisioned
+
+
+def test_provisioned_tier_specs():
+    from gpufeed.bench.tiers import parse_tier
+    from gpufeed.errors import ConfigError
+
+    t = parse_tier("gp3@200:iops=6000,mbps=500")
+    assert (t.limits.iops, t.limits.bytes_per_s) == (6000, 500 * 2**20)
+    assert t.row_fields()["tier_limits"]["provisioned"] == {"iops": 6000, "mbps": 500}
+    assert parse_tier("gp3@200").limits.iops == 3000  # the baseline
+    for spec, text in (("gp3@2:iops=6000", "at least 12 GiB"), ("gp3@200:iops=6000,mbps=2000", "0.25 MiB/s per IOPS"),
+                       ("gp3@200:iops=99999", "3,000-16,000 IOPS"), ("ultra@200:iops=6000", "no provisioned"),
+                       ("gp3@200:speed=1", "is not iops=N or mbps=N")):
+        with pytest.raises(ConfigError, match=text):
+            parse_tier(spec)
 
 
 def test_report_sizes_disks_for_1_to_8_gpus(results, tmp_path):
@@ -202,6 +222,11 @@ def test_report_sizes_disks_for_1_to_8_gpus(results, tmp_path):
     # The fixture's train demand: 4,700 img/s of 118 KB = 555 MB/s: beyond ESSD PL1 at any size.
     assert "| essd-pl1 | - | - | - | - |" in text
     assert "Disks sized as bought: one NVIDIA H200 train" in text
+    # gp3's baseline feeds none; bought performance feeds one, not four (over 1,000 MiB/s).
+    assert "| gp3 | - | - | - | - |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| gp3, provisioned |"))
+    assert "GiB + " in row.split("|")[2] and row.split("|")[4].strip() == "-"
+    assert "gp3 of " in text and "provisioned with" in text
 
 
 def test_cores_say_what_share_the_hybrid_path_left_to_the_cpus(results, tmp_path):
