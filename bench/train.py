@@ -41,6 +41,10 @@ from gpufeed.pipelines.loader import DECODES
 TASKS = ("train", "infer")
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
 DEFAULT_BATCH = {"train": 256, "infer": 512}
+#: Models for 32x32 images (CIFAR): ResNet-18 with a 3x3 stride-1 stem and no max-pool, 10 classes, as the
+#: CIFAR ResNet papers and their reference implementations build it; trained with augment="cifar".
+CIFAR_MODELS = ("cifar-resnet18",)
+CIFAR_SIZE = 32
 #: Format name of the rows measured on synthetic tensors (no storage, no decoding).
 SYNTHETIC = "synthetic"
 #: Tier name of those rows: the data sits in accelerator memory.
@@ -64,6 +68,7 @@ class EmulatedAccelerator:
     """The step is a sleep of the profile's compute time for this batch size (DLIO / MLPerf Storage)."""
 
     kind = "emulated"
+    classes = 1000
 
     def __init__(self, profile_name: str, task: str, batch: int):
         from gpufeed.bench.accelerator import get_profile
@@ -104,7 +109,14 @@ class CudaResNet:
         self.device = torch.device("cuda")
         self.name = torch.cuda.get_device_name(self.device)
         self.model_name = model
-        net = getattr(torchvision.models, model)(weights=None)
+        if model in CIFAR_MODELS:
+            net = torchvision.models.resnet18(weights=None, num_classes=10)
+            net.conv1 = torch.nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            net.maxpool = torch.nn.Identity()
+            self.classes = 10
+        else:
+            net = getattr(torchvision.models, model)(weights=None)
+            self.classes = 1000
         self.model = net.to(self.device, memory_format=torch.channels_last)
         if task == "train":
             self.model.train()
@@ -177,7 +189,7 @@ def synthetic_batches(accel, batch: int, size: int, seed: int) -> Iterator:
     torch = accel.torch
     gen = torch.Generator(device=accel.device).manual_seed(seed)
     x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=accel.device, generator=gen)
-    y = torch.randint(0, 1000, (batch,), dtype=torch.int64, device=accel.device, generator=gen)
+    y = torch.randint(0, accel.classes, (batch,), dtype=torch.int64, device=accel.device, generator=gen)
     return itertools.repeat((x, y))
 
 
@@ -252,8 +264,13 @@ class TrainOptions:
     cold: bool = True
     allow_invalid: bool = False
     seed: int = 0
+    augment_ons: tuple[str, ...] = ("cpu",)
     decode_threads: int = 2
     decode_priority: int = 0
+
+    @property
+    def cifar(self) -> bool:
+        return self.model in CIFAR_MODELS
 
     def batch(self, task: str) -> int:
         return self.batch_size or DEFAULT_BATCH[task]
@@ -262,6 +279,7 @@ class TrainOptions:
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers, "image_size": self.image_size,
                 "cold": self.cold if decode else None,
+                **({"augment": "cifar" if task == "train" else "eval"} if self.cifar else {}),
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
                 **accel.describe()}
@@ -274,13 +292,18 @@ def default_workers() -> int:
     return max(1, min(16, usable_cores()))
 
 
-def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel):
-    """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path."""
+def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel,
+                augment_on: str = "cpu"):
+    """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path
+    (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says)."""
     from gpufeed.pipelines.loader import Loader
 
     batch = opts.batch(task)
-    loader = Loader(paths, format=fmt, batch_size=batch, decode=decode,
-                    augment="train" if task == "train" else "eval", size=opts.image_size, rank=0, world_size=1,
+    augment = "train" if task == "train" else "eval"
+    if opts.cifar and task == "train":
+        augment = "cifar"
+    loader = Loader(paths, format=fmt, batch_size=batch, decode=decode, augment=augment,
+                    augment_on=augment_on if augment == "cifar" else "cpu", size=opts.image_size, rank=0, world_size=1,
                     workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
                     shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority)
@@ -301,14 +324,15 @@ def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
     return [r["run"] for r in runs]
 
 
-def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions) -> list[LoopRun]:
+def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
+                   augment_on: str = "cpu") -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
     page cache first (the previous run's workers and readers are gone by then: mapped pages would stay)."""
     from gpufeed.bench.cache import evict
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        loader = make_loader(fmt, paths, task, decode, opts, accel)
+        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on)
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps)
@@ -392,14 +416,16 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         for tier in tiers:
             data_dir = tier_dataset(tier, os.path.abspath(dst))
             with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
-                for decode in opts.decodes:
-                    for fmt in formats:
-                        runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts)
-                        emit({"bench": "train", **tier.row_fields(), "format": fmt,
-                              "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
-                                         "store": info.get("store")},
-                              **dataset_fields(info, fmt), **validity,
-                              **summarize_runs(runs, compute_s)})
+                for decode, augment_on, fmt in itertools.product(
+                        opts.decodes, opts.augment_ons if opts.cifar and task == "train" else ("cpu",), formats):
+                    runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
+                                          augment_on)
+                    extra = {"augment_on": augment_on} if opts.cifar and task == "train" else {}
+                    emit({"bench": "train", **tier.row_fields(), "format": fmt,
+                          "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
+                                     "store": info.get("store"), **extra},
+                          **dataset_fields(info, fmt), **validity,
+                          **summarize_runs(runs, compute_s)})
         del accel
         gc.collect()
     return rows
@@ -408,6 +434,8 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
 def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
+            + (f"augment={p['augment_on']} " if p.get("augment_on") else "") +
+            f"workers={p.get('workers')} "
             f"{row['median']:9.1f} img/s  AU {m['au']['median']:.3f}  wait p50 {m['data_wait_p50_ms']['median']:.1f}"
             f" ms p99 {m['data_wait_p99_ms']['median']:.1f} ms  ({p['accelerator_mode']} {p['accelerator']})")
 
@@ -448,7 +476,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed steps at the start of every run (worker start-up, cuDNN autotuning)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader worker processes (default: usable cores, at most 16)")
-    parser.add_argument("--image-size", type=int, default=224, help="crop size fed to the model")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help=f"crop size fed to the model (default 224; {CIFAR_SIZE} for the CIFAR models)")
+    parser.add_argument("--augment-on", type=_csv(("cpu", "gpu")), default="cpu",
+                        help="CIFAR models: where training augmentation (pad 4, crop, flip) runs, one or both: "
+                             "cpu (DataLoader workers) or gpu (whole batches on the GPU)")
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="evict the dataset from the page cache before every run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the crops, the model weights and the synthetic batches")
@@ -466,6 +498,16 @@ def options_from_args(args) -> TrainOptions:
         raise ConfigError("--warmup-steps and --warmup must be >= 0")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
+    if args.model in CIFAR_MODELS:
+        if args.accelerator == "emulated":
+            raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
+                              "ResNet-50 on ImageNet (drop --accelerator emulated)")
+        if tuple(args.decode) != ("cpu",):
+            raise ConfigError(f"--model {args.model} reads CIFAR's stored pixels: --decode cpu (choose where the "
+                              "augmentation runs with --augment-on cpu,gpu)")
+    elif tuple(args.augment_on) != ("cpu",):
+        raise ConfigError(f"--augment-on is for the CIFAR models ({', '.join(CIFAR_MODELS)}); ImageNet "
+                          "augmentation runs on the GPU with --decode gpu, hw or hybrid")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, not {args.batch_size}")
     workers = default_workers() if args.workers is None else args.workers
@@ -478,7 +520,8 @@ def options_from_args(args) -> TrainOptions:
     return TrainOptions(tasks=tuple(args.task), decodes=tuple(args.decode), accelerator=args.accelerator,
                         profile=args.profile, model=args.model, batch_size=args.batch_size, steps=args.steps,
                         warmup_steps=args.warmup_steps, repeats=args.repeats, warmup_runs=args.warmup,
-                        workers=workers, image_size=args.image_size, cold=args.cold,
+                        workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
+                        image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority)
 

@@ -28,7 +28,10 @@ Where the JPEGs are decoded (``decode``):
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
 is the centre crop that resize-256-then-crop-224 keeps, resized to ``size``; an image stored at
 ``size`` x ``size`` already (``convert --size 224x224 --center-crop``, the inference recipe) is used as it
-is. Raw pixel records (``--encode raw``) need ``decode="cpu"``, which then only crops. All four paths give the same
+is. Raw pixel records (``--encode raw``) need ``decode="cpu"``, which then only crops. ``"cifar"`` is the
+CIFAR ResNets' training augmentation at the stored size (zero-pad 4, random crop, flip, drawn from
+``(seed, i)``), in the DataLoader workers or, with ``augment_on="gpu"``, over whole batches on the GPU (the
+same pixels; two CPU workers then only read records). All four paths give the same
 NHWC uint8 batches (the GPU paths crop and resize with bilinear ``roi_align``); ``normalize=True`` gives
 NCHW float32 ``(x / 255 - mean) / std`` with ImageNet's statistics instead.
 
@@ -50,7 +53,11 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
-AUGMENTS = ("train", "eval")
+AUGMENTS = ("train", "eval", "cifar")
+#: Where ``augment="cifar"`` runs: in the DataLoader workers, or on the GPU over whole batches.
+AUGMENT_ON = ("cpu", "gpu")
+#: CIFAR training augmentation: zero padding on each side before the random crop of the stored size.
+CIFAR_PAD = 4
 #: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
 CENTER_FRACTION = 224 / 256
 #: ImageNet channel statistics (RGB, 0-255 scale), what torchvision's models are trained with.
@@ -74,17 +81,25 @@ def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tu
 
 @dataclasses.dataclass(frozen=True)
 class CpuDecode:
-    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (``train``) or the centre crop.
+    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (``train``) or the centre crop; with
+    ``cifar``, CIFAR's pad-4 / random-crop / flip at the stored size instead (``augment=False``: the stored
+    pixels, for the GPU to augment).
 
     The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
-    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch.
+    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch. With
+    ``with_index``, ``(pixels, label, index)`` for :func:`collate_pixels`.
     """
 
     train: bool
     size: int = 224
     seed: int = 0
+    cifar: bool = False
+    augment: bool = True
+    with_index: bool = False
 
     def __call__(self, sample):
+        if self.with_index:
+            return self.pixels(sample), int(sample.labels[0]), int(sample.index)
         return self.pixels(sample), int(sample.labels[0])
 
     def pixels(self, sample) -> np.ndarray:
@@ -95,6 +110,13 @@ class CpuDecode:
         img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
         if img.ndim == 2 or img.shape[2] == 1:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+        if self.cifar:
+            if not (self.train and self.augment):
+                return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+            (top,), (left,), (flip,) = cifar_params([sample.index], self.seed)
+            padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
+            out = padded[top:top + img.shape[0], left:left + img.shape[1]]
+            return np.ascontiguousarray(out[:, ::-1] if flip else out)
         if self.train:
             return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
         if img.shape[:2] == (self.size, self.size):
@@ -117,6 +139,46 @@ def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train
         boxes.append(random_resized_crop_params(h, w, rng))
         flips.append(bool(rng.random() < 0.5))
     return boxes, flips
+
+
+def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CIFAR's training augmentation for each sample index: the crop's top and left in the image padded by
+    :data:`CIFAR_PAD` on every side, and whether it is flipped. Drawn from a SplitMix64 hash of
+    ``(seed, index)``, vectorised: a batch's draws cost microseconds in the main process (a generator per
+    sample would cost ~10 ms per batch of 512, as long as a CIFAR ResNet step)."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(indices, dtype=np.uint64) + np.uint64(seed % 2**64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    span = np.uint64(2 * CIFAR_PAD + 1)
+    tops = (z % span).astype(np.int64)
+    lefts = ((z >> np.uint64(16)) % span).astype(np.int64)
+    flips = ((z >> np.uint64(32)) & np.uint64(1)).astype(bool)
+    return tops, lefts, flips
+
+
+def cifar_augment(x, indices, seed: int = 0):
+    """CIFAR's pad / random crop / flip of a whole NHWC uint8 batch in one gather, on whatever device ``x`` is
+    (the GPU in the loader): the same pixels as :class:`CpuDecode` gives each sample on the CPU."""
+    import torch
+
+    n, h, w, _ = x.shape
+    tops, lefts, flips = (torch.from_numpy(v).to(x.device) for v in cifar_params(indices, seed))
+    padded = torch.nn.functional.pad(x, (0, 0, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD))
+    rows = tops[:, None] + torch.arange(h, device=x.device)
+    span = torch.arange(w, device=x.device)
+    cols = lefts[:, None] + torch.where(flips[:, None], w - 1 - span, span)
+    return padded[torch.arange(n, device=x.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+def collate_pixels(batch):
+    """``[(pixels, label, index)]`` -> (NHWC uint8, int64 labels, int64 indices)."""
+    import torch
+
+    return (torch.from_numpy(np.stack([item[0] for item in batch])),
+            torch.tensor([item[1] for item in batch], dtype=torch.int64),
+            torch.tensor([item[2] for item in batch], dtype=torch.int64))
 
 
 def encoded_bytes(sample) -> bytes:
@@ -409,12 +471,22 @@ class Loader:
     def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = "cpu",
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
-                 drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0):
+                 drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
+                 augment_on: str = "cpu"):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
         if augment not in AUGMENTS:
             raise ConfigError(f"augment={augment!r} is not one of {', '.join(AUGMENTS)}")
+        if augment_on not in AUGMENT_ON:
+            raise ConfigError(f"augment_on={augment_on!r} is not one of {', '.join(AUGMENT_ON)}")
+        if augment_on == "gpu" and (augment != "cifar" or decode != "cpu"):
+            raise ConfigError("augment_on='gpu' is for augment='cifar' with decode='cpu' (the ImageNet "
+                              "augmentation runs on the GPU with decode='gpu', 'hw' or 'hybrid')")
+        if augment == "cifar" and decode != "cpu":
+            raise ConfigError(f"augment='cifar' reads stored pixels: use decode='cpu' (not {decode!r}), and "
+                              "augment_on='gpu' to augment on the GPU")
+        self.augment_on = augment_on
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
         paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
@@ -426,7 +498,7 @@ class Loader:
         if decode_threads < 1:
             raise ConfigError(f"decode_threads={decode_threads}: need at least 1")
         self.decode_threads, self.decode_priority = decode_threads, decode_priority
-        self.shuffle = augment == "train" if shuffle is None else shuffle
+        self.shuffle = augment in ("train", "cifar") if shuffle is None else shuffle
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         if decode != "cpu":
@@ -438,7 +510,11 @@ class Loader:
         self.workers = max(1, min(16, usable_cores())) if workers is None else workers
         train = augment == "train"
         self._share = None
-        if decode == "cpu":
+        if augment == "cifar":
+            on_gpu = augment_on == "gpu"
+            transform = CpuDecode(True, size, seed, cifar=True, augment=not on_gpu, with_index=on_gpu)
+            self._collate = collate_pixels if on_gpu else None
+        elif decode == "cpu":
             transform, self._collate = CpuDecode(train, size, seed), None
         elif decode == "hybrid":
             import multiprocessing
@@ -510,7 +586,10 @@ class Loader:
 
     def __iter__(self) -> Iterator:
         batches = iter(self._dataloader())
-        if self.decode == "cpu":
+        if self.augment_on == "gpu":
+            gen = ((cifar_augment(x.to(self.device, non_blocking=True), idx.numpy(), self.seed),
+                    y.to(self.device, non_blocking=True)) for x, y, idx in batches)
+        elif self.decode == "cpu":
             gen = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in batches)
         else:
             decoders = self._gpu_decoders()

@@ -106,6 +106,11 @@ def test_configuration_errors(dataset, tmp_path):
         args._bench_module.run(args)
     with pytest.raises(SystemExit):
         _parse([dataset, "--results", results, "--task", "fly"])
+    for argv, text in ((["--model", "cifar-resnet18", "--accelerator", "emulated"], "runs on a CUDA GPU"),
+                       (["--model", "cifar-resnet18", "--decode", "hw"], "reads CIFAR's stored pixels"),
+                       (["--augment-on", "gpu"], "is for the CIFAR models")):
+        with pytest.raises(ConfigError, match=text):
+            train.options_from_args(_parse([dataset, "--results", results, *argv]))
 
 
 def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):

@@ -108,6 +108,33 @@ def test_inference_recipes_stored_centre_crop_jpeg_and_raw(tmp_path):
         build_dataset(str(tmp_path / "bad"), ["lmdb"], n=2, workers=1, resize=64, encode="pass")
 
 
+def test_cifar_augmentation_in_the_workers_and_on_the_gpu_gives_the_same_batches(tmp_path):
+    """augment="cifar" (pad 4, random crop, flip from (seed, i)) in DataLoader workers, and augment_on="gpu"
+    (whole batches gathered on the device; here the CPU device) give identical batches from raw CIFAR records."""
+    from gpufeed.bench.dataset import build_dataset, load_dataset_info
+
+    build_dataset(str(tmp_path / "c"), ["tfrecord", "lmdb"], n=64, image="cifar", workers=1)
+    info = load_dataset_info(str(tmp_path / "c"))["formats"]
+    got = {}
+    for on in ("cpu", "gpu"):
+        for fmt in ("tfrecord", "lmdb"):
+            ld = gpufeed.loader(info[fmt]["paths"], batch_size=16, augment="cifar", augment_on=on, size=32,
+                                workers=2 if on == "cpu" else 0, device="cpu", seed=4)
+            got[on, fmt] = [(x.clone(), y.clone()) for x, y in ld]
+    ref = got["cpu", "tfrecord"]
+    assert len(ref) == 4 and ref[0][0].shape == (16, 32, 32, 3) and ref[0][0].dtype == torch.uint8
+    for key, batches in got.items():
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, ref)), key
+    # It is an augmentation: the stored pixels come back shifted and flipped, not as they are.
+    plain = next(iter(gpufeed.loader(info["tfrecord"]["paths"], batch_size=16, augment="eval", size=32,
+                                     workers=0, device="cpu", shuffle=True, seed=4)))[0]
+    assert not torch.equal(plain, ref[0][0])
+    for kwargs, text in ((dict(augment="train", augment_on="gpu"), "augment_on='gpu' is for augment='cifar'"),
+                         (dict(augment="cifar", decode="hw"), "reads stored pixels")):
+        with pytest.raises(ConfigError, match=text):
+            gpufeed.loader(info["tfrecord"]["paths"], **kwargs)
+
+
 def test_epochs_reshuffle_deterministically_and_ranks_split_the_data(dataset):
     paths = dataset["tfrecord"]["paths"]
 
