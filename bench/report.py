@@ -94,6 +94,47 @@ def is_synthetic(row: dict) -> bool:
     return row.get("tier") == MEMORY_TIER or row.get("format") == "synthetic"
 
 
+def is_cifar(row: dict) -> bool:
+    """A row of the CIFAR benchmark (32x32 images, a CIFAR ResNet): reported in a section of its own, so its
+    3 KB images and fast steps never mix with the ImageNet demand, sizes and core counts."""
+    return row.get("image") == "cifar" or str(params(row).get("model", "")).startswith("cifar")
+
+
+def cifar_blocks(rows: Sequence[dict]) -> list[Block]:
+    """The CIFAR section: the model's no-wait rate, then per run its workers, where the augmentation ran and
+    the AU, and a sentence per worker count comparing CPU and GPU augmentation."""
+    synthetic = [r for r in of_bench(rows, "train") if is_synthetic(r) and r.get("median")]
+    runs = [r for r in of_bench(rows, "train") if not is_synthetic(r)]
+    if not runs:
+        return ["CIFAR rows without a training run: nothing to compare."]
+    blocks: list[Block] = []
+    if synthetic:
+        demand = statistics.median(r["median"] for r in synthetic)
+        blocks.append(f"{params(synthetic[0]).get('model')} on {params(synthetic[0]).get('accelerator')} trains at "
+                      f"{fmt_num(demand)} img/s on batches already on the device (batch "
+                      f"{params(synthetic[0]).get('batch_size')}).")
+    by_workers: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    table = Table("CIFAR-10 into the CIFAR ResNet, per run",
+                  ["format", "tier", "workers", "augmentation on", "img/s", "AU", "wait p50 ms"], [])
+    for r in sorted(runs, key=lambda r: (int(params(r).get("workers") or 0), str(params(r).get("augment_on")),
+                                         str(r.get("format")), tier_label(r))):
+        p = params(r)
+        on = str(p.get("augment_on") or "cpu")
+        by_workers[p.get("workers")][on].append(r)
+        table.rows.append([str(r.get("format")), tier_label(r), str(p.get("workers")), on, fmt_num(r.get("median")),
+                           fmt_pct(figure(r, "au")), fmt_num(figure(r, "data_wait_p50_ms"))])
+    for workers, sides in sorted(by_workers.items(), key=lambda kv: int(kv[0] or 0)):
+        parts = []
+        for on in ("cpu", "gpu"):
+            if sides.get(on):
+                best = max(sides[on], key=lambda r: figure(r, "au") or 0)
+                parts.append(f"augmentation on the {on.upper()}: AU {fmt_pct(figure(best, 'au'))} at best "
+                             f"({best.get('format')})")
+        blocks.append(f"With {workers} DataLoader worker(s): " + "; ".join(parts) + ".")
+    blocks.append(table)
+    return blocks
+
+
 def accelerator_emulated(row: dict) -> bool:
     return params(row).get("accelerator_mode") == "emulated"
 
@@ -1032,8 +1073,17 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     if not rows:
         raise ConfigError("no result rows to report; run `gpufeed bench convert|read|train ... --results FILE` "
                           "first")
+    everything = rows
+    cifar = [r for r in rows if is_cifar(r)]
+    rows = [r for r in rows if not is_cifar(r)]
+    if not rows:  # only the CIFAR benchmark ran
+        return Report("gpufeed storage-tier report", f"{len(everything)} result rows (CIFAR only)",
+                      [Section("CIFAR-10 into a CIFAR ResNet", cifar_blocks(cifar)),
+                       Section("Machines and versions", [machine_table(everything), _versions_text(everything)])])
     base = choose_baseline(rows, baseline)
     sections = [Section("The answer", answer(rows, resize_to))]
+    if cifar:
+        sections.append(Section("CIFAR-10 into a CIFAR ResNet", cifar_blocks(cifar)))
     sized = sized_disks(rows, demands(rows), resize_to)[1]
     if sized:
         sections.append(Section("Disks sized as bought", sized))
@@ -1097,10 +1147,10 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
         "host disk; an emulated accelerator replaces the model step by a sleep of a measured step time (MLPerf "
         "Storage / DLIO). Everything else was measured.",
         emul if emul.rows else "None: every row was measured."]))
-    sections.append(Section("Machines and versions", [machine_table(rows), _versions_text(rows)]))
+    sections.append(Section("Machines and versions", [machine_table(everything), _versions_text(everything)]))
 
     generated = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    subtitle = (f"{len(rows)} result rows from {', '.join(os.path.basename(s) for s in sources) or 'memory'}; "
+    subtitle = (f"{len(everything)} result rows from {', '.join(os.path.basename(s) for s in sources) or 'memory'}; "
                 f"baseline tier for ratios: {base or 'none'}; generated {generated}")
     return Report("gpufeed storage-tier report", subtitle, sections)
 

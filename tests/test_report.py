@@ -239,3 +239,39 @@ def test_cores_say_what_share_the_hybrid_path_left_to_the_cpus(results, tmp_path
                                   "/nonexistent", "x")
     assert ("Decoding with `hybrid` (CPU workers and the JPEG engines) reached AU 98.9% at best (tfrecord on nvme "
             "(hybrid decode)) with 16 DataLoader workers decoding 31.0% of each batch") in text
+
+
+def test_cifar_rows_get_their_own_section_and_leave_the_imagenet_answer_alone(results, tmp_path):
+    """CIFAR runs (3 KB images, a fast ResNet-18) would otherwise join the ImageNet demand, image sizes and
+    AU matrix; they are reported apart, CPU against GPU augmentation per worker count."""
+    path = str(tmp_path / "cifar.jsonl")
+    w = ResultWriter(path)
+
+    def row(fmt, workers, on, rate, demand=40_000.0):
+        synthetic = fmt == "synthetic"
+        w.write({"bench": "train", "tier": "memory" if synthetic else "nvme", "mode": "measured", "profile": None,
+                 "format": fmt, **({} if synthetic else {"image": "cifar", "sample_bytes": 3072}),
+                 "params": {"task": "train", "decode": None if synthetic else "cpu", "batch_size": 512,
+                            "workers": workers, "accelerator": GPU, "accelerator_mode": "measured",
+                            "model": "cifar-resnet18", **({} if synthetic else {"augment_on": on})},
+                 **summarize("images_per_s", "img/s", [rate]),
+                 "metrics": {"au": {"unit": "fraction", "median": rate / demand, "spread": 0, "values": [rate / demand]},
+                             "data_wait_p50_ms": {"unit": "ms", "median": 1.0, "spread": 0, "values": [1.0]}}})
+
+    row("synthetic", 2, None, 40_000.0)
+    row("tfrecord", 2, "cpu", 9_000.0)
+    row("tfrecord", 2, "gpu", 36_000.0)
+    row("lmdb", 16, "cpu", 39_000.0)
+    both = load_results(results) + load_results(path)
+    alone = report.build_report(load_results(results))
+    mixed = report.build_report(both)
+    md = lambda r: report.render_markdown(r, str(tmp_path / "a"), "a")  # noqa: E731
+    text = md(mixed)
+    assert "## CIFAR-10 into a CIFAR ResNet" in text
+    assert "With 2 DataLoader worker(s): augmentation on the CPU: AU 22.5% at best (tfrecord); augmentation on " \
+           "the GPU: AU 90.0% at best (tfrecord)." in text
+    assert "cifar-resnet18 on NVIDIA H200 trains at 40,000 img/s" in text
+    # The ImageNet answer is the same with or without the CIFAR rows.
+    assert md(alone).split("## The answer")[1].split("\n## ")[0] == text.split("## The answer")[1].split("\n## ")[0]
+    only = md(report.build_report(load_results(path)))
+    assert "## CIFAR-10 into a CIFAR ResNet" in only and "## The answer" not in only
