@@ -42,6 +42,7 @@ def _timed(fn, batches, sync) -> float:
 def main(argv=None) -> int:
     import torch
 
+    from gpufeed.bench.results import append_rows
     from gpufeed.pipelines.loader import HwJpegDecoder, NvJpegDecoder, collate_encoded
     from gpufeed.pipelines.transforms import decode_image
 
@@ -83,9 +84,7 @@ def main(argv=None) -> int:
              for g, d in zip(got, cpu[:32])]
     row("hw-engines", len(datas), seconds, batch=args.batch, fallbacks=hw.fallbacks,
         max_mean_abs_diff_vs_cpu=round(max(diffs), 3))
-    if args.results:
-        with open(args.results, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    append_rows(args.results, rows)
     return 0
 
 

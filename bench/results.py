@@ -235,6 +235,13 @@ def dataset_ram_ratio(total_bytes: int) -> float | None:
     return total_bytes / ram if ram else None
 
 
+def append_rows(path: str | None, rows: Sequence[dict[str, Any]]) -> None:
+    """Append plain JSON rows (diagnostics outside the result schema, e.g. decode rates) to ``path``, if given."""
+    if path:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r, default=_jsonable) + "\n" for r in rows)
+
+
 class ResultWriter:
     """Appends result rows to a JSON-lines file, one ``write`` = one line (``O_APPEND``: safe across processes).
 

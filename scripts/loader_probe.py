@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     import torch
 
     from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.results import append_rows
     from gpufeed.formats.torch import MapDataset
     from gpufeed.pipelines.loader import EncodedBytes, Loader, collate_encoded
 
@@ -96,9 +97,7 @@ def main(argv=None) -> int:
             ld.close()
             sys.setswitchinterval(old)
             row(f"hw-{threads}" + ("-si" if si else ""), seconds, fallbacks=fallbacks)
-    if args.results:
-        with open(args.results, "a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+    append_rows(args.results, rows)
     return 0
 
 
