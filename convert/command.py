@@ -141,7 +141,7 @@ def options_from_args(args):
         allow_incomplete=args.allow_incomplete, strict=args.strict,
         dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
-        task_retries=args.task_retries)
+        task_retries=args.task_retries, local_start=True)
 
 
 def run(args) -> int:

@@ -603,16 +603,14 @@ class _Tasks:
 
     def _local_result(self, timeout: float):
         """A shard finished locally ``(job, result)``, or ``None``; a failure goes back to the queue for Ray."""
-        import concurrent.futures.process
-
         got = self.local.done(timeout)
         if got is None:
             return None
         future, job = got
-        error = future.exception()
-        if error is not None:
-            if isinstance(error, concurrent.futures.process.BrokenProcessPool):
-                self.local.usable = False  # a process died: Ray, with its bisection, takes over
+        if future.exception() is not None:
+            # An input error or a dead process (the pool is broken then): from here on Ray takes every shard,
+            # and its retries, bisection and messages deal with this one as with any other.
+            self.local.usable = False
             self.pending.appendleft(job)
             return None
         self.local.shards += 1
@@ -673,8 +671,8 @@ class _Tasks:
         return False
 
     def cancel(self) -> None:
-        """Stop waiting for the tasks in flight (and stop the local processes). Not ``ray.cancel``: a reply racing a cancellation aborts
-        Ray's core in this process ("Tried to complete task that was not pending", Ray 2.60), where a Ctrl-C
+        """Stop waiting for the tasks in flight, and stop the local processes. Not ``ray.cancel``: a reply
+        racing a cancellation aborts Ray's core in this process ("Tried to complete task that was not pending", Ray 2.60), where a Ctrl-C
         promises a clean stop. Ray ends the workers when this driver shuts its runtime down or leaves the
         cluster; a task that finishes first writes only atomic files nobody journalled, which the next run
         redoes (same bytes) or removes."""
@@ -763,7 +761,7 @@ class _RayStart:
         import ray
 
         self.local = (_LocalStart(options.workers, run_shard)
-                      if not options.address and not ray.is_initialized() else None)
+                      if options.local_start and not options.address and not ray.is_initialized() else None)
         self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
         self._thread.start()
 

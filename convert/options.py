@@ -32,7 +32,7 @@ SAMPLES_PER_SHARD = 1250
 #: ``on_error`` is one: a shard finished under ``fail`` skipped nothing, one finished under ``skip`` lists
 #: its skipped inputs in the journal, and either stays as it is when the run goes on under the other.
 _RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "strict", "dry_run",
-                 "progress", "driver_writes", "task_retries", "on_error")
+                 "progress", "driver_writes", "task_retries", "on_error", "local_start")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 
@@ -85,6 +85,11 @@ class ConvertOptions:
     progress: bool = True
     driver_writes: bool = False
     task_retries: int = TASK_RETRIES
+    #: Convert the first shards in local processes while a local Ray runtime starts (engine._LocalStart).
+    #: The command line turns it on; it is off for callers of the Python API, because those processes come
+    #: from a fork server, which a library should not start in a process it does not own (a script without
+    #: a ``__main__`` guard would be run again in each of them).
+    local_start: bool = False
 
     def __post_init__(self):
         _choice("dataset", self.dataset, DATASETS)
