@@ -1077,7 +1077,7 @@ def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_optio
     todo = [sp for sp in st.plan.shards
             if sp.shard not in done or not os.path.exists(os.path.join(stats_dir, f"{prefix}-{sp.shard:05d}.npz"))]
     if todo:
-        tasks = _Tasks(ray_once(), stats_shard, options, st.shard_items)
+        tasks = _Tasks(lambda block: ray_once(), stats_shard, options, st.shard_items)
         formats = tuple(options.output_formats())
         tasks.pending.extend(ShardJob(sp, out, formats, image_options, options.on_error, True,
                                       faults=_test_faults()) for sp in todo)

@@ -16,7 +16,10 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     conv = by_run["tfrecord"]
     assert conv["images"] == 60 and 0 < conv["of_limit"] and conv["target"] == 0.90
     tl = conv["timeline"]
-    assert 0 < tl["listed"] <= tl["ray_ready"] <= tl["shards_done"] <= tl["sinks_done"] <= tl["total"]
+    # Ray is ready before the last shard, or every shard ran in the local processes while it started.
+    ray_ready = tl.get("ray_ready", tl["shards_done"])
+    assert "ray_ready" in tl or tl["shards_converted_before_ray"] >= 1
+    assert 0 < tl["listed"] <= ray_ready <= tl["shards_done"] <= tl["sinks_done"] <= tl["total"]
     assert 0 < conv["first_shard_started_s"] < conv["seconds"]
     assert conv["driver_anon_rss_mib"][0] > 0
     assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0
