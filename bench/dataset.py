@@ -153,7 +153,8 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
         payload_bytes = 0
         written = {f: [] for f in formats}
         shard = -1
-        with multiprocessing.get_context("fork").Pool(workers) if workers > 1 else _InProcess() as pool:
+        pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else _InProcess()
+        try:
             for _start, results in pool.imap(_make, tasks):
                 for size, records in results:
                     index = records[0].index
@@ -165,6 +166,12 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
                     payload_bytes += size
                     for f, rec in zip(formats, records):
                         writers[f].write_encoded(rec)
+            # Workers told to finish, not killed: a SIGTERM meets whatever handler the parent installed (Ray's
+            # driver installs sys.exit) in a worker blocked on the task queue's lock, and the join can hang.
+            pool.close()
+            pool.join()
+        finally:
+            pool.terminate()  # after an error; nothing left to stop after the join
         for f, w in writers.items():
             written[f].extend(w.close())
         writers = {}
@@ -252,15 +259,14 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
 class _InProcess:
     """``Pool``'s ``imap`` in this process, for ``workers=1`` (no fork, easy to profile)."""
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
     @staticmethod
     def imap(fn, tasks):
         return map(fn, tasks)
+
+    def close(self) -> None:
+        pass
+
+    join = terminate = close
 
 
 def add_arguments(parser) -> None:

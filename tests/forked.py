@@ -1,5 +1,6 @@
 """Run a check in a forked child, so that a reader crashing on damaged input (SIGBUS from a memory map past
-the end of a truncated file) fails the test instead of killing the test session."""
+the end of a truncated file) fails the test instead of killing the test session; and map over forked
+children that share a reader the parent opened."""
 
 from __future__ import annotations
 
@@ -17,3 +18,15 @@ def in_child(fn, *args, timeout: float = 120) -> None:
         pytest.fail("the reader hung on damaged input")
     assert proc.exitcode == 0, (f"the reader crashed (signal {-proc.exitcode}) on damaged input"
                                 if proc.exitcode < 0 else "see the child's traceback above")
+
+
+def fork_map(fn, args: list, processes: int = 3) -> list:
+    """``Pool.map`` in forked children, closed and joined rather than terminated: a SIGTERM meets whatever
+    handler the parent installed (Ray's driver installs ``sys.exit``) in a worker blocked on the task queue's
+    lock, and the join could hang."""
+    pool = multiprocessing.get_context("fork").Pool(processes)
+    try:
+        return pool.map(fn, args)
+    finally:
+        pool.close()
+        pool.join()

@@ -7,7 +7,6 @@ for all of them. The bar: what was written reads back identical, sequentially an
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import struct
 
@@ -15,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
-from forked import in_child
+from forked import fork_map, in_child
 from gpufeed.errors import CorruptRecordError, GpufeedError, RecordTooLargeError
 from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.base import Sample
@@ -308,8 +307,7 @@ def test_reader_in_many_processes(fmt_name, tmp_path, rng):
     path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
     reader = get_format(fmt_name).reader(path)
     assert reader[0].key == samples[0].key  # opened in the parent before forking
-    with multiprocessing.get_context("fork").Pool(3) as pool:
-        parts = pool.map(_read_keys, [(reader, r, 3) for r in range(3)])
+    parts = fork_map(_read_keys, [(reader, r, 3) for r in range(3)])
     got = dict(sum(parts, []))
     assert got == {s.key: s.payload for s in samples}
 

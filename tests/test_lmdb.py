@@ -17,6 +17,7 @@ import lmdb
 import numpy as np
 import pytest
 
+from forked import fork_map
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
 from gpufeed.formats import get_format
 from gpufeed.formats.base import Sample
@@ -333,8 +334,7 @@ def test_reader_in_several_processes(tmp_path, rng):
     _shared_reader = FMT.reader(str(tmp_path / "db"))
     expected = [(f"k{i}", i) for i in range(n)]
     assert _read_keys((0, n)) == expected  # opened in the parent before the fork
-    with multiprocessing.get_context("fork").Pool(3) as pool:
-        parts = pool.map(_read_keys, [(0, 13), (13, 27), (27, n)])
+    parts = fork_map(_read_keys, [(0, 13), (13, 27), (27, n)])
     assert sum(parts, []) == expected
     with multiprocessing.get_context("spawn").Pool(2) as pool:
         keys = pool.starmap(_read_with, [(_shared_reader, i) for i in (0, 39)])
