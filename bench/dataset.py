@@ -166,8 +166,8 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
                     payload_bytes += size
                     for f, rec in zip(formats, records):
                         writers[f].write_encoded(rec)
-            # Workers told to finish, not killed: a SIGTERM meets whatever handler the parent installed (Ray's
-            # driver installs sys.exit) in a worker blocked on the task queue's lock, and the join can hang.
+            # Workers told to finish, not terminated: a terminated pool hung two full test runs (a worker left
+            # waiting on the task queue's lock while the parent joined it, with Ray up in the parent).
             pool.close()
             pool.join()
         finally:

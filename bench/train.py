@@ -416,11 +416,12 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         for tier in tiers:
             data_dir = tier_dataset(tier, os.path.abspath(dst))
             with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
+                cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
                 for decode, augment_on, fmt in itertools.product(
-                        opts.decodes, opts.augment_ons if opts.cifar and task == "train" else ("cpu",), formats):
+                        opts.decodes, opts.augment_ons if cifar_train else ("cpu",), formats):
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
                                           augment_on)
-                    extra = {"augment_on": augment_on} if opts.cifar and task == "train" else {}
+                    extra = {"augment_on": augment_on} if cifar_train else {}
                     emit({"bench": "train", **tier.row_fields(), "format": fmt,
                           "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
                                      "store": info.get("store"), **extra},

@@ -112,7 +112,7 @@ class CpuDecode:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
         if self.cifar:
             if not (self.train and self.augment):
-                return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+                return _owned(img)
             (top,), (left,), (flip,) = cifar_params([sample.index], self.seed)
             padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
             out = padded[top:top + img.shape[0], left:left + img.shape[1]]
@@ -120,10 +120,15 @@ class CpuDecode:
         if self.train:
             return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
         if img.shape[:2] == (self.size, self.size):
-            # Stored at the model's size (a centre crop): used as it is (a copy where the reader's is read-only).
-            return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+            return _owned(img)  # stored at the model's size (a centre crop): used as it is
         top, left, h, w = center_box(*img.shape[:2])
         return cv2.resize(img[top:top + h, left:left + w], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+
+def _owned(img: np.ndarray) -> np.ndarray:
+    """``img`` itself, or a contiguous copy where the reader's array is read-only or strided (torch's collate
+    warns on read-only arrays)."""
+    return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
 
 
 def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):

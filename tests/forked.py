@@ -21,9 +21,8 @@ def in_child(fn, *args, timeout: float = 120) -> None:
 
 
 def fork_map(fn, args: list, processes: int = 3) -> list:
-    """``Pool.map`` in forked children, closed and joined rather than terminated: a SIGTERM meets whatever
-    handler the parent installed (Ray's driver installs ``sys.exit``) in a worker blocked on the task queue's
-    lock, and the join could hang."""
+    """``Pool.map`` in forked children, closed and joined rather than terminated (as bench/dataset.py ends its
+    pool: a terminated pool hung two full test runs, a worker left waiting on the task queue's lock)."""
     pool = multiprocessing.get_context("fork").Pool(processes)
     try:
         return pool.map(fn, args)
