@@ -31,8 +31,7 @@ import statistics
 import tempfile
 import time
 
-import psutil
-
+from gpufeed.bench.results import cpu_seconds
 from gpufeed.bench.transform_speed import loop_limit, make_corpus
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
@@ -52,20 +51,6 @@ def write_corpus(corpus, root: str) -> int:
         with open(os.path.join(d, f"{i:06d}.JPEG"), "wb") as f:
             f.write(data)
         total += len(data)
-    return total
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and every process under it (the Ray runtime it started: raylet, GCS,
-    workers). On a shared machine CPU time is what stays comparable; wall time follows the load."""
-    total = 0.0
-    me = psutil.Process()
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
     return total
 
 

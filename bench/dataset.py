@@ -7,7 +7,9 @@ records are what conversion writes. Two shapes:
 * ``image="imagenet"``: JPEGs (q90) at ImageNet's typical geometry (500x375 either way round, 1 in 50 at
   1600x1200), stored as they are or resized (``resize``: shorter side, JPEG q95); records average ~117 KB,
   like ImageNet's ~110 KB and MLPerf Storage's ResNet-50 records (114,660 bytes);
-* ``image="cifar"``: 32x32 RGB pixels stored raw (3,072 bytes), like CIFAR-10.
+* ``image="cifar"``: 32x32 RGB pixels stored raw (3,072 bytes), like CIFAR-10;
+* ``image="ptb"``: Penn Treebank language-model windows, 36 token ids (``seq_len`` 35 + 1) of a 10,000-word
+  vocabulary with Zipf's word frequencies, the records ``gpufeed convert ptb`` writes (``kind="tokens"``).
 
 ``size``/``center_crop``/``encode`` store the ImageNet-like images as ``gpufeed convert --size HxW
 --center-crop --encode raw`` would (the inference recipes: a stored centre crop leaves a loader only a decode,
@@ -33,11 +35,14 @@ import time
 
 from gpufeed.errors import ConfigError
 
-IMAGES = ("imagenet", "cifar")
+IMAGES = ("imagenet", "cifar", "ptb")
 MANIFEST = "bench_dataset.json"
 
-#: ImageNet-1k train: ~1000 classes; CIFAR-10: 10.
-_CLASSES = {"imagenet": 1000, "cifar": 10}
+#: ImageNet-1k train: ~1000 classes; CIFAR-10: 10; PTB windows carry label 0, as gpufeed convert ptb writes.
+_CLASSES = {"imagenet": 1000, "cifar": 10, "ptb": 1}
+#: Penn Treebank's vocabulary (Mikolov's preprocessing) and the language models' unrolled length.
+PTB_VOCAB = 10_000
+PTB_SEQ_LEN = 35
 #: A tail of multi-megapixel photos as ImageNet has; at q90 a 500x375 synthetic photo is ~100 KB and a
 #: 1600x1200 one ~980 KB, so 1 in 50 large gives ImageNet's mean record size.
 _LARGE_EVERY = 50
@@ -71,6 +76,9 @@ def _make(task):
         if image == "cifar":
             data = rng.integers(0, 256, size=(*_CIFAR_HW, 3), dtype=np.uint8)
             key = f"{label}/{i:08d}.png"
+        elif image == "ptb":
+            data = ((rng.zipf(1.2, PTB_SEQ_LEN + 1) - 1) % PTB_VOCAB).astype(np.int32)
+            key = f"train/{i:08d}"
         else:
             from gpufeed.pipelines.synth import synth_jpeg
 
@@ -90,7 +98,7 @@ def store_options(image: str, resize: int | None = None, size: tuple[int, int] |
     ImageNet-like images passed through as captured, or transformed and encoded (JPEG q95 or raw)."""
     from gpufeed.pipelines.transforms import ImageOptions
 
-    if image == "cifar":
+    if image in ("cifar", "ptb"):
         return ImageOptions(encode="raw")
     if not (resize or size or center_crop) and encode in (None, "pass"):
         return ImageOptions(encode="pass", validate=False)
@@ -132,9 +140,9 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
     if n < 1 or shards < 1 or shards > n:
         raise ConfigError(f"need n >= 1 and 1 <= shards <= n, got n={n}, shards={shards}")
     store = {"resize": resize, "size": tuple(size) if size else None, "center_crop": center_crop, "encode": encode}
-    if image == "cifar" and (resize or size or center_crop or encode):
-        raise ConfigError("resize, size, center_crop and encode apply to image='imagenet'; CIFAR-sized samples "
-                          "are 32x32 raw pixels already")
+    if image != "imagenet" and (resize or size or center_crop or encode):
+        raise ConfigError(f"resize, size, center_crop and encode apply to image='imagenet'; {image} samples are "
+                          "stored as they are (CIFAR: 32x32 raw pixels; ptb: token ids)")
     if encode not in (None, "pass", "jpeg", "raw"):
         raise ConfigError(f"encode={encode!r}: use pass, jpeg or raw")
     if encode == "pass" and (resize or size or center_crop):
@@ -179,7 +187,7 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
         for w in writers.values():
             w.abort()
     info = {"out": os.path.abspath(out), "n": n, "image": image, "resize": resize, "seed": seed, "shards": shards,
-            "store": store_flags(**store),
+            "store": store_flags(**store), **({"vocab": PTB_VOCAB, "seq_len": PTB_SEQ_LEN} if image == "ptb" else {}),
             "sample_bytes": payload_bytes / n, "build_seconds": time.perf_counter() - t0, "formats": {}}
     for f in formats:
         files = [dataclasses.asdict(w) for w in written[f]]
@@ -227,8 +235,10 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
         raise ConfigError(f"{out}: no split {split!r} in manifest.json; it holds {', '.join(sorted(splits))}")
     n = splits[split]["written"]
     options = m.get("options", {})
-    info = {"out": os.path.abspath(out), "n": n, "image": "cifar" if str(options.get("dataset", "")).startswith(
-        "cifar") else "imagenet", "resize": options.get("resize"), "seed": options.get("seed"),
+    dataset = str(options.get("dataset", ""))
+    image = "cifar" if dataset.startswith("cifar") else "ptb" if dataset == "ptb" else "imagenet"
+    info = {"out": os.path.abspath(out), "n": n, "image": image, "resize": options.get("resize"),
+            "seed": options.get("seed"),
         "split": split, "source": "gpufeed convert", "formats": {},
         "store": store_flags(options.get("resize"), tuple(options["size"]) if options.get("size") else None,
                              bool(options.get("center_crop")), options.get("encode"))}
@@ -249,11 +259,25 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
                                 "files": files, "data_bytes": data_bytes,
                                 "total_bytes": sum(f["bytes"] for f in files), "record_bytes": data_bytes / n}
         sample_bytes.append(data_bytes / n)
+    if image == "ptb":
+        info.update(_ptb_fields(out, options))
     if not info["formats"]:
         raise ConfigError(f"{out}: manifest.json lists no data files for split {split!r}")
     info["sample_bytes"] = min(sample_bytes)
     info["shards"] = max(len(f["relpaths"]) for f in info["formats"].values())
     return info
+
+
+def _ptb_fields(out: str, options: dict) -> dict:
+    """A converted Penn Treebank's vocabulary size (``vocab.txt``, one token per line) and window length."""
+    vocab = os.path.join(out, "vocab.txt")
+    if not os.path.exists(vocab):
+        raise ConfigError(f"{vocab} is missing: the token ids of {out} need the vocabulary gpufeed convert ptb "
+                          "writes beside manifest.json; convert again")
+    with open(vocab, encoding="utf-8") as fh:
+        words = sum(1 for _ in fh)
+    return {"vocab": words, "seq_len": options.get("seq_len") if options.get("ptb_mode", "window") == "window"
+            else None}
 
 
 class _InProcess:
@@ -274,7 +298,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
     parser.add_argument("-n", type=int, default=2000, help="number of samples")
     parser.add_argument("--image", choices=IMAGES, default="imagenet",
-                        help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels")
+                        help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels; ptb: windows of 36 "
+                             "token ids (Penn Treebank for a language model)")
     parser.add_argument("--resize", type=int, default=None, help="store JPEGs resized to this shorter side")
     parser.add_argument("--size", default=None, metavar="HxW", help="store images at exactly this size")
     parser.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing")

@@ -94,10 +94,26 @@ def is_synthetic(row: dict) -> bool:
     return row.get("tier") == MEMORY_TIER or row.get("format") == "synthetic"
 
 
-def is_cifar(row: dict) -> bool:
-    """A row of the CIFAR benchmark (32x32 images, a CIFAR ResNet): reported in a section of its own, so its
-    3 KB images and fast steps never mix with the ImageNet demand, sizes and core counts."""
-    return row.get("image") == "cifar" or str(params(row).get("model", "")).startswith("cifar")
+def side_dataset(row: dict) -> str | None:
+    """``"cifar"`` for a row of the CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn
+    Treebank language model, None for ImageNet. Each side dataset is reported in a section of its own, so its
+    small records and fast steps never mix with the ImageNet demand, sizes and core counts."""
+    model = str(params(row).get("model", ""))
+    if row.get("image") == "cifar" or model.startswith("cifar"):
+        return "cifar"
+    if row.get("image") == "ptb" or model.startswith("ptb"):
+        return "ptb"
+    return None
+
+
+def _cores(row: dict) -> str:
+    cores = figure(row, "cpu_cores")
+    return "n/a" if cores is None else f"{cores:.2f}"
+
+
+def _worker_memory(row: dict) -> str:
+    mb = figure(row, "loader_mem_mb")
+    return "n/a" if mb is None else fmt_bytes(mb * 1e6)
 
 
 def cifar_blocks(rows: Sequence[dict]) -> list[Block]:
@@ -115,14 +131,14 @@ def cifar_blocks(rows: Sequence[dict]) -> list[Block]:
                       f"{params(synthetic[0]).get('batch_size')}).")
     by_workers: dict[Any, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     table = Table("CIFAR-10 into the CIFAR ResNet, per run",
-                  ["format", "tier", "workers", "augmentation on", "img/s", "AU", "wait p50 ms"], [])
+                  ["format", "tier", "workers", "augmentation on", "img/s", "AU", "wait p50 ms", "cores used"], [])
     for r in sorted(runs, key=lambda r: (int(params(r).get("workers") or 0), str(params(r).get("augment_on")),
                                          str(r.get("format")), tier_label(r))):
         p = params(r)
         on = str(p.get("augment_on") or "cpu")
         by_workers[p.get("workers")][on].append(r)
         table.rows.append([str(r.get("format")), tier_label(r), str(p.get("workers")), on, fmt_num(r.get("median")),
-                           fmt_pct(figure(r, "au")), fmt_num(figure(r, "data_wait_p50_ms"))])
+                           fmt_pct(figure(r, "au")), fmt_num(figure(r, "data_wait_p50_ms")), _cores(r)])
     for workers, sides in sorted(by_workers.items(), key=lambda kv: int(kv[0] or 0)):
         parts = []
         for on in ("cpu", "gpu"):
@@ -133,6 +149,67 @@ def cifar_blocks(rows: Sequence[dict]) -> list[Block]:
         blocks.append(f"With {workers} DataLoader worker(s): " + "; ".join(parts) + ".")
     blocks.append(table)
     return blocks
+
+
+def ptb_blocks(rows: Sequence[dict]) -> list[Block]:
+    """The Penn Treebank section: the language model's no-wait rate in sequences and tokens per second and
+    what that asks of the disk, then per run its workers, AU, the CPU cores the run used and the workers'
+    memory, and per worker count whether that many workers keep the model fed (AU >= 90%)."""
+    synthetic = [r for r in of_bench(rows, "train") if is_synthetic(r) and r.get("median")]
+    runs = [r for r in of_bench(rows, "train") if not is_synthetic(r)]
+    if not runs:
+        return ["Penn Treebank rows without a training run: nothing to compare."]
+    blocks: list[Block] = []
+    for task in sorted({params(r).get("task") for r in synthetic}):
+        mine = [r for r in synthetic if params(r).get("task") == task]
+        p = params(mine[0])
+        demand = statistics.median(r["median"] for r in mine)
+        record = statistics.median(r["record_bytes"] for r in runs if params(r).get("task") == task
+                                   and r.get("record_bytes")) if any(r.get("record_bytes") for r in runs) else None
+        blocks.append(f"{p.get('model')} ({task}, batch {p.get('batch_size')} windows of {p.get('seq_len')} tokens) "
+                      f"on {p.get('accelerator')} consumes {fmt_num(demand)} windows/s "
+                      f"({fmt_num(demand * (p.get('seq_len') or 0))} tokens/s) when its batches are already on the "
+                      "device" + (f": {fmt_bytes(demand * record)}/s of records of {fmt_bytes(record)}." if record
+                                  else "."))
+    table = Table("Penn Treebank into the LSTM language model, per run",
+                  ["task", "format", "tier", "workers", "windows/s", "AU", "wait p50 ms", "cores used",
+                   "workers' memory"], [])
+    by_workers: dict[tuple, list[dict]] = defaultdict(list)
+    for r in sorted(runs, key=lambda r: (str(params(r).get("task")), int(params(r).get("workers") or 0),
+                                         str(r.get("format")), tier_label(r))):
+        p = params(r)
+        by_workers[(p.get("task"), p.get("workers"))].append(r)
+        table.rows.append([str(p.get("task")), str(r.get("format")), tier_label(r), str(p.get("workers")),
+                           fmt_num(r.get("median")), fmt_pct(figure(r, "au")), fmt_num(figure(r, "data_wait_p50_ms")),
+                           _cores(r), _worker_memory(r)])
+    for (task, workers), mine in sorted(by_workers.items(), key=lambda kv: (str(kv[0][0]), int(kv[0][1] or 0))):
+        fed = [r for r in mine if (figure(r, "au") or 0) >= AU_TARGET]
+        worst = min(mine, key=lambda r: figure(r, "au") or 0)
+        verdict = (f"every format keeps it fed (lowest AU {fmt_pct(figure(worst, 'au'))}, {worst.get('format')})"
+                   if len(fed) == len(mine) else
+                   f"{len(fed)} of {len(mine)} formats keep it at AU >= {fmt_pct(AU_TARGET)} (lowest "
+                   f"{fmt_pct(figure(worst, 'au'))}, {worst.get('format')})")
+        cores = [figure(r, "cpu_cores") for r in mine if figure(r, "cpu_cores") is not None]
+        memory = [figure(r, "loader_mem_mb") for r in mine if figure(r, "loader_mem_mb") is not None]
+        blocks.append(f"{str(task).capitalize()} with {workers} DataLoader worker(s): {verdict}"
+                      + (f", using {min(cores):.2f}-{max(cores):.2f} cores in all" if cores else "")
+                      + (f" and {fmt_bytes(max(memory) * 1e6)} in the workers" if memory else "") + ".")
+    blocks.append(table)
+    return blocks
+
+
+#: Datasets reported in sections of their own, after the ImageNet answer: title and blocks.
+SIDE_SECTIONS = {"cifar": ("CIFAR-10 into a CIFAR ResNet", cifar_blocks),
+                 "ptb": ("Penn Treebank into an LSTM language model", ptb_blocks)}
+
+
+def side_sections(rows: Sequence[dict]) -> list[Section]:
+    sections = []
+    for name, (title, blocks) in SIDE_SECTIONS.items():
+        mine = [r for r in rows if side_dataset(r) == name]
+        if mine:
+            sections.append(Section(title, blocks(mine)))
+    return sections
 
 
 def accelerator_emulated(row: dict) -> bool:
@@ -1074,16 +1151,15 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
         raise ConfigError("no result rows to report; run `gpufeed bench convert|read|train ... --results FILE` "
                           "first")
     everything = rows
-    cifar = [r for r in rows if is_cifar(r)]
-    rows = [r for r in rows if not is_cifar(r)]
-    if not rows:  # only the CIFAR benchmark ran
-        return Report("gpufeed storage-tier report", f"{len(everything)} result rows (CIFAR only)",
-                      [Section("CIFAR-10 into a CIFAR ResNet", cifar_blocks(cifar)),
-                       Section("Machines and versions", [machine_table(everything), _versions_text(everything)])])
+    sides = side_sections(rows)
+    rows = [r for r in rows if side_dataset(r) is None]
+    if not rows:  # only the CIFAR and/or PTB benchmarks ran
+        names = " and ".join(s.title.split(" into ")[0] for s in sides)
+        return Report("gpufeed storage-tier report", f"{len(everything)} result rows ({names} only)",
+                      [*sides, Section("Machines and versions", [machine_table(everything),
+                                                                  _versions_text(everything)])])
     base = choose_baseline(rows, baseline)
-    sections = [Section("The answer", answer(rows, resize_to))]
-    if cifar:
-        sections.append(Section("CIFAR-10 into a CIFAR ResNet", cifar_blocks(cifar)))
+    sections = [Section("The answer", answer(rows, resize_to)), *sides]
     sized = sized_disks(rows, demands(rows), resize_to)[1]
     if sized:
         sections.append(Section("Disks sized as bought", sized))

@@ -75,6 +75,37 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and every live process under it (a Ray runtime's raylet and
+    workers, a DataLoader's workers). On a shared machine CPU time is what stays comparable; wall time follows
+    the load. Processes that exited are not counted."""
+    import psutil
+
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def children_anon_bytes() -> int | None:
+    """Private anonymous memory (``RssAnon``) of every live process under this one, e.g. a DataLoader's
+    workers: what they hold beyond the page cache and the pages shared with their parent's file maps. None
+    where ``/proc`` does not say."""
+    import psutil
+
+    total, seen = 0, False
+    for p in psutil.Process().children(recursive=True):
+        held = proc_kib_field(f"/proc/{p.pid}/status", "RssAnon")
+        if held is not None:
+            total, seen = total + held, True
+    return total if seen else None
+
+
 def proc_kib_field(path: str, key: str) -> int | None:
     """Bytes of a ``Key:  N kB`` line of a /proc file (``/proc/meminfo``, ``/proc/<pid>/status``)."""
     try:

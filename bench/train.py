@@ -14,7 +14,11 @@ and for every format and tier
 so AU is images/s relative to a loop that never waits for data. Each step's wait for its batch is recorded
 (p50/p99). ``--decode gpu`` ships the undecoded JPEG bytes to the GPU and decodes them there with
 ``torchvision.io.decode_jpeg(device="cuda")`` (nvJPEG), cropping and resizing on the GPU, in a background
-thread on a side stream so decoding overlaps the previous step's compute.
+thread on a side stream so decoding overlaps the previous step's compute. The other two datasets of the
+mission have models of their own: ``--model cifar-resnet18`` (CIFAR-10, 32x32, augmentation in the workers or
+on the GPU) and ``--model ptb-lstm`` (Penn Treebank windows into a 2-layer LSTM language model). Every row also
+records the CPU cores the run used (CPU seconds of this process and its workers per second) and the workers'
+private memory.
 
 Nothing here imports Ray; torch and torchvision are imported only when a benchmark runs, and the emulated
 accelerator needs no torchvision.
@@ -45,6 +49,13 @@ DEFAULT_BATCH = {"train": 256, "infer": 512}
 #: CIFAR ResNet papers and their reference implementations build it; trained with augment="cifar".
 CIFAR_MODELS = ("cifar-resnet18",)
 CIFAR_SIZE = 32
+#: Language models for Penn Treebank windows: Zaremba et al.'s "medium" LSTM (2 layers of 650 units, dropout
+#: 0.5, unrolled 35 steps, batch 20), fed with augment="tokens".
+PTB_MODELS = ("ptb-lstm",)
+PTB_HIDDEN = 650
+PTB_LAYERS = 2
+#: Batch sizes of the language model (Zaremba et al. train the medium model with 20 sequences per step).
+PTB_BATCH = {"train": 20, "infer": 20}
 #: Format name of the rows measured on synthetic tensors (no storage, no decoding).
 SYNTHETIC = "synthetic"
 #: Tier name of those rows: the data sits in accelerator memory.
@@ -52,7 +63,8 @@ SYNTHETIC_TIER = "memory"
 #: MLPerf Storage's pass mark for ResNet-50.
 AU_TARGET = 0.90
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
-          "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction"}
+          "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
+          "loader_mem_mb": "MB"}
 
 
 def _cycle(loader) -> Iterator:
@@ -152,14 +164,79 @@ class CudaResNet:
                 "model": self.model_name, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
 
 
-def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int):
+class CudaLstm:
+    """A word-level LSTM language model on the current CUDA device (:data:`PTB_MODELS`): embedding, 2 LSTM
+    layers of 650 units (cuDNN), dropout 0.5, a linear decoder over the vocabulary. Training is forward +
+    cross-entropy over every position + backward + gradient clipping (0.25) + SGD; inference a forward under
+    inference_mode. Each batch of windows starts from a zero hidden state (windows are shuffled samples).
+    float32, as the published PTB models train."""
+
+    kind = "cuda"
+
+    def __init__(self, task: str, vocab: int, model: str = PTB_MODELS[0], seed: int = 0, device: str = "cuda"):
+        import torch
+
+        torch.manual_seed(seed)
+        self.torch, self.task, self.model_name, self.classes = torch, task, model, vocab
+        self.device = torch.device(device)
+        self.name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+        nn = torch.nn
+
+        class _LM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, PTB_HIDDEN)
+                self.drop = nn.Dropout(0.5)
+                self.lstm = nn.LSTM(PTB_HIDDEN, PTB_HIDDEN, PTB_LAYERS, dropout=0.5, batch_first=True)
+                self.decoder = nn.Linear(PTB_HIDDEN, vocab)
+
+            def forward(self, ids):
+                out, _ = self.lstm(self.drop(self.embed(ids)))
+                return self.decoder(self.drop(out))
+
+        self.model = _LM().to(self.device)
+        if task == "train":
+            self.model.train()
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1.0)
+            self.loss = nn.CrossEntropyLoss()
+        else:
+            self.model.eval()
+
+    def step(self, x, y) -> None:
+        torch = self.torch
+        if self.task == "train":
+            logits = self.model(x)
+            loss = self.loss(logits.reshape(-1, self.classes), y.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.25)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode():
+                self.model(x)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def describe(self) -> dict:
+        torch = self.torch
+        return {"accelerator": self.name, "accelerator_mode": "measured", "device": self.name,
+                "model": self.model_name, "vocab": self.classes, "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version()}
+
+
+def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int, vocab: int | None = None):
     if kind == "emulated":
         return EmulatedAccelerator(profile, task, batch)
+    if model in PTB_MODELS:
+        return CudaLstm(task, vocab, model=model, seed=seed)
     return CudaResNet(task, model=model, seed=seed)
 
 
-def resolve_accelerator(choice: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU and torchvision is installed, else ``emulated``."""
+def resolve_accelerator(choice: str, emulable: bool = True) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU and torchvision is installed, else ``emulated``
+    (``emulable``: whether the model has an emulated profile to suggest instead)."""
     if choice == "emulated":
         return "emulated"
     try:
@@ -174,20 +251,25 @@ def resolve_accelerator(choice: str) -> str:
         has_vision = False
     if choice == "cuda" and not (has_gpu and has_vision):
         why = "torch sees no CUDA GPU" if not has_gpu else "torchvision is not installed"
-        raise ConfigError(f"--accelerator cuda: {why}; install gpufeed[gpu] on a GPU machine, or use "
-                          "--accelerator emulated --profile h200")
+        raise ConfigError(f"--accelerator cuda: {why}; install gpufeed[gpu] on a GPU machine"
+                          + (", or use --accelerator emulated --profile h200" if emulable else ""))
     return "cuda" if has_gpu and has_vision else "emulated"
 
 
 # ------------------------------------------------------------------------------------------------ batch streams
 
 
-def synthetic_batches(accel, batch: int, size: int, seed: int) -> Iterator:
-    """The same uint8 batch forever, already on the accelerator: the loop's no-data-wait baseline."""
+def synthetic_batches(accel, batch: int, size: int, seed: int, seq_len: int | None = None) -> Iterator:
+    """The same batch forever, already on the accelerator: the loop's no-data-wait baseline (NHWC uint8
+    images, or ``seq_len`` token ids in and out for a language model)."""
     if accel.kind == "emulated":
         return itertools.repeat((None, None))
     torch = accel.torch
     gen = torch.Generator(device=accel.device).manual_seed(seed)
+    if seq_len is not None:
+        ids = torch.randint(0, accel.classes, (batch, seq_len + 1), dtype=torch.int64, device=accel.device,
+                            generator=gen)
+        return itertools.repeat((ids[:, :-1], ids[:, 1:]))
     x = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=accel.device, generator=gen)
     y = torch.randint(0, accel.classes, (batch,), dtype=torch.int64, device=accel.device, generator=gen)
     return itertools.repeat((x, y))
@@ -205,6 +287,8 @@ class LoopRun:
     wall_s: float
     waits_s: list[float]
     cpu_share: float | None = None  # hybrid decoding: the share of each batch the CPU workers took at the end
+    cpu_cores: float | None = None  # CPU seconds of this process and its workers per second of the timed steps
+    loader_mem_mb: float | None = None  # private memory of the processes under this one (the loader's workers)
 
     @property
     def images_per_s(self) -> float:
@@ -218,7 +302,8 @@ class LoopRun:
                 "data_wait_p99_ms": float(np.percentile(waits_ms, 99)),
                 "data_wait_share": float(sum(self.waits_s) / self.wall_s),
                 "step_ms": self.wall_s / self.steps * 1e3,
-                **({"cpu_share": self.cpu_share} if self.cpu_share is not None else {})}
+                **{name: getattr(self, name) for name in ("cpu_share", "cpu_cores", "loader_mem_mb")
+                   if getattr(self, name) is not None}}
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
@@ -227,13 +312,17 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
 
     The wait for each batch is the time spent in ``next(batches)``: zero when the pipeline is ahead of the
     accelerator. The device is synchronised before the clock starts and before it stops, never per step, so
-    host and device overlap as in real training.
+    host and device overlap as in real training. The CPU time of this process and its workers over the timed
+    steps gives the cores the run used; the workers' private memory is taken at the end.
     """
+    from gpufeed.bench.results import children_anon_bytes, cpu_seconds
+
     it = iter(batches)
     for _ in range(warmup):
         step(*next(it))
     synchronize()
     waits = []
+    cpu0 = cpu_seconds()
     start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -241,7 +330,10 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
         waits.append(time.perf_counter() - t0)
         step(x, y)
     synchronize()
-    return LoopRun(batch=batch, steps=steps, wall_s=time.perf_counter() - start, waits_s=waits)
+    wall = time.perf_counter() - start
+    held = children_anon_bytes()
+    return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=(cpu_seconds() - cpu0) / wall,
+                   loader_mem_mb=None if held is None else held / 1e6)
 
 
 # ---------------------------------------------------------------------------------------------- the benchmark
@@ -267,18 +359,30 @@ class TrainOptions:
     augment_ons: tuple[str, ...] = ("cpu",)
     decode_threads: int = 2
     decode_priority: int = 0
+    vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
+    seq_len: int | None = None
 
     @property
     def cifar(self) -> bool:
         return self.model in CIFAR_MODELS
 
+    @property
+    def ptb(self) -> bool:
+        return self.model in PTB_MODELS
+
+    @property
+    def dataset_image(self) -> str:
+        """The benchmark dataset kind the model reads (``bench dataset --image``)."""
+        return "cifar" if self.cifar else "ptb" if self.ptb else "imagenet"
+
     def batch(self, task: str) -> int:
-        return self.batch_size or DEFAULT_BATCH[task]
+        return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
     def params(self, task: str, decode: str | None, accel) -> dict:
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
-                "warmup_steps": self.warmup_steps, "workers": self.workers, "image_size": self.image_size,
-                "cold": self.cold if decode else None,
+                "warmup_steps": self.warmup_steps, "workers": self.workers,
+                "image_size": None if self.ptb else self.image_size, "cold": self.cold if decode else None,
+                **({"seq_len": self.seq_len} if self.ptb else {}),
                 **({"augment": "cifar" if task == "train" else "eval"} if self.cifar else {}),
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
@@ -302,11 +406,14 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     augment = "train" if task == "train" else "eval"
     if opts.cifar and task == "train":
         augment = "cifar"
+    if opts.ptb:
+        augment = "tokens"
     loader = Loader(paths, format=fmt, batch_size=batch, decode=decode, augment=augment,
                     augment_on=augment_on if augment == "cifar" else "cpu", size=opts.image_size, rank=0, world_size=1,
                     workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
                     shuffle=task == "train", decode_threads=opts.decode_threads,
-                    decode_priority=opts.decode_priority)
+                    decode_priority=opts.decode_priority,
+                    window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}; "
                           "build a larger dataset or pass --batch-size")
@@ -317,7 +424,8 @@ def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
     from gpufeed.bench.results import repeat
 
     batch = opts.batch(task)
-    runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed),
+    runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed,
+                                                                  opts.seq_len if opts.ptb else None),
                                                 accel.step, accel.synchronize, batch, opts.steps,
                                                 opts.warmup_steps)},
                   opts.repeats, warmup=opts.warmup_runs)
@@ -348,13 +456,15 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
     return [r["run"] for r in runs]
 
 
-def summarize_runs(runs: list[LoopRun], compute_step_s: float) -> dict:
-    """Row fields: images/s as the primary metric, AU and data-wait figures under ``metrics``, the per-step
-    waits of every run under ``samples`` (for latency distributions)."""
+def summarize_runs(runs: list[LoopRun], compute_step_s: float, unit: str = "img/s") -> dict:
+    """Row fields: samples/s as the primary metric (``images_per_s``, in ``unit``: img/s, or seq/s for token
+    windows), AU, data-wait, CPU-core and worker-memory figures under ``metrics``, the per-step waits of every
+    run under ``samples`` (for latency distributions)."""
     from gpufeed.bench.results import metrics_block, summarize
 
     figures = [r.figures(compute_step_s) for r in runs]
-    return {**summarize("images_per_s", "img/s", [f["images_per_s"] for f in figures]),
+    metric = "sequences_per_s" if unit == "seq/s" else "images_per_s"
+    return {**summarize(metric, unit, [f["images_per_s"] for f in figures]),
             "metrics": metrics_block(figures, _UNITS),
             "compute_step_s": compute_step_s,
             "samples": {"data_wait_ms": [round(w * 1e3, 3) for r in runs for w in r.waits_s]}}
@@ -391,7 +501,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     from gpufeed.bench.dataset import dataset_fields, load_dataset_info
     from gpufeed.bench.read import dataset_paths, tier_dataset
 
-    kind = resolve_accelerator(opts.accelerator)
+    kind = resolve_accelerator(opts.accelerator, emulable=opts.dataset_image == "imagenet")
     if "gpu" in opts.decodes and kind != "cuda":
         raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
                           "--decode cpu (the accelerator is emulated here)")
@@ -400,7 +510,23 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     if missing:
         raise ConfigError(f"{dst} has no {', '.join(missing)} dataset; build it with "
                           f"`gpufeed bench dataset {dst} --formats {','.join(formats)}`")
+    image = info.get("image", "imagenet")
+    if image != opts.dataset_image:
+        readers = {"imagenet": "resnet50 (or another torchvision ImageNet model)", "cifar": ", ".join(CIFAR_MODELS),
+                   "ptb": ", ".join(PTB_MODELS)}
+        raise ConfigError(f"{dst} holds {image} samples and --model {opts.model} reads {opts.dataset_image}: use "
+                          f"--model {readers[image]}, or build a dataset with `gpufeed bench dataset OUT --image "
+                          f"{opts.dataset_image}`")
+    if opts.dataset_image != "imagenet" and kind != "cuda":
+        raise ConfigError(f"--model {opts.model} needs a CUDA GPU with torch and torchvision; the emulated "
+                          "accelerators model ResNet-50 on ImageNet")
+    if opts.ptb:
+        if not info.get("seq_len"):
+            raise ConfigError(f"{dst} holds Penn Treebank sentences of different lengths; --model {opts.model} "
+                              "trains on windows: convert with --ptb-mode window")
+        opts = dataclasses.replace(opts, vocab=int(info["vocab"]), seq_len=int(info["seq_len"]))
     rows = []
+    unit = "seq/s" if opts.ptb else "img/s"
 
     def emit(row):
         row = writer.write(row) if writer is not None else row
@@ -408,11 +534,11 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         log(_one_line(row))
 
     for task in opts.tasks:
-        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed)
+        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab)
         synthetic = measure_synthetic(accel, task, opts)
         compute_s = compute_step_time(synthetic)
         emit({"bench": "train", "tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
-              "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s)})
+              "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s, unit)})
         for tier in tiers:
             data_dir = tier_dataset(tier, os.path.abspath(dst))
             with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
@@ -426,7 +552,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
                           "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
                                      "store": info.get("store"), **extra},
                           **dataset_fields(info, fmt), **validity,
-                          **summarize_runs(runs, compute_s)})
+                          **summarize_runs(runs, compute_s, unit)})
         del accel
         gc.collect()
     return rows
@@ -434,11 +560,14 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
 
 def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
+    cores = m.get("cpu_cores", {}).get("median")
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "") +
             f"workers={p.get('workers')} "
-            f"{row['median']:9.1f} img/s  AU {m['au']['median']:.3f}  wait p50 {m['data_wait_p50_ms']['median']:.1f}"
-            f" ms p99 {m['data_wait_p99_ms']['median']:.1f} ms  ({p['accelerator_mode']} {p['accelerator']})")
+            f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
+            f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
+            + (f"  {cores:.2f} cores" if cores is not None else "")
+            + f"  ({p['accelerator_mode']} {p['accelerator']})")
 
 
 # ------------------------------------------------------------------------------------------------------ the CLI
@@ -469,9 +598,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
     parser.add_argument("--profile", default="h200",
                         help="emulated accelerator profile (gpufeed.bench.accelerator.PROFILES)")
-    parser.add_argument("--model", default="resnet50", help="torchvision model on CUDA")
+    parser.add_argument("--model", default="resnet50",
+                        help="on CUDA: a torchvision ImageNet model (resnet50), "
+                             f"{', '.join(CIFAR_MODELS)} (bench dataset --image cifar) or {', '.join(PTB_MODELS)} "
+                             "(a 2-layer 650-unit LSTM language model; --image ptb or a converted Penn Treebank)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="images per step (default 256 for train, 512 for infer)")
+                        help="samples per step (default 256 for train, 512 for infer; 20 for ptb-lstm)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per run")
     parser.add_argument("--warmup-steps", type=int, default=10,
                         help="untimed steps at the start of every run (worker start-up, cuDNN autotuning)")
@@ -499,7 +631,17 @@ def options_from_args(args) -> TrainOptions:
         raise ConfigError("--warmup-steps and --warmup must be >= 0")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
-    if args.model in CIFAR_MODELS:
+    if args.model in PTB_MODELS:
+        if args.accelerator == "emulated":
+            raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
+                              "ResNet-50 on ImageNet (drop --accelerator emulated)")
+        if tuple(args.decode) != ("cpu",) or tuple(args.augment_on) != ("cpu",):
+            raise ConfigError(f"--model {args.model} reads token ids, which need no decoding and no augmentation: "
+                              "drop --decode and --augment-on")
+        if args.image_size is not None:
+            raise ConfigError(f"--image-size is for the image models; --model {args.model} reads windows of the "
+                              "length they were converted with (--seq-len)")
+    elif args.model in CIFAR_MODELS:
         if args.accelerator == "emulated":
             raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
                               "ResNet-50 on ImageNet (drop --accelerator emulated)")

@@ -35,6 +35,10 @@ same pixels; two CPU workers then only read records). All four paths give the sa
 NHWC uint8 batches (the GPU paths crop and resize with bilinear ``roi_align``); ``normalize=True`` gives
 NCHW float32 ``(x / 255 - mean) / std`` with ImageNet's statistics instead.
 
+``augment="tokens"`` reads language-model windows (Penn Treebank converted with ``ptb_mode="window"``: ``seq_len
++ 1`` token ids per record) and yields ``(inputs, targets)``: two N x seq_len int64 tensors, ``ids[:-1]`` and
+``ids[1:]``, on the device (shuffled by default: each window is one sample, its hidden state starting at zero).
+
 Without torch, or without a GPU or nvImageCodec for the GPU paths, :func:`loader` raises one line naming
 ``pip install 'gpufeed[gpu]'`` and ``decode="cpu"``.
 """
@@ -53,7 +57,7 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
-AUGMENTS = ("train", "eval", "cifar")
+AUGMENTS = ("train", "eval", "cifar", "tokens")
 #: Where ``augment="cifar"`` runs: in the DataLoader workers, or on the GPU over whole batches.
 AUGMENT_ON = ("cpu", "gpu")
 #: CIFAR training augmentation: zero padding on each side before the random crop of the stored size.
@@ -87,7 +91,7 @@ class CpuDecode:
 
     The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
     Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch. With
-    ``with_index``, ``(pixels, label, index)`` for :func:`collate_pixels`.
+    ``with_index``, ``(pixels, label, index)`` for :class:`CifarCollate`.
     """
 
     train: bool
@@ -131,6 +135,40 @@ def _owned(img: np.ndarray) -> np.ndarray:
     return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenWindow:
+    """Runs in DataLoader workers for ``augment="tokens"``: a record's token ids (int64), checked to be one
+    language-model window: a 1-D array of ``length`` ids when ``length`` is given, each below ``vocab`` when that
+    is given (an embedding table indexed past its end fails on the GPU with no sample named)."""
+
+    length: int | None = None
+    vocab: int | None = None
+
+    def __call__(self, sample) -> np.ndarray:
+        if sample.kind != "tokens":
+            raise ConfigError(f"augment='tokens' reads token records, but {sample.key} holds {sample.kind} "
+                              "pixels; use augment='train', 'eval' or 'cifar' for images")
+        ids = np.asarray(sample.payload, dtype=np.int64)
+        if ids.ndim != 1 or (self.length is not None and len(ids) != self.length):
+            raise ConfigError(f"{sample.key}: {ids.size} token ids where a window of {self.length} is expected; "
+                              "convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
+        if self.vocab is not None and ids.size and int(ids.max()) >= self.vocab:
+            raise ConfigError(f"{sample.key}: token id {int(ids.max())} is outside the model's vocabulary of "
+                              f"{self.vocab}; train a model with the dataset's vocabulary (vocab.txt)")
+        return ids
+
+
+def collate_tokens(batch):
+    """``[ids]`` (windows of one length) -> an N x (seq_len + 1) int64 tensor."""
+    import torch
+
+    lengths = {len(ids) for ids in batch}
+    if len(lengths) > 1:
+        raise ConfigError(f"token records of different lengths ({', '.join(map(str, sorted(lengths)))}) in one "
+                          "batch; convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
+    return torch.from_numpy(np.stack(batch))
+
+
 def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):
     """Per image of shape ``(h, w)`` and sample index: its crop ``(top, left, h, w)`` and whether it is flipped,
     drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
@@ -163,13 +201,14 @@ def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.
     return tops, lefts, flips
 
 
-def cifar_augment(x, indices, seed: int = 0):
+def cifar_augment(x, params):
     """CIFAR's pad / random crop / flip of a whole NHWC uint8 batch in one gather, on whatever device ``x`` is
-    (the GPU in the loader): the same pixels as :class:`CpuDecode` gives each sample on the CPU."""
+    (the GPU in the loader): the same pixels as :class:`CpuDecode` gives each sample on the CPU. ``params`` is
+    :class:`CifarCollate`'s 3 x N int64 tensor (tops, lefts, flips) on ``x``'s device."""
     import torch
 
     n, h, w, _ = x.shape
-    tops, lefts, flips = (torch.from_numpy(v).to(x.device) for v in cifar_params(indices, seed))
+    tops, lefts, flips = params[0], params[1], params[2].bool()
     padded = torch.nn.functional.pad(x, (0, 0, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD))
     rows = tops[:, None] + torch.arange(h, device=x.device)
     span = torch.arange(w, device=x.device)
@@ -177,13 +216,23 @@ def cifar_augment(x, indices, seed: int = 0):
     return padded[torch.arange(n, device=x.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
-def collate_pixels(batch):
-    """``[(pixels, label, index)]`` -> (NHWC uint8, int64 labels, int64 indices)."""
-    import torch
+@dataclasses.dataclass(frozen=True)
+class CifarCollate:
+    """Runs in DataLoader workers for ``augment_on="gpu"``: ``[(pixels, label, index)]`` -> (NHWC uint8, int64
+    labels, the 3 x N int64 augmentation parameters of :func:`cifar_params`). Drawn here, the parameters travel
+    with the batch through pinned memory, so the main process makes no blocking copy to the GPU per step (one
+    from pageable memory waits for the device's queue and would stall the overlap of input and compute)."""
 
-    return (torch.from_numpy(np.stack([item[0] for item in batch])),
-            torch.tensor([item[1] for item in batch], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64))
+    seed: int = 0
+
+    def __call__(self, batch):
+        import torch
+
+        indices = [item[2] for item in batch]
+        tops, lefts, flips = cifar_params(indices, self.seed)
+        return (torch.from_numpy(np.stack([item[0] for item in batch])),
+                torch.tensor([item[1] for item in batch], dtype=torch.int64),
+                torch.from_numpy(np.stack([tops, lefts, flips.astype(np.int64)])))
 
 
 def encoded_bytes(sample) -> bytes:
@@ -477,7 +526,7 @@ class Loader:
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
-                 augment_on: str = "cpu"):
+                 augment_on: str = "cpu", window: int | None = None, vocab: int | None = None):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -491,6 +540,9 @@ class Loader:
         if augment == "cifar" and decode != "cpu":
             raise ConfigError(f"augment='cifar' reads stored pixels: use decode='cpu' (not {decode!r}), and "
                               "augment_on='gpu' to augment on the GPU")
+        if augment == "tokens" and decode != "cpu":
+            raise ConfigError(f"augment='tokens' reads token ids, which need no decoding: use decode='cpu' (not "
+                              f"{decode!r})")
         self.augment_on = augment_on
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
@@ -503,7 +555,9 @@ class Loader:
         if decode_threads < 1:
             raise ConfigError(f"decode_threads={decode_threads}: need at least 1")
         self.decode_threads, self.decode_priority = decode_threads, decode_priority
-        self.shuffle = augment in ("train", "cifar") if shuffle is None else shuffle
+        if normalize and augment == "tokens":
+            raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
+        self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda" if torch.cuda.is_available() else "cpu")
         if decode != "cpu":
@@ -515,10 +569,12 @@ class Loader:
         self.workers = max(1, min(16, usable_cores())) if workers is None else workers
         train = augment == "train"
         self._share = None
-        if augment == "cifar":
+        if augment == "tokens":
+            transform, self._collate = TokenWindow(window, vocab), collate_tokens
+        elif augment == "cifar":
             on_gpu = augment_on == "gpu"
             transform = CpuDecode(True, size, seed, cifar=True, augment=not on_gpu, with_index=on_gpu)
-            self._collate = collate_pixels if on_gpu else None
+            self._collate = CifarCollate(seed) if on_gpu else None
         elif decode == "cpu":
             transform, self._collate = CpuDecode(train, size, seed), None
         elif decode == "hybrid":
@@ -591,9 +647,12 @@ class Loader:
 
     def __iter__(self) -> Iterator:
         batches = iter(self._dataloader())
-        if self.augment_on == "gpu":
-            gen = ((cifar_augment(x.to(self.device, non_blocking=True), idx.numpy(), self.seed),
-                    y.to(self.device, non_blocking=True)) for x, y, idx in batches)
+        if self.augment == "tokens":
+            gen = ((ids[:, :-1], ids[:, 1:]) for ids in
+                   (t.to(self.device, non_blocking=True) for t in batches))
+        elif self.augment_on == "gpu":
+            gen = ((cifar_augment(x.to(self.device, non_blocking=True), params.to(self.device, non_blocking=True)),
+                    y.to(self.device, non_blocking=True)) for x, y, params in batches)
         elif self.decode == "cpu":
             gen = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in batches)
         else:

@@ -121,3 +121,67 @@ def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, c
     err = capsys.readouterr().err
     assert rc == 2 and "pip install 'gpufeed[gpu]'" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_ptb_lstm_reads_token_windows_from_every_format(tmp_path, ray_local):
+    """The language model's input: Penn Treebank converted by gpufeed (every format), read back as windows
+    (inputs ids[:-1], targets ids[1:]) with the vocabulary from vocab.txt, and one real training step of the
+    2-layer LSTM on them (on the CPU here; on CUDA in the benchmark)."""
+    import torch
+
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.convert.cli import main
+    from gpufeed.pipelines.loader import Loader
+    from gpufeed.pipelines.synth import synth_ptb
+
+    synth_ptb(str(tmp_path / "src"), train_tokens=3000, vocab=200, seed=1)
+    out = tmp_path / "out"
+    assert main(["convert", "ptb", str(tmp_path / "src"), "--to", "lmdb,recordio,tfrecord", "--out", str(out),
+                 "--seq-len", "12", "--workers", "1", "--no-progress"]) == 0
+    info = load_dataset_info(str(out))
+    vocab = len((out / "vocab.txt").read_text().splitlines())
+    assert info["image"] == "ptb" and info["seq_len"] == 12 and info["vocab"] == vocab
+    model = train.CudaLstm("train", vocab, device="cpu", seed=0)
+    first = None
+    for fmt in ("lmdb", "recordio", "tfrecord"):
+        ld = Loader(info["formats"][fmt]["paths"], format=fmt, batch_size=8, augment="tokens", workers=1,
+                    device="cpu", window=13, vocab=vocab, seed=2)
+        x, y = next(iter(ld))
+        ld.close()
+        assert x.shape == y.shape == (8, 12) and x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+        first = x if first is None else first
+        assert torch.equal(x, first), fmt  # the same windows in the same order from every format
+    before = [p.detach().clone() for p in model.model.parameters()]
+    model.step(x, y)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.model.parameters()))
+    # A model whose vocabulary is smaller than the data's ids is refused naming the record, not a CUDA assert.
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        next(iter(Loader(info["formats"]["tfrecord"]["paths"], batch_size=8, augment="tokens", workers=0,
+                         device="cpu", vocab=3)))
+
+
+def test_ptb_benchmark_dataset_and_refusals(tmp_path, dataset):
+    from gpufeed.bench.dataset import build_dataset, load_dataset_info
+    from gpufeed.pipelines.loader import Loader
+
+    info = build_dataset(str(tmp_path / "p"), n=40, image="ptb", workers=1)
+    assert info["vocab"] == 10_000 and info["seq_len"] == 35 and info["sample_bytes"] == 36 * 4
+    ld = Loader(info["formats"]["lmdb"]["paths"], batch_size=20, augment="tokens", workers=0, device="cpu",
+                window=36, vocab=10_000)
+    x, y = next(iter(ld))
+    assert x.shape == (20, 35) and int(x.max()) < 10_000
+    results = str(tmp_path / "r.jsonl")
+    for argv, text in ((["--model", "ptb-lstm", "--accelerator", "emulated"], "runs on a CUDA GPU"),
+                       (["--model", "ptb-lstm", "--decode", "hw"], "need no decoding"),
+                       (["--model", "ptb-lstm", "--image-size", "32"], "--image-size is for the image models")):
+        with pytest.raises(ConfigError, match=text):
+            train.options_from_args(_parse([str(tmp_path / "p"), "--results", results, *argv]))
+    # A model pointed at the wrong kind of dataset is told which model reads it.
+    opts = train.TrainOptions(model="ptb-lstm", accelerator="auto")
+    with pytest.raises(ConfigError, match="holds imagenet samples and --model ptb-lstm reads ptb"):
+        train.run_benchmark(dataset, ["lmdb"], [], opts)
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):  # 'auto' finds no GPU here
+        train.run_benchmark(str(tmp_path / "p"), ["lmdb"], [], opts)
+    with pytest.raises(ConfigError, match="augment='tokens' reads token records"):
+        images = load_dataset_info(dataset)["formats"]["lmdb"]["paths"]
+        next(iter(Loader(images, batch_size=2, augment="tokens", workers=0, device="cpu")))

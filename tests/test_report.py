@@ -275,3 +275,40 @@ def test_cifar_rows_get_their_own_section_and_leave_the_imagenet_answer_alone(re
     assert md(alone).split("## The answer")[1].split("\n## ")[0] == text.split("## The answer")[1].split("\n## ")[0]
     only = md(report.build_report(load_results(path)))
     assert "## CIFAR-10 into a CIFAR ResNet" in only and "## The answer" not in only
+
+
+def test_ptb_rows_say_how_many_workers_and_cores_feed_the_language_model(results, tmp_path):
+    """Penn Treebank runs get a section of their own: the LSTM's demand in windows, tokens and disk bytes per
+    second, and per worker count whether every format keeps it fed, with the cores and memory it took."""
+    path = str(tmp_path / "ptb.jsonl")
+    w = ResultWriter(path)
+
+    def row(fmt, workers, rate, cores=None, mem=None, demand=2_000.0):
+        synthetic = fmt == "synthetic"
+        extra = {name: {"unit": u, "median": v, "spread": 0, "values": [v]}
+                 for name, u, v in (("cpu_cores", "cores", cores), ("loader_mem_mb", "MB", mem)) if v is not None}
+        w.write({"bench": "train", "tier": "memory" if synthetic else "nvme", "mode": "measured", "profile": None,
+                 "format": fmt, **({} if synthetic else {"image": "ptb", "sample_bytes": 144, "record_bytes": 176}),
+                 "params": {"task": "train", "decode": None if synthetic else "cpu", "batch_size": 20, "seq_len": 35,
+                            "workers": workers, "accelerator": GPU, "accelerator_mode": "measured",
+                            "model": "ptb-lstm"},
+                 **summarize("sequences_per_s", "seq/s", [rate]),
+                 "metrics": {"au": {"unit": "fraction", "median": rate / demand, "spread": 0, "values": [rate / demand]},
+                             "data_wait_p50_ms": {"unit": "ms", "median": 0.1, "spread": 0, "values": [0.1]},
+                             **extra}})
+
+    row("synthetic", 2, 2_000.0, cores=1.0)
+    row("tfrecord", 2, 1_960.0, cores=1.6, mem=310.0)
+    row("lmdb", 2, 1_500.0, cores=1.8, mem=290.0)
+    row("tfrecord", 16, 1_990.0, cores=3.5, mem=2400.0)
+    row("lmdb", 16, 1_980.0, cores=3.9, mem=2300.0)
+    text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "p"), "p")
+    assert "## Penn Treebank into an LSTM language model" in text and "## The answer" not in text
+    assert ("ptb-lstm (train, batch 20 windows of 35 tokens) on NVIDIA H200 consumes 2,000 windows/s (70,000 "
+            "tokens/s) when its batches are already on the device: 352.0 KB/s of records of 176 B.") in text
+    assert ("Train with 2 DataLoader worker(s): 1 of 2 formats keep it at AU >= 90.0% (lowest 75.0%, lmdb), using "
+            "1.60-1.80 cores in all and 310.0 MB in the workers.") in text
+    assert "Train with 16 DataLoader worker(s): every format keeps it fed (lowest AU 99.0%, lmdb)" in text
+    mixed = report.render_markdown(report.build_report(load_results(results) + load_results(path)),
+                                   str(tmp_path / "m"), "m")
+    assert "## Penn Treebank into an LSTM language model" in mixed and "## The answer" in mixed
