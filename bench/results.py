@@ -92,17 +92,20 @@ def cpu_seconds() -> float:
     return total
 
 
-def children_anon_bytes() -> int | None:
-    """Private anonymous memory (``RssAnon``) of every live process under this one, e.g. a DataLoader's
-    workers: what they hold beyond the page cache and the pages shared with their parent's file maps. None
-    where ``/proc`` does not say."""
+def children_private_bytes() -> int | None:
+    """Unique set size (USS: pages no other process maps) of every live process under this one, e.g. a
+    DataLoader's workers: what they hold of their own. Forked workers share their parent's pages until they
+    write them, so their resident or anonymous sizes count the parent again; USS does not. None where the
+    platform does not say."""
     import psutil
 
     total, seen = 0, False
     for p in psutil.Process().children(recursive=True):
-        held = proc_kib_field(f"/proc/{p.pid}/status", "RssAnon")
-        if held is not None:
-            total, seen = total + held, True
+        try:
+            total += p.memory_full_info().uss
+            seen = True
+        except (psutil.Error, AttributeError):
+            continue
     return total if seen else None
 
 

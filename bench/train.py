@@ -17,8 +17,8 @@ so AU is images/s relative to a loop that never waits for data. Each step's wait
 thread on a side stream so decoding overlaps the previous step's compute. The other two datasets of the
 mission have models of their own: ``--model cifar-resnet18`` (CIFAR-10, 32x32, augmentation in the workers or
 on the GPU) and ``--model ptb-lstm`` (Penn Treebank windows into a 2-layer LSTM language model). Every row also
-records the CPU cores the run used (CPU seconds of this process and its workers per second) and the workers'
-private memory.
+records the CPU cores the run used (CPU seconds of this process and its workers per second) and the memory the
+workers hold of their own (USS).
 
 Nothing here imports Ray; torch and torchvision are imported only when a benchmark runs, and the emulated
 accelerator needs no torchvision.
@@ -288,7 +288,7 @@ class LoopRun:
     waits_s: list[float]
     cpu_share: float | None = None  # hybrid decoding: the share of each batch the CPU workers took at the end
     cpu_cores: float | None = None  # CPU seconds of this process and its workers per second of the timed steps
-    loader_mem_mb: float | None = None  # private memory of the processes under this one (the loader's workers)
+    loader_mem_mb: float | None = None  # memory the processes under this one (the loader's workers) hold alone (USS)
 
     @property
     def images_per_s(self) -> float:
@@ -313,9 +313,9 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     The wait for each batch is the time spent in ``next(batches)``: zero when the pipeline is ahead of the
     accelerator. The device is synchronised before the clock starts and before it stops, never per step, so
     host and device overlap as in real training. The CPU time of this process and its workers over the timed
-    steps gives the cores the run used; the workers' private memory is taken at the end.
+    steps gives the cores the run used; the workers' own memory (USS) is taken at the end.
     """
-    from gpufeed.bench.results import children_anon_bytes, cpu_seconds
+    from gpufeed.bench.results import children_private_bytes, cpu_seconds
 
     it = iter(batches)
     for _ in range(warmup):
@@ -331,7 +331,7 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
         step(x, y)
     synchronize()
     wall = time.perf_counter() - start
-    held = children_anon_bytes()
+    held = children_private_bytes()
     return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=(cpu_seconds() - cpu0) / wall,
                    loader_mem_mb=None if held is None else held / 1e6)
 

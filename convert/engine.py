@@ -974,7 +974,7 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
     parts = [repr(item.label)]
     if isinstance(ref, (FileRef, TarMemberRef)):
         key = ref.url
-        if key not in cache:
+        if key not in cache or isinstance(ref, FileRef):
             cache[key] = _file_identity(ref.url, cache)
         parts.append(cache[key])
         if isinstance(ref, TarMemberRef):
@@ -1017,51 +1017,9 @@ def _file_identity(url: str, cache: dict) -> str:
     return ":".join(f"{k}={info[k]}" for k in fields if k in info) or "unlisted"
 
 
-#: Threads taking the local inputs' stats while planning (:func:`_stat_local_inputs`).
-_STAT_THREADS = 4
-#: Files per task of those threads.
-_STAT_CHUNK = 512
-
-
 def _identities(items: list, strict: bool = False, cache: dict | None = None) -> list[bytes]:
     cache = {} if cache is None else cache
-    _stat_local_inputs(items, cache)
     return [item_identity(it, cache, strict) for it in items]
-
-
-def _stat_local_inputs(items: list, cache: dict) -> None:
-    """Fill ``cache`` with the identities of the local files among ``items`` (one tight loop per chunk of
-    files), with ``_STAT_THREADS`` threads taking the chunks' stats at once: on a cold disk each stat waits on
-    an inode read, serially seconds for ImageNet's 1.28 M files before the first shard can start (``os.stat``
-    releases the GIL while it waits)."""
-    urls = [it.ref.url for it in items if isinstance(it.ref, FileRef) and io.is_local(it.ref.url)
-            and it.ref.url not in cache]
-
-    def stat_chunk(chunk: list[str]) -> list[tuple[str, str, int | None]]:
-        out = []
-        stat, path_of = os.stat, io.local_path
-        for url in chunk:
-            try:
-                st = stat(path_of(url))
-                out.append((url, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}", st.st_size))
-            except OSError:
-                out.append((url, "unreadable", None))
-        return out
-
-    chunks = [urls[i:i + _STAT_CHUNK] for i in range(0, len(urls), _STAT_CHUNK)]
-    if len(chunks) < 2 or _STAT_THREADS < 2:
-        results = map(stat_chunk, chunks)
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=_STAT_THREADS, thread_name_prefix="gpufeed-stat")
-        results = pool.map(stat_chunk, chunks)
-        pool.shutdown(wait=False)  # the map's results are still delivered
-    for done in results:
-        for url, identity, size in done:
-            cache[url] = identity
-            if size is not None:
-                cache[("size", url)] = size  # for --shard-bytes (_input_bytes)
 
 
 def _input_bytes(items: list, cache: dict) -> int:

@@ -76,10 +76,6 @@ _SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character 
 _SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
 
 
-#: Threads listing local class folders at once (:meth:`Root.walk_many`).
-_LISTING_THREADS = 4
-
-
 def _is_dir(entry) -> bool:
     """A directory entry that is, or links to, a directory; a link that resolves to nothing (dangling, a
     loop) is listed as a file, and reading it says what is wrong with it."""
@@ -242,17 +238,6 @@ class Root:
                     seen.add(real)
                 stack.append(child)
         return sorted(out)
-
-    def walk_many(self, paths: list[str]) -> list[list[str]]:
-        """:meth:`walk_files` of each of ``paths``, in order. Local folders are read by a few threads at once:
-        on a cold disk each folder's listing waits on metadata reads, and ImageNet has a thousand folders
-        (the directory reads release the GIL; the listing's Python work stays serial)."""
-        if not self.local or len(paths) < 2:
-            return [self.walk_files(p) for p in paths]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(_LISTING_THREADS, len(paths)), thread_name_prefix="gpufeed-list") as ex:
-            return list(ex.map(self.walk_files, paths))
 
     def dirname(self, path: str) -> str:
         return os.path.dirname(path) if self.local else posixpath.dirname(path)

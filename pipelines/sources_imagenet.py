@@ -57,10 +57,7 @@ class _ImageSource(BaseSource):
         A file directly in ``top`` goes to ``flat_file(name)`` (flat ImageNet val) or is reported as unlabelled.
         """
         items = []
-        entries = self.root.listdir(top)
-        folders = [self.root.join(top, cls) for cls, is_dir in entries if is_dir and cls in label_of]
-        listings = dict(zip(folders, self.root.walk_many(folders)))
-        for cls, is_dir in entries:
+        for cls, is_dir in self.root.listdir(top):
             path = self.root.join(top, cls)
             if not is_dir:
                 item = flat_file(cls) if flat_file else self._unlabelled(path)
@@ -72,7 +69,7 @@ class _ImageSource(BaseSource):
                                         "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
                 continue
             meta = meta_of(cls)
-            for rel in listings[path]:
+            for rel in self.root.walk_files(path):
                 item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label_of[cls], meta)
                 if item is not None:
                     items.append(item)

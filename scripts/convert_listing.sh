@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Planning on a cold disk (issue 9): listing a 120,000-file ImageNet tree and taking its inputs' identities with
-# 1, 4 and 8 threads (scripts/listing_probe.py), then the node-scale conversion runs on the same tree.
+# Planning on a cold disk (issue 9): listing a 120,000-file tree and taking its inputs' identities
+# (scripts/listing_probe.py), then the node-scale conversion runs on the same tree.
 #
 #   device run, carry .whl:  OUT=$OUT bash scripts/convert_listing.sh
 set -euo pipefail
@@ -20,7 +20,7 @@ json.dump({'n': ${N:-120000}, 'unique': ${UNIQUE:-3000}, 'bytes': nbytes, 'secon
           open('$WORK/corpus.json', 'w'))"
 fi
 echo "[$(date -u +%H:%M:%S)] listing probe"
-timeout -k 5 "${PROBE_S:-120}" python3 "$PROBE" "$WORK/src" --threads "${THREADS:-1,4,8}" --repeats 2 \
+timeout -k 5 "${PROBE_S:-120}" python3 "$PROBE" "$WORK/src" --repeats 2 \
   --results "$OUT/listing-probe.jsonl" || echo "probe rc $?"
 [ "${NODE:-1}" = 1 ] && WORK=$WORK INSTALL=0 OUT=$OUT bash "$OLDPWD/scripts/convert_node.sh"
 echo "[$(date -u +%H:%M:%S)] done"

@@ -29,7 +29,7 @@ if [ "${CIFAR:-1}" = 1 ]; then
     -n "${CIFAR_N:-50000}" --workers "$(nproc)"
   for w in ${CIFAR_WORKERS:-2 16}; do
     BATCH=${CIFAR_BATCH:-512} train "$CIFAR_DATA" cifar-resnet18 "$w" "$FORMATS" train "${AUGMENT_ON:-cpu,gpu}" \
-      "${STEPS:-40}" 1
+      "${STEPS:-40}" "${CIFAR_REPEATS:-1}"
   done
 fi
 if [ "${PTB:-1}" = 1 ]; then

@@ -1,6 +1,6 @@
-"""How long planning waits on a cold disk: listing an ImageNet tree and taking its inputs' identities, one
-thread against several (pipelines.sources._LISTING_THREADS, convert.engine._STAT_THREADS), page cache dropped
-before each run. Needs root for drop_caches (the GPU machine).
+"""How long planning waits on a cold disk: listing a dataset tree and taking its inputs' identities (a stat
+each), page cache dropped before each run. Needs root for drop_caches (the GPU machine). At 17a3493 it also
+compared 4 and 8 listing/stat threads: slower on the GPU machine (results/convert-node-h200.txt), not kept.
 
     python3 scripts/listing_probe.py /tmp/gpufeed-node/src --repeats 2 --results OUT/listing.jsonl
     python3 scripts/listing_probe.py ~/imagenet --dataset imagenet
@@ -20,11 +20,10 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
-def run_once(src: str, threads: int, dataset: str) -> dict:
+def run_once(src: str, dataset: str) -> dict:
     from gpufeed.convert import engine
-    from gpufeed.pipelines import open_source, sources
+    from gpufeed.pipelines import open_source
 
-    sources._LISTING_THREADS = engine._STAT_THREADS = threads
     drop_caches()
     t0 = time.perf_counter()
     source = open_source(dataset, src)
@@ -32,7 +31,7 @@ def run_once(src: str, threads: int, dataset: str) -> dict:
     t1 = time.perf_counter()
     engine._identities(items, cache={})
     t2 = time.perf_counter()
-    return {"bench": "listing-probe", "threads": threads, "files": len(items), "list_s": round(t1 - t0, 3),
+    return {"bench": "listing-probe", "files": len(items), "list_s": round(t1 - t0, 3),
             "identities_s": round(t2 - t1, 3), "total_s": round(t2 - t0, 3)}
 
 
@@ -40,17 +39,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="a dataset tree, e.g. scripts/convert_node.sh's corpus (class folders)")
     ap.add_argument("--dataset", default="folder", help="its kind, as gpufeed convert takes it")
-    ap.add_argument("--threads", default="1,8", help="comma-separated thread counts to compare")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--results", default=None, help="append rows to this JSON-lines file")
     args = ap.parse_args()
     for _ in range(args.repeats):
-        for threads in (int(t) for t in args.threads.split(",")):
-            row = run_once(args.src, threads, args.dataset)
-            print(json.dumps(row), flush=True)
-            if args.results:
-                with open(args.results, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+        row = run_once(args.src, args.dataset)
+        print(json.dumps(row), flush=True)
+        if args.results:
+            with open(args.results, "a") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

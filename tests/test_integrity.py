@@ -262,26 +262,3 @@ def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
         options(src, os.path.join(src, "out"))
     with pytest.raises(ConfigError, match="--resize transform images; Penn Treebank is text"):
         ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
-
-
-def test_local_inputs_stat_in_threads_give_the_serial_identities(tmp_path, monkeypatch):
-    """Planning stats local inputs in a few threads (a cold disk waits on each inode): the identities are
-    byte for byte those of one-by-one stats, a vanished file reads "unreadable" either way, and --shard-bytes
-    still finds every size."""
-    from gpufeed.convert import engine
-    from gpufeed.pipelines.base import FileRef, Item
-
-    items = []
-    for i in range(3 * engine._STAT_CHUNK):
-        path = tmp_path / f"c{i % 7}" / f"{i:05d}.JPEG"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(b"x" * (i % 13 + 1))
-        items.append(Item(f"c{i % 7}/{i:05d}.JPEG", i % 7, FileRef(str(path))))
-    (tmp_path / "c3" / "00003.JPEG").unlink()
-    cache = {}
-    threaded = engine._identities(items, cache=cache)
-    known = sum(i % 13 + 1 for i in range(len(items)) if i != 3)
-    assert engine._input_bytes(items, cache) == known + int(known / (len(items) - 1))  # the missing one: the mean
-    monkeypatch.setattr(engine, "_STAT_THREADS", 1)
-    assert engine._identities(items) == threaded
-    assert b"unreadable" in threaded[3] and sum(b"unreadable" in x for x in threaded) == 1
