@@ -62,6 +62,8 @@ SYNTHETIC = "synthetic"
 SYNTHETIC_TIER = "memory"
 #: MLPerf Storage's pass mark for ResNet-50.
 AU_TARGET = 0.90
+#: Least warm-up time of every timed loop on a real GPU, after ``--warmup-steps``.
+CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB"}
@@ -307,8 +309,10 @@ class LoopRun:
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
-               warmup: int) -> LoopRun:
-    """``warmup`` untimed steps (worker start-up, cuDNN autotuning), then ``steps`` timed ones.
+               warmup: int, warmup_s: float = 0.0) -> LoopRun:
+    """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
+    passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
+    LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
 
     The wait for each batch is the time spent in ``next(batches)``: zero when the pipeline is ahead of the
     accelerator. The device is synchronised before the clock starts and before it stops, never per step, so
@@ -318,8 +322,13 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     from gpufeed.bench.results import children_private_bytes, cpu_seconds
 
     it = iter(batches)
-    for _ in range(warmup):
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or (warmup_s and time.perf_counter() - start < warmup_s):
         step(*next(it))
+        done += 1
+        if done >= warmup and warmup_s:
+            synchronize()  # the time is the device's, not the launch queue's
     synchronize()
     waits = []
     cpu0 = cpu_seconds()
@@ -420,6 +429,10 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     return loader
 
 
+def _warmup_s(accel) -> float:
+    return CUDA_WARMUP_S if accel.kind == "cuda" else 0.0
+
+
 def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
     from gpufeed.bench.results import repeat
 
@@ -427,7 +440,7 @@ def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
     runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed,
                                                                   opts.seq_len if opts.ptb else None),
                                                 accel.step, accel.synchronize, batch, opts.steps,
-                                                opts.warmup_steps)},
+                                                opts.warmup_steps, _warmup_s(accel))},
                   opts.repeats, warmup=opts.warmup_runs)
     return [r["run"] for r in runs]
 
@@ -443,7 +456,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on)
         batches = _cycle(loader)
         try:
-            run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps)
+            run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
+                             _warmup_s(accel))
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()

@@ -185,3 +185,18 @@ def test_ptb_benchmark_dataset_and_refusals(tmp_path, dataset):
     with pytest.raises(ConfigError, match="augment='tokens' reads token records"):
         images = load_dataset_info(dataset)["formats"]["lmdb"]["paths"]
         next(iter(Loader(images, batch_size=2, augment="tokens", workers=0, device="cpu")))
+
+
+def test_warm_up_lasts_its_seconds_after_its_steps():
+    """A real GPU's loop warms up for at least warmup_s after its warm-up steps (clocks rise in about a
+    second): here a 20 ms step with 1 warm-up step and 0.2 s keeps warming up for ~10 steps."""
+    import time
+
+    stepped = []
+
+    def step(x, y):
+        time.sleep(0.02)
+        stepped.append(time.perf_counter())
+
+    run = train.timed_loop(iter(lambda: (None, None), 1), step, lambda: None, 4, steps=3, warmup=1, warmup_s=0.2)
+    assert len(stepped) - 3 >= 8 and stepped[-3] - stepped[0] >= 0.2 and len(run.waits_s) == 3
