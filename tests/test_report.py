@@ -305,10 +305,16 @@ def test_ptb_rows_say_how_many_workers_and_cores_feed_the_language_model(results
     text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "p"), "p")
     assert "## Penn Treebank into an LSTM language model" in text and "## The answer" not in text
     assert ("ptb-lstm (train, batch 20 windows of 35 tokens) on NVIDIA H200 consumes 2,000 windows/s (70,000 "
-            "tokens/s) when its batches are already on the device: 352.0 KB/s of records of 176 B.") in text
+            "tokens/s at the median) when its batches are already on the device: 352.0 KB/s of records of 176 B.") in text
+    assert "moved by" not in text  # one baseline, no run above AU 100%: no noise sentence
     assert ("Train with 2 DataLoader worker(s): 1 of 2 formats keep it at AU >= 90.0% (lowest 75.0%, lmdb), using "
             "1.60-1.80 cores in all and 310.0 MB in the workers.") in text
     assert "Train with 16 DataLoader worker(s): every format keeps it fed (lowest AU 99.0%, lmdb)" in text
+    row("synthetic", 2, 2_400.0, cores=1.0)  # a second command's baseline, 20% faster
+    row("lmdb", 2, 2_100.0, cores=1.8, mem=290.0, demand=2_000.0)
+    text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "q"), "q")
+    assert ("consumes 2,000-2,400 windows/s" in text and "Its own rate, measured once per benchmark command, moved "
+            "by 20.0% and 1 run(s) came out above AU 100%" in text and "are noise, not the data path." in text)
     mixed = report.render_markdown(report.build_report(load_results(results) + load_results(path)),
                                    str(tmp_path / "m"), "m")
     assert "## Penn Treebank into an LSTM language model" in mixed and "## The answer" in mixed
