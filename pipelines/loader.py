@@ -520,7 +520,9 @@ class Loader:
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
-    ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`)."""
+    ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`). ``augment="tokens"``: ``window`` is
+    the ids every record must hold (``seq_len + 1``) and ``vocab`` the model's vocabulary size, both checked
+    per record in the workers when given (:class:`TokenWindow`)."""
 
     def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = "cpu",
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
