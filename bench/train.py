@@ -228,11 +228,13 @@ class CudaLstm:
                 "cudnn": torch.backends.cudnn.version()}
 
 
-def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int, vocab: int | None = None):
+def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int, vocab: int | None = None,
+                     device: str = "cuda"):
+    """``device``: the language model also runs on the CPU (the distributed path's tests use it)."""
     if kind == "emulated":
         return EmulatedAccelerator(profile, task, batch)
     if model in PTB_MODELS:
-        return CudaLstm(task, vocab, model=model, seed=seed)
+        return CudaLstm(task, vocab, model=model, seed=seed, device=device)
     return CudaResNet(task, model=model, seed=seed)
 
 
@@ -309,7 +311,7 @@ class LoopRun:
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
-               warmup: int, warmup_s: float = 0.0) -> LoopRun:
+               warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -317,14 +319,21 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     The wait for each batch is the time spent in ``next(batches)``: zero when the pipeline is ahead of the
     accelerator. The device is synchronised before the clock starts and before it stops, never per step, so
     host and device overlap as in real training. The CPU time of this process and its workers over the timed
-    steps gives the cores the run used; the workers' own memory (USS) is taken at the end.
+    steps gives the cores the run used; the workers' own memory (USS) is taken at the end. With several ranks,
+    ``agree`` makes the decision to warm up once more the same on every rank (DistributedDataParallel's
+    collectives need every rank to take the same steps).
     """
     from gpufeed.bench.results import children_private_bytes, cpu_seconds
 
     it = iter(batches)
     start = time.perf_counter()
     done = 0
-    while done < warmup or (warmup_s and time.perf_counter() - start < warmup_s):
+    while True:
+        more = done < warmup or bool(warmup_s and time.perf_counter() - start < warmup_s)
+        if agree is not None:
+            more = agree(more)
+        if not more:
+            break
         step(*next(it))
         done += 1
         if done >= warmup and warmup_s:
@@ -370,6 +379,7 @@ class TrainOptions:
     decode_priority: int = 0
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
+    gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
 
     @property
     def cifar(self) -> bool:
@@ -387,7 +397,8 @@ class TrainOptions:
     def batch(self, task: str) -> int:
         return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
-    def params(self, task: str, decode: str | None, accel) -> dict:
+    def params(self, task: str, decode: str | None, described: dict) -> dict:
+        """A row's params; ``described`` is the accelerator's :meth:`describe`."""
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers,
                 "image_size": None if self.ptb else self.image_size, "cold": self.cold if decode else None,
@@ -395,7 +406,8 @@ class TrainOptions:
                 **({"augment": "cifar" if task == "train" else "eval"} if self.cifar else {}),
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
-                **accel.describe()}
+                **({"gpus": self.gpus} if self.gpus > 1 else {}),
+                **described}
 
 
 def default_workers() -> int:
@@ -405,10 +417,44 @@ def default_workers() -> int:
     return max(1, min(16, usable_cores()))
 
 
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """This process's place among the benchmark's DistributedDataParallel ranks (one rank: ``Ranks()``):
+    which share of the data its loader reads, and the collectives that keep the ranks in step."""
+
+    rank: int = 0
+    world: int = 1
+
+    def agree(self, more: bool) -> bool:
+        """Whether any rank wants another warm-up step (every rank then takes it)."""
+        if self.world == 1:
+            return more
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(more)], device=_collective_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def _collective_device():
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel,
-                augment_on: str = "cpu"):
+                augment_on: str = "cpu", ranks: Ranks = Ranks()):
     """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path
-    (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says)."""
+    (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says), reading this
+    rank's share of the records."""
     from gpufeed.pipelines.loader import Loader
 
     batch = opts.batch(task)
@@ -418,14 +464,15 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     if opts.ptb:
         augment = "tokens"
     loader = Loader(paths, format=fmt, batch_size=batch, decode=decode, augment=augment,
-                    augment_on=augment_on if augment == "cifar" else "cpu", size=opts.image_size, rank=0, world_size=1,
-                    workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu", seed=opts.seed,
-                    shuffle=task == "train", decode_threads=opts.decode_threads,
+                    augment_on=augment_on if augment == "cifar" else "cpu", size=opts.image_size, rank=ranks.rank,
+                    world_size=ranks.world, workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu",
+                    seed=opts.seed, shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab)
     if len(loader.dataset) < batch:
-        raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}; "
-                          "build a larger dataset or pass --batch-size")
+        raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
+                          + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
+                          + "; build a larger dataset or pass --batch-size")
     return loader
 
 
@@ -433,31 +480,32 @@ def _warmup_s(accel) -> float:
     return CUDA_WARMUP_S if accel.kind == "cuda" else 0.0
 
 
-def measure_synthetic(accel, task: str, opts: TrainOptions) -> list[LoopRun]:
+def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks()) -> list[LoopRun]:
     from gpufeed.bench.results import repeat
 
     batch = opts.batch(task)
     runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed,
                                                                   opts.seq_len if opts.ptb else None),
                                                 accel.step, accel.synchronize, batch, opts.steps,
-                                                opts.warmup_steps, _warmup_s(accel))},
-                  opts.repeats, warmup=opts.warmup_runs)
+                                                opts.warmup_steps, _warmup_s(accel), ranks.agree)},
+                  opts.repeats, warmup=opts.warmup_runs, before_each=ranks.barrier)
     return [r["run"] for r in runs]
 
 
 def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
-                   augment_on: str = "cpu") -> list[LoopRun]:
+                   augment_on: str = "cpu", ranks: Ranks = Ranks()) -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
-    page cache first (the previous run's workers and readers are gone by then: mapped pages would stay)."""
+    page cache first (the previous run's workers and readers are gone by then: mapped pages would stay; with
+    several ranks, every rank's are gone before rank 0 evicts)."""
     from gpufeed.bench.cache import evict
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on)
+        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks)
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
-                             _warmup_s(accel))
+                             _warmup_s(accel), ranks.agree)
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -465,9 +513,63 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
             del batches, loader
             gc.collect()
 
-    runs = repeat(one, opts.repeats, warmup=opts.warmup_runs,
-                  before_each=(lambda: evict(*paths)) if opts.cold else None)
+    def before_each():
+        ranks.barrier()
+        if opts.cold and ranks.rank == 0:
+            evict(*paths)
+        ranks.barrier()
+
+    runs = repeat(one, opts.repeats, warmup=opts.warmup_runs, before_each=before_each)
     return [r["run"] for r in runs]
+
+
+@dataclasses.dataclass
+class Cell:
+    """One rank's runs of one configuration: the synthetic baseline (``tier`` None) or a format read from
+    ``tiers[tier]``. Rows are made from the cells of every rank."""
+
+    task: str
+    tier: int | None
+    decode: str | None
+    augment_on: str | None
+    fmt: str
+    runs: list[LoopRun]
+    compute_s: float
+    described: dict
+    validity: dict
+
+    @property
+    def key(self) -> tuple:
+        return self.task, self.tier, self.decode, self.augment_on, self.fmt
+
+
+def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions,
+                  ranks: Ranks = Ranks(), device: str = "cuda", wrap: Callable | None = None) -> Iterator[Cell]:
+    """The grid as this rank measures it: per task, the synthetic baseline, then every tier x decode x
+    format (x augmentation side for CIFAR training). ``wrap`` turns the accelerator's model into a
+    DistributedDataParallel one."""
+    from gpufeed.bench.read import dataset_paths, tier_dataset
+
+    for task in opts.tasks:
+        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab, device)
+        if wrap is not None:
+            wrap(accel)
+        described = accel.describe()
+        synthetic = measure_synthetic(accel, task, opts, ranks)
+        compute_s = compute_step_time(synthetic)
+        yield Cell(task, None, None, None, SYNTHETIC, synthetic, compute_s, described, {})
+        cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
+        for t, tier in enumerate(tiers):
+            data_dir = tier_dataset(tier, dst)
+            with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
+                for decode, augment_on, fmt in itertools.product(
+                        opts.decodes, opts.augment_ons if cifar_train else ("cpu",), formats):
+                    runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
+                                          augment_on, ranks)
+                    yield Cell(task, t, decode, augment_on if cifar_train else None, fmt, runs, compute_s, described,
+                               validity)
+        del accel
+        gc.collect()
 
 
 def summarize_runs(runs: list[LoopRun], compute_step_s: float, unit: str = "img/s") -> dict:
@@ -513,7 +615,6 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     """The whole grid: per task, the synthetic baseline, then every tier x decode x format. Returns the rows,
     appending each to ``writer`` as soon as it is measured, so a run cut short keeps what it finished."""
     from gpufeed.bench.dataset import dataset_fields, load_dataset_info
-    from gpufeed.bench.read import dataset_paths, tier_dataset
 
     kind = resolve_accelerator(opts.accelerator, emulable=opts.dataset_image == "imagenet")
     if "gpu" in opts.decodes and kind != "cuda":
@@ -531,6 +632,18 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         raise ConfigError(f"{dst} holds {image} samples and --model {opts.model} reads {opts.dataset_image}: use "
                           f"--model {readers[image]}, or build a dataset with `gpufeed bench dataset OUT --image "
                           f"{opts.dataset_image}`")
+    if opts.gpus > 1:
+        import torch
+
+        have = torch.cuda.device_count() if kind == "cuda" else 0
+        if have < opts.gpus:
+            raise ConfigError(f"--gpus {opts.gpus} runs one DistributedDataParallel rank per GPU and this machine has "
+                              f"{have}; use --gpus {max(1, have)}, or `gpufeed bench feed` for emulated accelerators "
+                              "sharing the disk")
+        emulated = [t.name for t in tiers if t.limits is not None]
+        if emulated:
+            raise ConfigError(f"--gpus {opts.gpus} reads real mounts only, and {', '.join(emulated)} is emulated: name "
+                              "mounts (--tier NAME=PATH), or use `gpufeed bench feed` for emulated tiers")
     if opts.dataset_image != "imagenet" and kind != "cuda":
         raise ConfigError(f"--model {opts.model} needs a CUDA GPU with torch and torchvision; the emulated "
                           "accelerators model ResNet-50 on ImageNet")
@@ -547,29 +660,114 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         rows.append(row)
         log(_one_line(row))
 
-    for task in opts.tasks:
-        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab)
-        synthetic = measure_synthetic(accel, task, opts)
-        compute_s = compute_step_time(synthetic)
-        emit({"bench": "train", "tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
-              "params": opts.params(task, None, accel), **summarize_runs(synthetic, compute_s, unit)})
-        for tier in tiers:
-            data_dir = tier_dataset(tier, os.path.abspath(dst))
-            with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
-                cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
-                for decode, augment_on, fmt in itertools.product(
-                        opts.decodes, opts.augment_ons if cifar_train else ("cpu",), formats):
-                    runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
-                                          augment_on)
-                    extra = {"augment_on": augment_on} if cifar_train else {}
-                    emit({"bench": "train", **tier.row_fields(), "format": fmt,
-                          "params": {**opts.params(task, decode, accel), "resize": info.get("resize"),
-                                     "store": info.get("store"), **extra},
-                          **dataset_fields(info, fmt), **validity,
-                          **summarize_runs(runs, compute_s, unit)})
-        del accel
-        gc.collect()
+    def row_of(cells: list[Cell]) -> dict:
+        first = cells[0]
+        if first.tier is None:
+            head = {"tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
+                    "params": opts.params(first.task, None, first.described)}
+        else:
+            head = {**tiers[first.tier].row_fields(), "format": first.fmt,
+                    "params": {**opts.params(first.task, first.decode, first.described), "resize": info.get("resize"),
+                               "store": info.get("store"),
+                               **({"augment_on": first.augment_on} if first.augment_on else {})},
+                    **dataset_fields(info, first.fmt), **first.validity}
+        return {"bench": "train", **head, **rank_summary(cells, unit)}
+
+    dst = os.path.abspath(dst)
+    if opts.gpus > 1:
+        run_ranks(opts.gpus, (kind, dst, info, formats, tiers, opts), lambda cells: emit(row_of(cells)))
+    else:
+        for cell in measure_cells(kind, dst, info, formats, tiers, opts):
+            emit(row_of([cell]))
     return rows
+
+
+def rank_summary(cells: list, unit: str) -> dict:
+    """Row fields of one configuration measured on every rank: the slowest rank's figures (its AU against its
+    own baseline: MLPerf Storage counts a configuration fed when every rank is), and with several ranks
+    ``ranks`` (each rank's median samples/s and AU) and ``total_per_s`` (the ranks' rates added)."""
+    worst = min(cells, key=lambda c: statistics.median(r.figures(c.compute_s)["au"] for r in c.runs))
+    out = summarize_runs(worst.runs, worst.compute_s, unit)
+    if len(cells) > 1:
+        per_rank = [{"rank": rank, "per_s": statistics.median(r.images_per_s for r in c.runs),
+                     "au": statistics.median(r.figures(c.compute_s)["au"] for r in c.runs)}
+                    for rank, c in enumerate(cells)]
+        out.update(ranks=per_rank, total_per_s=sum(r["per_s"] for r in per_rank))
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(world: int, grid: tuple, emit: Callable[[list], None], device_kind: str = "cuda") -> None:
+    """Measure ``grid`` (``measure_cells``'s arguments) on ``world`` DistributedDataParallel ranks, one process
+    and one GPU each (NCCL; ``device_kind="cpu"``: gloo on the CPU, for machines without GPUs), and call
+    ``emit`` with every rank's :class:`Cell` of a configuration as soon as the last rank has measured it."""
+    import queue as queue_mod
+
+    import torch.multiprocessing as tmp
+
+    results = tmp.get_context("spawn").Queue()
+    ctx = tmp.start_processes(_rank_main, args=(world, _free_port(), grid, device_kind, results), nprocs=world,
+                              join=False, start_method="spawn")
+    pending: dict[tuple, dict[int, Cell]] = {}
+
+    def take(rank: int, cell: Cell) -> None:
+        got = pending.setdefault(cell.key, {})
+        got[rank] = cell
+        if len(got) == world:
+            emit([got[r] for r in range(world)])
+            del pending[cell.key]
+
+    try:
+        done = False
+        while not done:
+            try:
+                take(*results.get(timeout=1.0))
+            except queue_mod.Empty:
+                done = ctx.join(timeout=0)
+        while True:  # what the ranks put before they exited
+            try:
+                take(*results.get(timeout=0.1))
+            except queue_mod.Empty:
+                break
+    except (tmp.ProcessRaisedException, tmp.ProcessExitedException) as e:
+        raise ConfigError(f"a DistributedDataParallel rank failed: {str(e).strip().splitlines()[-1]}") from e
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+
+
+def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, results) -> None:
+    """One rank: its GPU (or the CPU), the process group, the accelerator's model wrapped in
+    DistributedDataParallel (gradients all-reduced every training step), its loader's share of the data."""
+    import torch
+    import torch.distributed as dist
+
+    kind, dst, info, formats, tiers, opts = grid
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
+
+    def wrap(accel):
+        from torch.nn.parallel import DistributedDataParallel
+
+        if accel.task == "train":
+            accel.model = DistributedDataParallel(accel.model, device_ids=[rank] if device_kind == "cuda" else None)
+
+    try:
+        for cell in measure_cells(kind, dst, info, formats, tiers, opts, Ranks(rank, world),
+                                  device="cuda" if device_kind == "cuda" else "cpu", wrap=wrap):
+            results.put((rank, cell))
+    finally:
+        dist.destroy_process_group()
 
 
 def _one_line(row: dict) -> str:
@@ -631,6 +829,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                         help="evict the dataset from the page cache before every run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the crops, the model weights and the synthetic batches")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="DistributedDataParallel ranks, one GPU each (NCCL): each rank's loader reads its share "
+                             "of the format with --workers workers; a row reports the slowest rank's AU and every "
+                             "rank's under `ranks`")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
     parser.add_argument("--decode-priority", type=int, default=0,
@@ -643,6 +845,11 @@ def options_from_args(args) -> TrainOptions:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if args.warmup_steps < 0 or args.warmup < 0:
         raise ConfigError("--warmup-steps and --warmup must be >= 0")
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus must be at least 1, not {args.gpus}")
+    if args.gpus > 1 and args.accelerator == "emulated":
+        raise ConfigError("--gpus runs real GPUs; for several emulated accelerators sharing the disk use "
+                          "`gpufeed bench feed`")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
     if args.model in PTB_MODELS:
@@ -680,7 +887,7 @@ def options_from_args(args) -> TrainOptions:
                         workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
-                        decode_priority=args.decode_priority)
+                        decode_priority=args.decode_priority, gpus=args.gpus)
 
 
 def run(args) -> int:

@@ -7,6 +7,7 @@ the same loop, DataLoader, transforms and result rows with the emulated H200.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import numpy as np
@@ -200,3 +201,33 @@ def test_warm_up_lasts_its_seconds_after_its_steps():
 
     run = train.timed_loop(iter(lambda: (None, None), 1), step, lambda: None, 4, steps=3, warmup=1, warmup_s=0.2)
     assert len(stepped) - 3 >= 8 and stepped[-3] - stepped[0] >= 0.2 and len(run.waits_s) == 3
+
+
+@pytest.mark.slow
+def test_ranks_measure_every_configuration_in_step(tmp_path):
+    """--gpus N: N DistributedDataParallel ranks (gloo on the CPU here, NCCL on GPUs), each reading its share of
+    the format; a configuration is reported once every rank has measured it, with the slowest rank's AU and
+    every rank's figures."""
+    from gpufeed.bench.dataset import build_dataset
+    from gpufeed.bench.tiers import TierSpec
+
+    dst = str(tmp_path / "p")
+    info = build_dataset(dst, ["lmdb", "tfrecord"], n=64, image="ptb", workers=1)
+    opts = train.TrainOptions(tasks=("train",), model="ptb-lstm", batch_size=4, steps=3, warmup_steps=1, repeats=1,
+                              workers=1, gpus=2, vocab=info["vocab"], seq_len=info["seq_len"])
+    got = []
+    train.run_ranks(2, ("cuda", dst, info, ["lmdb", "tfrecord"], [TierSpec("host", path=dst)], opts), got.append,
+                    device_kind="cpu")
+    assert [(cells[0].tier, cells[0].fmt) for cells in got] == [(None, "synthetic"), (0, "lmdb"), (0, "tfrecord")]
+    assert all(len(cells) == 2 and cells[0].key == cells[1].key for cells in got)
+    row = train.rank_summary(got[1], "seq/s")
+    assert [r["rank"] for r in row["ranks"]] == [0, 1] and row["total_per_s"] > row["median"] > 0
+    assert row["metrics"]["au"]["median"] == pytest.approx(min(r["au"] for r in row["ranks"]))
+    # A rank that cannot run says why, naming the rank's share; the others are stopped, nothing hangs.
+    small = dataclasses.replace(opts, batch_size=40)
+    with pytest.raises(ConfigError, match="rank failed: .*fewer than one batch of 40 for each of 2 ranks"):
+        train.run_ranks(2, ("cuda", dst, info, ["lmdb"], [TierSpec("host", path=dst)], small), got.append,
+                        device_kind="cpu")
+    with pytest.raises(ConfigError, match="--gpus runs real GPUs"):
+        train.options_from_args(_parse([dst, "--results", str(tmp_path / "r.jsonl"), "--gpus", "2",
+                                        "--accelerator", "emulated"]))
