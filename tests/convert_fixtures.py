@@ -43,9 +43,15 @@ def tree_bytes(out) -> dict[str, bytes]:
     return files
 
 
+#: The child's Ctrl-C as a terminal delivers it. A shell that runs the test suite in the background ignores
+#: SIGINT in what it starts, and a child inherits that: its Ctrl-C tests would then test nothing.
+_SIGINT_AS_IN_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                            "sys.argv[0] = 'gpufeed'; runpy.run_module('gpufeed', run_name='__main__', alter_sys=True)")
+
+
 def cli(args, address=None, **kw) -> subprocess.Popen:
     """``gpufeed convert ...`` in a child process, joined to the session's Ray cluster when given."""
-    cmd = [sys.executable, "-m", "gpufeed", "convert", *map(str, args), "--no-progress"]
+    cmd = [sys.executable, "-c", _SIGINT_AS_IN_A_TERMINAL, "convert", *map(str, args), "--no-progress"]
     if address:
         cmd += ["--address", address]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
