@@ -150,11 +150,12 @@ class TokenWindow:
                               "pixels; use augment='train', 'eval' or 'cifar' for images")
         ids = np.asarray(sample.payload, dtype=np.int64)
         if ids.ndim != 1 or (self.length is not None and len(ids) != self.length):
-            raise ConfigError(f"{sample.key}: {ids.size} token ids where a window of {self.length} is expected; "
+            expected = f"a window of {self.length}" if self.length is not None else "one row"
+            raise ConfigError(f"{sample.key}: {ids.size} token ids in shape {ids.shape} where {expected} is expected; "
                               "convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
-        if self.vocab is not None and ids.size and int(ids.max()) >= self.vocab:
-            raise ConfigError(f"{sample.key}: token id {int(ids.max())} is outside the model's vocabulary of "
-                              f"{self.vocab}; train a model with the dataset's vocabulary (vocab.txt)")
+        if self.vocab is not None and ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab:
+            raise ConfigError(f"{sample.key}: token ids {int(ids.min())}..{int(ids.max())} are outside the model's "
+                              f"vocabulary of {self.vocab}; train a model with the dataset's vocabulary (vocab.txt)")
         return ids
 
 
@@ -220,8 +221,8 @@ def cifar_augment(x, params):
 class CifarCollate:
     """Runs in DataLoader workers for ``augment_on="gpu"``: ``[(pixels, label, index)]`` -> (NHWC uint8, int64
     labels, the 3 x N int64 augmentation parameters of :func:`cifar_params`). Drawn here, the parameters travel
-    with the batch through pinned memory, so the main process makes no blocking copy to the GPU per step (one
-    from pageable memory waits for the device's queue and would stall the overlap of input and compute)."""
+    with the batch through pinned memory: the training loop's thread copies nothing from pageable memory per
+    step (on the H200 this measured no different from drawing them there, within the runs' noise)."""
 
     seed: int = 0
 

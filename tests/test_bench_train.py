@@ -156,7 +156,7 @@ def test_ptb_lstm_reads_token_windows_from_every_format(tmp_path, ray_local):
     model.step(x, y)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.model.parameters()))
     # A model whose vocabulary is smaller than the data's ids is refused naming the record, not a CUDA assert.
-    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+    with pytest.raises(ConfigError, match="are outside the model.s vocabulary of 3"):
         next(iter(Loader(info["formats"]["tfrecord"]["paths"], batch_size=8, augment="tokens", workers=0,
                          device="cpu", vocab=3)))
 
