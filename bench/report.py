@@ -618,8 +618,8 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
     if captured and rate is not None:
         best = max(captured, key=lambda r: figure(r, "au") or 0)
         text += (f" As captured, {params(best).get('workers')} workers already kept it at AU "
-                 f"{fmt_pct(figure(best, 'au'))} ({_describe_config(best)}): the loop needs fewer cores than the "
-                 "read benchmark's rate suggests, and that many are enough.")
+                 f"{fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}): the loop needs fewer cores "
+                 "than the read benchmark's rate suggests, and that many are enough.")
     ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored_size(r) == resize_to
            and r.get("mode") == "measured"]
     if ran:
@@ -644,8 +644,15 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
                                                          else "")
                      if workers else "no DataLoader workers")
             text += (f" Decoding with `{decode}` ({what}) reached AU {fmt_pct(figure(best, 'au'))} at best "
-                     f"({_describe_config(best)}) with {cores}, plus the main process.")
+                     f"({_describe_config(best)}) with {cores}, plus the main process{_busy(best)}.")
     return [text]
+
+
+def _busy(row: dict) -> str:
+    """``"; 7.2 cores busy in all"`` where the run measured its CPU time (the process driving the accelerator
+    and its DataLoader workers), else nothing."""
+    cores = figure(row, "cpu_cores")
+    return "" if cores is None else f"; {cores:.1f} cores busy in all, measured"
 
 
 def _bandwidth_answer(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> list[Block]:

@@ -238,7 +238,12 @@ def test_cores_say_what_share_the_hybrid_path_left_to_the_cpus(results, tmp_path
     text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows + [hybrid]))]),
                                   "/nonexistent", "x")
     assert ("Decoding with `hybrid` (CPU workers and the JPEG engines) reached AU 98.9% at best (tfrecord on nvme "
-            "(hybrid decode)) with 16 DataLoader workers decoding 31.0% of each batch") in text
+            "(hybrid decode)) with 16 DataLoader workers decoding 31.0% of each batch, plus the main process.") in text
+    # A run that measured its CPU time says how many cores it kept busy.
+    hybrid["metrics"]["cpu_cores"] = {"unit": "cores", "median": 7.24, "spread": 0, "values": [7.24]}
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows + [hybrid]))]),
+                                  "/nonexistent", "x")
+    assert "decoding 31.0% of each batch, plus the main process; 7.2 cores busy in all, measured." in text
 
 
 def test_cifar_rows_get_their_own_section_and_leave_the_imagenet_answer_alone(results, tmp_path):
