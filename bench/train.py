@@ -852,10 +852,10 @@ def options_from_args(args) -> TrainOptions:
                           "`gpufeed bench feed`")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
+    if args.model in CIFAR_MODELS + PTB_MODELS and args.accelerator == "emulated":
+        raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
+                          "ResNet-50 on ImageNet (drop --accelerator emulated)")
     if args.model in PTB_MODELS:
-        if args.accelerator == "emulated":
-            raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
-                              "ResNet-50 on ImageNet (drop --accelerator emulated)")
         if tuple(args.decode) != ("cpu",) or tuple(args.augment_on) != ("cpu",):
             raise ConfigError(f"--model {args.model} reads token ids, which need no decoding and no augmentation: "
                               "drop --decode and --augment-on")
@@ -863,9 +863,6 @@ def options_from_args(args) -> TrainOptions:
             raise ConfigError(f"--image-size is for the image models; --model {args.model} reads windows of the "
                               "length they were converted with (--seq-len)")
     elif args.model in CIFAR_MODELS:
-        if args.accelerator == "emulated":
-            raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
-                              "ResNet-50 on ImageNet (drop --accelerator emulated)")
         if tuple(args.decode) != ("cpu",):
             raise ConfigError(f"--model {args.model} reads CIFAR's stored pixels: --decode cpu (choose where the "
                               "augmentation runs with --augment-on cpu,gpu)")
