@@ -119,8 +119,10 @@ class CudaResNet:
 
         torch.manual_seed(seed)
         torch.backends.cudnn.benchmark = True
+        from gpufeed.pipelines.loader import resolve_device
+
         self.torch, self.task = torch, task
-        self.device = torch.device("cuda")
+        self.device = resolve_device("cuda")
         self.name = torch.cuda.get_device_name(self.device)
         self.model_name = model
         if model in CIFAR_MODELS:
@@ -179,8 +181,10 @@ class CudaLstm:
         import torch
 
         torch.manual_seed(seed)
+        from gpufeed.pipelines.loader import resolve_device
+
         self.torch, self.task, self.model_name, self.classes = torch, task, model, vocab
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         nn = torch.nn
 

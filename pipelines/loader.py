@@ -319,6 +319,7 @@ class GpuCrop:
         import torchvision.ops
 
         self.torch, self.ops = torch, torchvision.ops
+        device = resolve_device(device)
         self.device, self.train, self.size, self.seed = device, train, size, seed
         # torch clamps the priority to the GPU's range. (On a CPU device, for tests, there is no stream.)
         self.stream = (torch.cuda.Stream(device=device, priority=priority) if torch.device(device).type == "cuda"
@@ -377,7 +378,7 @@ class HwJpegDecoder(GpuCrop):
     def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0):
         super().__init__(device, train, size, seed, priority)
         nvimgcodec = import_nvimgcodec()
-        index = self.torch.device(device).index or 0
+        index = self.device.index  # resolved by GpuCrop: the engines of the model's GPU
         self.nv = nvimgcodec
         self.hw = nvimgcodec.Decoder(device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
         self.fallback = nvimgcodec.Decoder(device_id=index, backends=[
@@ -561,8 +562,7 @@ class Loader:
         if normalize and augment == "tokens":
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
-        self.device = torch.device(device) if device is not None else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         if decode != "cpu":
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
@@ -698,6 +698,19 @@ def _import_torch():
     except ImportError:
         raise ConfigError(f"gpufeed.loader needs PyTorch: {_INSTALL}") from None
     return torch
+
+
+def resolve_device(device=None):
+    """``device`` as a ``torch.device`` with its GPU named: an index-less ``"cuda"`` becomes the calling thread's
+    current GPU (``torch.cuda.set_device``), so decoder threads and nvImageCodec, which do not share that
+    setting, use the same GPU as the model (one rank per GPU); ``None``: the current GPU, or the CPU."""
+    torch = _import_torch()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _require_cuda(torch, device, decode: str) -> None:

@@ -204,6 +204,16 @@ def test_gpu_paths_without_a_gpu_say_what_to_do_in_one_line(dataset, decode):
     assert "\n" not in text and "pip install 'gpufeed[gpu]'" in text and "decode='cpu'" in text
 
 
+def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
+    # One rank per GPU: an index-less "cuda" must name the rank's GPU, which decoder threads would not inherit.
+    assert L.resolve_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert L.resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+        assert L.resolve_device(None).index == torch.cuda.current_device()
+    else:
+        assert L.resolve_device(None) == torch.device("cpu")
+
+
 @pytest.mark.parametrize("kwargs, text", [({"decode": "nvdec"}, "decode='nvdec'"),
                                           ({"augment": "test"}, "augment='test'"),
                                           ({"batch_size": 0}, "batch_size")])

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Several real GPUs fed at once (issue 11): `gpufeed bench train --gpus 2` on the 2-GPU machine (2x H200, 32
+# cores): two DistributedDataParallel ranks, NCCL gradients, each rank with its own loader (16 DataLoader
+# workers) reading its half of every format, cold cache, ResNet-50 training (and inference); then the same grid
+# with --gpus 1 on the same machine, so each rank's AU stands beside one GPU's alone.
+# Carries nvImageCodec, lmdb and crc32c (.whl-decode, made by scripts/device_wheels.sh); no Ray.
+#
+#   device run (kind nvidia-h200-x2), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks.sh
+#   RUNS="2:train" DECODES=hw OUT=$OUT bash scripts/gpu_ranks.sh      # a subset (RUNS: GPUS:TASK ...)
+# A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${OUT:-$PWD/out}")
+mkdir -p "$OUT"
+RESULTS=$OUT/${RESULTS_NAME:-gpu-ranks-h200x2.jsonl}
+[ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
+cd /tmp  # the checkout's gpufeed/ would shadow the installed package
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+START=$SECONDS
+stamp "machine: $(nproc) cores; NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-unset}" \
+  "TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST-unset}"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
+nvidia-smi topo -m 2>/dev/null | head -4 || true
+DATA=${DATA:-/tmp/gpufeed-ranks}
+# Each rank reads N/2 records: enough for the warm-up (>= 2 s at ~4,600 img/s) and the timed steps, cold.
+[ -f "$DATA/bench_dataset.json" ] || { stamp "building ${N:-48000} images"; \
+  python3 -m gpufeed bench dataset "$DATA" -n "${N:-48000}" --workers "$(nproc)"; }
+for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
+  gpus=${run%%:*} task=${run#*:}
+  steps=${TRAIN_STEPS:-30}; [ "$task" = infer ] && steps=${INFER_STEPS:-20}
+  left=$(( ${DEADLINE_S:-570} - (SECONDS - START) ))
+  if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
+  limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
+  stamp "--gpus $gpus, $task, decode ${DECODES:-hw,cpu} (at most $limit s)"
+  timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" --gpus "$gpus" --task "$task" \
+    --decode "${DECODES:-hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" --workers "${WORKERS:-16}" \
+    --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
+done
+stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"
