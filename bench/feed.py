@@ -11,6 +11,13 @@ fed, the disk (profile and size) and each N tried with its lowest AU.
 
 The processes share this machine's cores: when its CPUs were busier than 90% during a failing N, the row says
 the machine, not the disk, may have been the limit (``cpu_limited``), as MLPerf Storage warns of its clients.
+
+Every N reads cold, as MLPerf Storage's rule (a dataset several times the host's memory) makes its reads: the
+file is evicted from the page cache before each N. On an emulated tier every read is charged to the disk
+(``requests`` accounting), so a rank that comes round its share again, or a record the page cache still holds,
+costs what a read of a dataset larger than memory would. A real mount is only as cold as the file is large, so
+there N stops where the ranks together would read more records than the file holds (``cold_max_gpus``): the
+row says so, and a larger dataset tests further.
 """
 
 from __future__ import annotations
@@ -86,7 +93,10 @@ def run_n(cfg: dict, n: int) -> dict:
 
     from gpufeed.bench.results import cpu_ticks
 
+    from gpufeed.bench.cache import evict
+
     ctx = multiprocessing.get_context("fork")
+    evict(cfg["path"])
     busy0, total0 = cpu_ticks()
     procs, conns = [], []
     for r in range(n):
@@ -147,6 +157,21 @@ def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
             "tried": [tried[k] for k in sorted(tried)]}
 
 
+def cold_max_gpus(cfg: dict, path: str, dst: str) -> int:
+    """On a real mount, the most accelerators that can read cold at once: each reads ``warmup + steps`` batches
+    of its own records, and a record read twice in one N would come from the page cache."""
+    from gpufeed.formats import get_format
+
+    with get_format(cfg["format"]).reader(path) as reader:  # closed: eviction refuses a file this process maps
+        records = len(reader)
+    per_rank = (cfg["warmup"] + cfg["steps"]) * cfg["batch"]
+    if records < per_rank:
+        raise ConfigError(f"{dst}: {records} records are fewer than one accelerator's {per_rank} cold reads "
+                          f"({cfg['warmup']} + {cfg['steps']} steps of {cfg['batch']}) on a real mount; build a "
+                          "larger dataset or pass fewer --steps")
+    return records // per_rank
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from gpufeed.bench.cli import add_tier_arguments
     from gpufeed.formats import FORMATS
@@ -191,17 +216,25 @@ def run(args) -> int:
                                   "dataset with one shard)")
             cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
                    "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "seed": args.seed}
+            cold_max = None if tier.limits is not None else cold_max_gpus(cfg, paths[0], args.dst)
+            top = args.max_gpus if cold_max is None else min(args.max_gpus, cold_max)
             print(f"{tier.name} {fmt} {args.task}: emulated {args.profile} accelerators, "
                   f"{batch / cfg['step_s']:,.0f} img/s each", file=sys.stderr, flush=True)
-            with tier_scope(tier, directory, args.allow_invalid) as validity:
-                found = search(cfg, args.max_gpus, log=lambda line: print(line, file=sys.stderr, flush=True))
+            with tier_scope(tier, directory, args.allow_invalid, accounting="requests") as validity:
+                found = search(cfg, top, log=lambda line: print(line, file=sys.stderr, flush=True))
             row = {"bench": "feed", **tier.row_fields(), "format": fmt, **validity,
                    "params": {"task": args.task, "accelerator": args.profile, "batch_size": batch,
-                              "steps": args.steps, "threads": args.threads, "max_gpus": args.max_gpus},
-                   **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found}
+                              "steps": args.steps, "warmup_steps": args.warmup_steps, "threads": args.threads,
+                              "max_gpus": args.max_gpus, "cold": True},
+                   **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found,
+                   "cold_max_gpus": cold_max}
             writer.write(row)
             limit = " (the machine's CPUs, not only the disk, may have been the limit)" if found["cpu_limited"] else ""
-            more = f" (the search stopped at --max-gpus {args.max_gpus})" if found["capped_at_max"] else ""
+            more = ""
+            if found["capped_at_max"]:
+                more = (f" (the search stopped at --max-gpus {args.max_gpus})" if top == args.max_gpus else
+                        f" (the search stopped at {top}: {args.dst} holds records for {top} accelerators to read "
+                        "once each, cold; a larger dataset tests further)")
             print(f"{tier.name:<12}{fmt:<9} feeds {found['gpus_fed']} emulated {args.profile} ({args.task}) at AU >= "
                   f"{AU_TARGET:.0%}{more}{limit}")
     return 0

@@ -533,7 +533,9 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
         if r.get("cpu_limited"):
             note.append("this machine's CPUs were busy > 90%: the disk may feed more")
         if r.get("capped_at_max"):
-            note.append(f"search stopped at {params(r).get('max_gpus')}")
+            cold, top = r.get("cold_max_gpus"), params(r).get("max_gpus")
+            note.append(f"search stopped at {cold}: the dataset holds records for {cold} to read cold, the disk may "
+                        "feed more" if cold is not None and cold < top else f"search stopped at {top}")
         if not r.get("valid", True):
             note.append("invalid: " + str(r.get("invalid_reason")))
         t.rows.append([tier_label(r), disk, str(r.get("format")), str(params(r).get("task")),

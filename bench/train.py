@@ -597,10 +597,11 @@ def compute_step_time(synthetic_runs: list[LoopRun]) -> float:
 
 
 @contextlib.contextmanager
-def tier_scope(tier, data_dir: str, allow_invalid: bool):
+def tier_scope(tier, data_dir: str, allow_invalid: bool, accounting: str = "device"):
     """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
     under ``data_dir`` outruns it, then throttle this process and its DataLoader workers (they inherit the
-    emulator through the environment). Yields the rows' validity fields (and the host disk's figures)."""
+    emulator through the environment; ``accounting`` as :meth:`Throttle.emulate` takes it). Yields the rows'
+    validity fields (and the host disk's figures)."""
     if tier.limits is None:
         yield {"valid": True, "invalid_reason": None}
         return
@@ -609,7 +610,7 @@ def tier_scope(tier, data_dir: str, allow_invalid: bool):
 
     host = measure_host(data_dir)
     reason = require_valid(tier, host, allow_invalid)
-    with Throttle.emulate(tier.limits, state_dir=data_dir):
+    with Throttle.emulate(tier.limits, accounting=accounting, state_dir=data_dir):
         yield {"valid": reason is None, "invalid_reason": reason,
                "host_disk": row_figures(host)}
 
