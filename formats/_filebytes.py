@@ -1,10 +1,13 @@
 """How the file-based readers (RecordIO, TFRecord) get at their bytes, fast and safely in many processes.
 
-A local file with no tier emulation active is memory-mapped once per process and records are handed out as
-``memoryview`` slices of the map: no copy, no system call per record, which is what lets a reader that checks
-every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/formats_speed.py). Anything
-else (fsspec URLs, an emulated tier, gzip) is read through :func:`gpufeed.io.open_file` so tier emulation sees
-every byte. Handles are opened lazily and re-opened after ``fork``; pickling drops them, so a reader can be sent
+A local file with no tier emulation active is memory-mapped once per process and sequential scans hand records
+out as ``memoryview`` slices of the map: no copy, no system call per record, which is what lets a reader that
+checks every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/formats_speed.py).
+A record read at random (``read_raw(i)``, ``reader[i]``) is one ``os.pread`` of its extent instead
+(:meth:`ByteSource.record`): through the map, a cold record is read by page faults taken while the first touch
+holds the GIL, so the threads of one process wait on the disk one at a time, and a forked process's
+faults follow the map's readahead, not the record's size. Anything else (fsspec URLs, an emulated tier, gzip)
+is read through :func:`gpufeed.io.open_file` so tier emulation sees every byte. Handles are opened lazily and re-opened after ``fork``; pickling drops them, so a reader can be sent
 to DataLoader workers or Ray tasks.
 """
 
@@ -83,6 +86,35 @@ class StreamCursor:
 
     def remaining(self) -> int | None:
         return None if self.size is None else self.size - self.pos
+
+
+class PreadCursor:
+    """Reads of one record at random from a local file: its extent (``hint`` bytes, the index's record size)
+    in one ``os.pread`` (the GIL released, one request to the disk), then zero-copy slices of that buffer;
+    reads past it (a hint that was short) cost one more ``pread``."""
+
+    __slots__ = ("fd", "pos", "start", "buf", "size")
+
+    def __init__(self, fd: int, pos: int, hint: int, size: int):
+        self.fd, self.pos, self.start, self.size = fd, pos, pos, size
+        self.buf = memoryview(os.pread(fd, max(0, min(hint, size - pos)), pos))
+
+    def read(self, n: int):
+        at = self.pos - self.start
+        if at + n <= len(self.buf):
+            out = self.buf[at:at + n]
+        else:
+            out = bytes(self.buf[at:])
+            while len(out) < n:
+                more = os.pread(self.fd, n - len(out), self.pos + len(out))
+                if not more:
+                    break
+                out += more
+        self.pos += len(out)
+        return out
+
+    def remaining(self) -> int:
+        return self.size - self.pos
 
 
 #: Serialises opening sources (once per process each).
@@ -175,6 +207,14 @@ class ByteSource:
         f = self._thread_file()
         f.seek(pos)
         return StreamCursor(f, pos, _size(f))
+
+    def record(self, pos: int, hint: int):
+        """A cursor for one record read at random from byte ``pos``, ``hint`` its expected size in bytes
+        (a local file: one ``pread`` of the extent; otherwise as :meth:`cursor_at`)."""
+        self._open()
+        if self._mv is not None:
+            return PreadCursor(self._f.fileno(), pos, hint, len(self._mv))
+        return self.cursor_at(pos)
 
     def read_at(self, offset: int, n: int):
         """``n`` bytes at ``offset`` (fewer at end of file); a zero-copy slice when memory-mapped."""

@@ -168,6 +168,19 @@ def _scan(cur, path: str, first_index: int = 0, limit: int | None = None) -> Ite
         i += 1
 
 
+#: Bytes read first for a record whose extent the index cannot bound (the last one, or an index out of file
+#: order), and the most read first for any record: the rest comes with one more read.
+_LAST_EXTENT = 256 << 10
+_MAX_EXTENT = 16 << 20
+
+
+def _extent_hint(offsets, i: int) -> int:
+    """Bytes from record ``i``'s offset to the next record's: its frame(s) in a file written in index order."""
+    if i + 1 < len(offsets) and offsets[i + 1] > offsets[i]:
+        return min(offsets[i + 1] - offsets[i], _MAX_EXTENT)
+    return _LAST_EXTENT
+
+
 def _check_value(value, path, i, offset) -> None:
     if len(value) < IRHEADER.size:
         raise CorruptRecordError(path, i, offset, f"a {len(value)}-byte record is shorter than the 24-byte IRHeader")
@@ -521,7 +534,8 @@ class RecordIOReader(Reader):
     def _record_at(self, i: int):
         offsets = self._index()
         i = position(i, len(offsets), self.path)
-        cur = self._src.cursor_at(offsets[i])
+        # The next record's offset bounds this one (a multi-part record or an index out of file order reads on).
+        cur = self._src.record(offsets[i], _extent_hint(offsets, i))
         for _, offset, value in _scan(cur, self.path, i, 1):
             return i, offset, value
         raise CorruptRecordError(self.path, i, offsets[i], "the index points past the end of the file")

@@ -437,7 +437,7 @@ class TFRecordReader(Reader):
         entries = self._entries()
         i = position(i, len(entries), self.path)
         offset, size = entries[i]
-        for _, _, payload in _scan(self._src.cursor_at(offset), self.path, i, 1, self.verify):
+        for _, _, payload in _scan(self._src.record(offset, size), self.path, i, 1, self.verify):
             if len(payload) + FRAME_OVERHEAD != size:
                 raise CorruptRecordError(self.path, i, offset, f"the index says {size} bytes, the record "
                                                                f"{len(payload) + FRAME_OVERHEAD}")

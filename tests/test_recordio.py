@@ -65,6 +65,22 @@ def test_random_access_by_key_and_position(tmp_path):
         r[5]
 
 
+def test_random_reads_whole_records_whatever_the_index_order_and_size(tmp_path):
+    """A record read at random is one pread of the extent up to the next offset; a record longer than that
+    guess (the last one, past 256 KiB) reads on. The reader takes an .idx in any order, in file order."""
+    sizes = [10, 300 << 10, 5, 400 << 10]  # the last record is longer than the first read of a last record
+    values = [im2rec_value(i, i, bytes([65 + i]) * n) for i, n in enumerate(sizes)]
+    data, offsets = b"", []
+    for v in values:
+        offsets.append(len(data))
+        data += frame(v)
+    (tmp_path / "o.rec").write_bytes(data)
+    (tmp_path / "o.idx").write_bytes(b"".join(b"%d\t%d\n" % (i, offsets[i]) for i in [3, 1, 0, 2]))
+    r = fmt.reader(str(tmp_path / "o.rec"))
+    assert [bytes(r.read_raw(k)) for k in range(4)] == values
+    assert [r[k].payload for k in (3, 1)] == [b"D" * sizes[3], b"B" * sizes[1]]
+
+
 def test_sidecar_records_layout_and_is_checked(tmp_path):
     path = str(tmp_path / "raw.rec")
     with fmt.writer(path, params={"resize": 32}) as w:
