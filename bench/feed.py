@@ -33,6 +33,9 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 AU_TARGET = 0.90
+#: A failing N on an emulated disk that drew less than this share of its MB/s and of its IOPS did not fail on the
+#: disk: the readers (this machine, the emulator's per-request cost) were the limit.
+CAPS_REACHED = 0.80
 
 
 def _rank(cfg: dict, rank: int, world: int, conn) -> None:
@@ -157,19 +160,41 @@ def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
             "tried": [tried[k] for k in sorted(tried)]}
 
 
+def caps_shortfall(row: dict) -> str | None:
+    """For a feed row on an emulated disk whose first failing N drew well under the disk's caps: a sentence
+    saying so (the disk may feed more than the row says); else ``None``."""
+    lim, fail = row.get("tier_limits") or {}, None
+    for t in row.get("tried") or []:
+        if t["gpus"] == row.get("first_failing"):
+            fail = t
+    size = row.get("record_bytes")
+    if not lim or fail is None or not size:
+        return None
+    mb_share = fail["mb_per_s"] / lim["mb_per_s"]
+    iops_share = fail["mb_per_s"] * 1e6 / size / lim["iops"]
+    if max(mb_share, iops_share) >= CAPS_REACHED:
+        return None
+    return (f"at {fail['gpus']} the emulated disk served {fail['mb_per_s']:,.0f} of its {lim['mb_per_s']:,.0f} MB/s "
+            f"and {iops_share:.0%} of its IOPS: the readers, not the disk, were the limit, and the disk may feed more")
+
+
 def cold_max_gpus(cfg: dict, path: str, dst: str) -> int:
     """On a real mount, the most accelerators that can read cold at once: each reads ``warmup + steps`` batches
     of its own records, and a record read twice in one N would come from the page cache."""
-    from gpufeed.formats import get_format
-
-    with get_format(cfg["format"]).reader(path) as reader:  # closed: eviction refuses a file this process maps
-        records = len(reader)
+    records = _records(cfg["format"], path)
     per_rank = (cfg["warmup"] + cfg["steps"]) * cfg["batch"]
     if records < per_rank:
         raise ConfigError(f"{dst}: {records} records are fewer than one accelerator's {per_rank} cold reads "
                           f"({cfg['warmup']} + {cfg['steps']} steps of {cfg['batch']}) on a real mount; build a "
                           "larger dataset or pass fewer --steps")
     return records // per_rank
+
+
+def _records(fmt: str, path: str) -> int:
+    from gpufeed.formats import get_format
+
+    with get_format(fmt).reader(path) as reader:  # closed: eviction refuses a file this process maps
+        return len(reader)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +242,7 @@ def run(args) -> int:
             cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
                    "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "seed": args.seed}
             cold_max = None if tier.limits is not None else cold_max_gpus(cfg, paths[0], args.dst)
+            record_bytes = round(os.path.getsize(paths[0]) / _records(cfg["format"], paths[0]))
             top = args.max_gpus if cold_max is None else min(args.max_gpus, cold_max)
             print(f"{tier.name} {fmt} {args.task}: emulated {args.profile} accelerators, "
                   f"{batch / cfg['step_s']:,.0f} img/s each", file=sys.stderr, flush=True)
@@ -227,7 +253,9 @@ def run(args) -> int:
                               "steps": args.steps, "warmup_steps": args.warmup_steps, "threads": args.threads,
                               "max_gpus": args.max_gpus, "cold": True},
                    **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found,
-                   "cold_max_gpus": cold_max}
+                   "cold_max_gpus": cold_max, "record_bytes": record_bytes}
+            shortfall = caps_shortfall(row)
+            row["disk_limited"] = None if tier.limits is None else shortfall is None
             writer.write(row)
             limit = " (the machine's CPUs, not only the disk, may have been the limit)" if found["cpu_limited"] else ""
             more = ""
@@ -236,5 +264,5 @@ def run(args) -> int:
                         f" (the search stopped at {top}: {args.dst} holds records for {top} accelerators to read "
                         "once each, cold; a larger dataset tests further)")
             print(f"{tier.name:<12}{fmt:<9} feeds {found['gpus_fed']} emulated {args.profile} ({args.task}) at AU >= "
-                  f"{AU_TARGET:.0%}{more}{limit}")
+                  f"{AU_TARGET:.0%}{more}{limit}" + (f" ({shortfall})" if shortfall else ""))
     return 0

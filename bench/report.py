@@ -520,6 +520,8 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
 
 def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
     """The `gpufeed bench feed` rows: how many emulated accelerators each tier kept at >= 90% AU."""
+    from gpufeed.bench.feed import caps_shortfall
+
     feed = of_bench(rows, "feed")
     if not feed:
         return []
@@ -536,6 +538,9 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
             cold, top = r.get("cold_max_gpus"), params(r).get("max_gpus")
             note.append(f"search stopped at {cold}: the dataset holds records for {cold} to read cold, the disk may "
                         "feed more" if cold is not None and cold < top else f"search stopped at {top}")
+        shortfall = caps_shortfall(r)
+        if shortfall:
+            note.append(shortfall)
         if not r.get("valid", True):
             note.append("invalid: " + str(r.get("invalid_reason")))
         t.rows.append([tier_label(r), disk, str(r.get("format")), str(params(r).get("task")),

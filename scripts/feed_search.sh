@@ -21,6 +21,6 @@ for size in full 160; do
   for task in train infer; do
     python3 -m gpufeed bench feed "$DATA/$size" --task "$task" --tier "local=$DATA/$size" --tier ultra@2000 \
       --tier ssd@2000 --tier essd-pl1@2000 --tier essd-pl2@1000 --max-gpus "${MAX_GPUS:-32}" \
-      --steps "${STEPS:-10}" --results "$OUT/feed-h200.jsonl" || echo "bench feed ended with rc $?"
+      --steps "${STEPS:-20}" --results "$OUT/feed-h200.jsonl" || echo "bench feed ended with rc $?"
   done
 done

@@ -86,3 +86,16 @@ def test_on_a_real_mount_the_search_stops_where_reads_would_come_from_the_page_c
     assert main(common + ["--batch-size", "32"]) == 2
     err = capsys.readouterr().err
     assert ds in err and "64 records are fewer than one accelerator's 96 cold reads" in err
+
+
+@pytest.mark.parametrize("failing_mb, expected", [(366.0, "served 366 of its 620 MB/s"), (600.0, None)])
+def test_a_failure_under_the_emulated_disks_caps_is_not_blamed_on_the_disk(failing_mb, expected):
+    # ESSD PL2 of 1,000 GiB (620 MB/s, 51,800 IOPS) and 118 KB records, as measured on the GPU machine.
+    row = {"tier_limits": {"mb_per_s": 620.0, "iops": 51800}, "record_bytes": 118_400, "first_failing": 1,
+           "gpus_fed": 0, "tried": [{"gpus": 1, "min_au": 0.66, "mb_per_s": failing_mb, "cpu_busy": 0.08}]}
+    said = feed.caps_shortfall(row)
+    assert (said is None) if expected is None else (expected in said and "the disk may feed more" in said)
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report._gpus_fed([
+        dict(row, bench="feed", tier="essd-pl2", format="tfrecord", params={"task": "train"})]))]), "/n", "x")
+    assert (expected in text) if expected else "the disk may feed more" not in text
+    assert feed.caps_shortfall(dict(row, tier_limits=None)) is None  # a real mount: no caps to compare
