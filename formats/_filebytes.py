@@ -3,10 +3,11 @@
 A local file with no tier emulation active is memory-mapped once per process and sequential scans hand records
 out as ``memoryview`` slices of the map: no copy, no system call per record, which is what lets a reader that
 checks every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/formats_speed.py).
-A record read at random (``read_raw(i)``, ``reader[i]``) is one ``os.pread`` of its extent instead
-(:meth:`ByteSource.record`): through the map, a cold record is read by page faults taken while the first touch
-holds the GIL, so the threads of one process wait on the disk one at a time, and a forked process's
-faults follow the map's readahead, not the record's size. Anything else (fsspec URLs, an emulated tier, gzip)
+A record read at random (``read_raw(i)``, ``reader[i]``) is one request for its extent instead
+(:meth:`ByteSource.record`), an ``os.pread`` of a local file: through the map, a cold record is read by page
+faults taken while the first touch holds the GIL, so the threads of one process wait on the disk one at a
+time, and the faults follow the map's readahead, not the record's size; through a file object (an emulated
+tier) the header, payload and checksum would be three dependent requests. Anything else (fsspec URLs, an emulated tier, gzip)
 is read through :func:`gpufeed.io.open_file` so tier emulation sees every byte. Handles are opened lazily and re-opened after ``fork``; pickling drops them, so a reader can be sent
 to DataLoader workers or Ray tasks.
 """
@@ -88,16 +89,17 @@ class StreamCursor:
         return None if self.size is None else self.size - self.pos
 
 
-class PreadCursor:
-    """Reads of one record at random from a local file: its extent (``hint`` bytes, the index's record size)
-    in one ``os.pread`` (the GIL released, one request to the disk), then zero-copy slices of that buffer;
-    reads past it (a hint that was short) cost one more ``pread``."""
+class RecordCursor:
+    """Reads of one record at random: its extent (``hint`` bytes, the index's record size) fetched in one
+    request (``fetch(offset, n)``: an ``os.pread`` of a local file, the GIL released; or one read of a file
+    object, which an emulated tier charges as one request, as a disk serves it), then zero-copy slices of that
+    buffer; reads past it (a hint that was short) fetch the rest."""
 
-    __slots__ = ("fd", "pos", "start", "buf", "size")
+    __slots__ = ("fetch", "pos", "start", "buf", "size")
 
-    def __init__(self, fd: int, pos: int, hint: int, size: int):
-        self.fd, self.pos, self.start, self.size = fd, pos, pos, size
-        self.buf = memoryview(os.pread(fd, max(0, min(hint, size - pos)), pos))
+    def __init__(self, fetch, pos: int, hint: int, size: int | None):
+        self.fetch, self.pos, self.start, self.size = fetch, pos, pos, size
+        self.buf = memoryview(fetch(pos, max(0, hint if size is None else min(hint, size - pos))))
 
     def read(self, n: int):
         at = self.pos - self.start
@@ -106,15 +108,15 @@ class PreadCursor:
         else:
             out = bytes(self.buf[at:])
             while len(out) < n:
-                more = os.pread(self.fd, n - len(out), self.pos + len(out))
+                more = self.fetch(self.pos + len(out), n - len(out))
                 if not more:
                     break
                 out += more
         self.pos += len(out)
         return out
 
-    def remaining(self) -> int:
-        return self.size - self.pos
+    def remaining(self) -> int | None:
+        return None if self.size is None else self.size - self.pos
 
 
 #: Serialises opening sources (once per process each).
@@ -209,12 +211,21 @@ class ByteSource:
         return StreamCursor(f, pos, _size(f))
 
     def record(self, pos: int, hint: int):
-        """A cursor for one record read at random from byte ``pos``, ``hint`` its expected size in bytes
-        (a local file: one ``pread`` of the extent; otherwise as :meth:`cursor_at`)."""
+        """A cursor for one record read at random from byte ``pos``, ``hint`` its expected size in bytes: the
+        extent in one request (gzip streams: as :meth:`cursor_at`)."""
         self._open()
         if self._mv is not None:
-            return PreadCursor(self._f.fileno(), pos, hint, len(self._mv))
-        return self.cursor_at(pos)
+            fd = self._f.fileno()
+            return RecordCursor(lambda offset, n: os.pread(fd, n, offset), pos, hint, len(self._mv))
+        if self.compression is not None:
+            return self.cursor_at(pos)
+        f = self._thread_file()
+
+        def fetch(offset: int, n: int):
+            f.seek(offset)
+            return read_fully(f, n)
+
+        return RecordCursor(fetch, pos, hint, _size(f))
 
     def read_at(self, offset: int, n: int):
         """``n`` bytes at ``offset`` (fewer at end of file); a zero-copy slice when memory-mapped."""
