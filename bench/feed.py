@@ -127,7 +127,7 @@ def run_n(cfg: dict, n: int) -> dict:
 
 
 def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
-    """The largest N at which every rank keeps AU >= 0.90: doubling, then bisection. ``run(cfg, n)`` measures
+    """The largest N at which every rank keeps AU >= 0.90: doubling (up to ``max_gpus``), then bisection. ``run(cfg, n)`` measures
     one N (:func:`run_n`)."""
     tried: dict[int, dict] = {}
 
@@ -143,7 +143,10 @@ def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
     n = 1
     while n <= max_gpus:
         if ok(n):
-            good, n = n, n * 2
+            good = n
+            if n == max_gpus:
+                break
+            n = min(n * 2, max_gpus)  # the top itself is tried when doubling would pass it
         else:
             bad = n
             break

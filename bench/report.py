@@ -95,10 +95,13 @@ def is_synthetic(row: dict) -> bool:
 
 
 def side_dataset(row: dict) -> str | None:
-    """``"cifar"`` for a row of the CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn
-    Treebank language model, None for ImageNet. Each side dataset is reported in a section of its own, so its
-    small records and fast steps never mix with the ImageNet demand, sizes and core counts."""
+    """``"ranks"`` for a run on several GPUs at once (``bench train --gpus N``), ``"cifar"`` for a row of the
+    CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn Treebank language model, None for
+    ImageNet on one accelerator. Each is reported in a section of its own, so per-rank figures, small records and
+    fast steps never mix with one GPU's ImageNet demand, sizes and core counts."""
     model = str(params(row).get("model", ""))
+    if (params(row).get("gpus") or 1) > 1:
+        return "ranks"
     if row.get("image") == "cifar" or model.startswith("cifar"):
         return "cifar"
     if row.get("image") == "ptb" or model.startswith("ptb"):
@@ -219,8 +222,44 @@ def _baseline_noise(rates: Sequence[float], runs: Sequence[dict], task: str) -> 
                    "are noise, not the data path.")
 
 
+def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
+    """Runs on several GPUs at once: per task the model's no-wait rate per rank, then per configuration each
+    rank's rate and AU, the slowest rank's AU (a configuration is fed when every rank is), the ranks' total and
+    the CPU cores the slowest rank's process and workers used."""
+    train = of_bench(rows, "train")
+    synthetic = [r for r in train if is_synthetic(r) and r.get("ranks")]
+    runs = [r for r in train if not is_synthetic(r)]
+    if not runs:
+        return ["Rows from several GPUs without a run from a format: nothing to compare."]
+    blocks: list[Block] = []
+    table = Table("Several GPUs, one DistributedDataParallel rank and one loader each, per configuration",
+                  ["task", "GPUs", "format", "tier", "decode", "each rank img/s", "each rank AU", "slowest AU",
+                   "total img/s", "cores (slowest rank)"], [])
+    for task in sorted({params(r).get("task") for r in runs}):
+        base = [x["per_s"] for r in synthetic if params(r).get("task") == task for x in r["ranks"]]
+        mine = [r for r in runs if params(r).get("task") == task]
+        best = max(mine, key=lambda r: figure(r, "au") or 0)
+        p = params(best)
+        gpus = p.get("gpus")
+        blocks.append(f"{p.get('model')} {task} on {gpus} x {p.get('accelerator')}"
+                      + (f": each rank consumes {_rate_range(base)} img/s when it never waits" if base else "")
+                      + f". Best: {best.get('format')} with {p.get('decode')} decoding, slowest rank at AU "
+                      f"{fmt_pct(figure(best, 'au'))}, {fmt_num(best.get('total_per_s'))} img/s in all; "
+                      + ("every rank fed." if (figure(best, "au") or 0) >= AU_TARGET else
+                         f"below {AU_TARGET:.0%}: not fed."))
+        for r in sorted(mine, key=lambda r: (str(params(r).get("decode")), str(r.get("format")))):
+            q, ranks = params(r), r.get("ranks") or []
+            table.rows.append([str(task), str(q.get("gpus")), str(r.get("format")), tier_label(r),
+                               str(q.get("decode")), " / ".join(fmt_num(x["per_s"]) for x in ranks),
+                               " / ".join(fmt_pct(x["au"]) for x in ranks), fmt_pct(figure(r, "au")),
+                               fmt_num(r.get("total_per_s")), _cores(r)])
+    blocks.append(table)
+    return blocks
+
+
 #: Datasets reported in sections of their own, after the ImageNet answer: title and blocks.
-SIDE_SECTIONS = {"cifar": ("CIFAR-10 into a CIFAR ResNet", cifar_blocks),
+SIDE_SECTIONS = {"ranks": ("Several GPUs at once (bench train --gpus N)", ranks_blocks),
+                 "cifar": ("CIFAR-10 into a CIFAR ResNet", cifar_blocks),
                  "ptb": ("Penn Treebank into an LSTM language model", ptb_blocks)}
 
 

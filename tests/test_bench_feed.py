@@ -9,16 +9,19 @@ from gpufeed.bench.results import load_results
 from gpufeed.convert.cli import main
 
 
-@pytest.mark.parametrize("capacity, expected, tried", [(5, 5, [1, 2, 4, 8, 6, 5]), (0, 0, [1]), (64, 8, [1, 2, 4, 8])])
-def test_search_doubles_then_bisects(capacity, expected, tried):
-    """With a disk that feeds exactly ``capacity`` accelerators, the search finds it and tries few N."""
+@pytest.mark.parametrize("capacity, expected, tried, top", [(5, 5, [1, 2, 4, 8, 6, 5], 8), (0, 0, [1], 8),
+                                                            (64, 8, [1, 2, 4, 8], 8), (64, 6, [1, 2, 4, 6], 6),
+                                                            (5, 5, [1, 2, 4, 6, 5], 6)])
+def test_search_doubles_then_bisects(capacity, expected, tried, top):
+    """With a disk that feeds exactly ``capacity`` accelerators, the search finds it and tries few N, the top
+    (``--max-gpus`` or what the dataset can test cold) included."""
     def run(cfg, n):
         return {"gpus": n, "min_au": 0.95 if n <= capacity else 0.5, "au": [], "mb_per_s": 0.0, "cpu_busy": 0.2}
 
     calls = []
-    found = feed.search({}, 8, log=calls.append, run=run)
+    found = feed.search({}, top, log=calls.append, run=run)
     assert found["gpus_fed"] == expected and [t["gpus"] for t in found["tried"]] == sorted(tried)
-    assert found["capped_at_max"] == (capacity >= 8) and not found["cpu_limited"] and len(calls) == len(tried)
+    assert found["capped_at_max"] == (capacity >= top) and not found["cpu_limited"] and len(calls) == len(tried)
 
 
 def test_bench_feed_on_an_emulated_tier_writes_a_row_the_report_shows(tmp_path):

@@ -323,3 +323,17 @@ def test_ptb_rows_say_how_many_workers_and_cores_feed_the_language_model(results
     mixed = report.render_markdown(report.build_report(load_results(results) + load_results(path)),
                                    str(tmp_path / "m"), "m")
     assert "## Penn Treebank into an LSTM language model" in mixed and "## The answer" in mixed
+
+
+def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(tmp_path):
+    """The rows of `bench train --gpus 2` and `--gpus 1` measured on the 2-GPU machine (results/): each rank's
+    rate and AU stand in a section of their own; the answer's demand and AU are one GPU's."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x2.jsonl")
+    text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
+    assert "it consumes 4,604 img/s when it never waits" in answer and "3,180" not in answer
+    assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,284 img/s when it never waits. Best: tfrecord "
+            "with hw decoding, slowest rank at AU 74.2%, 6,360 img/s in all; below 90%: not fed.") in ranks
+    assert "| train | 2 | tfrecord | local | hw | 3,180 / 3,181 | 74.2% / 74.3% | 74.2% | 6,360 | 2.21 |" in ranks
