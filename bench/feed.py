@@ -94,9 +94,8 @@ def run_n(cfg: dict, n: int) -> dict:
     """``n`` emulated accelerators at once: per rank AU, their lowest, the total MB/s and the machine's CPU use."""
     import multiprocessing
 
-    from gpufeed.bench.results import cpu_ticks
-
     from gpufeed.bench.cache import evict
+    from gpufeed.bench.results import cpu_ticks
 
     ctx = multiprocessing.get_context("fork")
     evict(cfg["path"])
@@ -127,8 +126,8 @@ def run_n(cfg: dict, n: int) -> dict:
 
 
 def search(cfg: dict, max_gpus: int, log=print, run=run_n) -> dict:
-    """The largest N at which every rank keeps AU >= 0.90: doubling (up to ``max_gpus``), then bisection. ``run(cfg, n)`` measures
-    one N (:func:`run_n`)."""
+    """The largest N at which every rank keeps AU >= 0.90: doubling (up to ``max_gpus``), then bisection.
+    ``run(cfg, n)`` measures one N (:func:`run_n`)."""
     tried: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
@@ -258,7 +257,9 @@ def run(args) -> int:
                    **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found,
                    "cold_max_gpus": cold_max, "record_bytes": record_bytes}
             shortfall = caps_shortfall(row)
-            row["disk_limited"] = None if tier.limits is None else shortfall is None
+            # Only a failing N on an emulated disk says whether the disk was the limit.
+            row["disk_limited"] = (None if tier.limits is None or found["first_failing"] is None
+                                   else shortfall is None)
             writer.write(row)
             limit = " (the machine's CPUs, not only the disk, may have been the limit)" if found["cpu_limited"] else ""
             more = ""
