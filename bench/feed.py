@@ -180,10 +180,10 @@ def caps_shortfall(row: dict) -> str | None:
             f"and {iops_share:.0%} of its IOPS: the readers, not the disk, were the limit, and the disk may feed more")
 
 
-def cold_max_gpus(cfg: dict, path: str, dst: str) -> int:
-    """On a real mount, the most accelerators that can read cold at once: each reads ``warmup + steps`` batches
-    of its own records, and a record read twice in one N would come from the page cache."""
-    records = _records(cfg["format"], path)
+def cold_max_gpus(cfg: dict, records: int, dst: str) -> int:
+    """On a real mount, the most accelerators that can read cold at once out of ``records``: each reads
+    ``warmup + steps`` batches of its own records, and a record read twice in one N would come from the page
+    cache."""
     per_rank = (cfg["warmup"] + cfg["steps"]) * cfg["batch"]
     if records < per_rank:
         raise ConfigError(f"{dst}: {records} records are fewer than one accelerator's {per_rank} cold reads "
@@ -243,8 +243,9 @@ def run(args) -> int:
                                   "dataset with one shard)")
             cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
                    "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "seed": args.seed}
-            cold_max = None if tier.limits is not None else cold_max_gpus(cfg, paths[0], args.dst)
-            record_bytes = round(os.path.getsize(paths[0]) / _records(cfg["format"], paths[0]))
+            records = _records(fmt, paths[0])  # once: a TFRecord without .idx is scanned to count them
+            cold_max = None if tier.limits is not None else cold_max_gpus(cfg, records, args.dst)
+            record_bytes = round(os.path.getsize(paths[0]) / records)
             top = args.max_gpus if cold_max is None else min(args.max_gpus, cold_max)
             print(f"{tier.name} {fmt} {args.task}: emulated {args.profile} accelerators, "
                   f"{batch / cfg['step_s']:,.0f} img/s each", file=sys.stderr, flush=True)

@@ -117,10 +117,10 @@ class CudaResNet:
         import torch
         import torchvision
 
-        torch.manual_seed(seed)
-        torch.backends.cudnn.benchmark = True
         from gpufeed.pipelines.loader import resolve_device
 
+        torch.manual_seed(seed)
+        torch.backends.cudnn.benchmark = True
         self.torch, self.task = torch, task
         self.device = resolve_device("cuda")
         self.name = torch.cuda.get_device_name(self.device)
@@ -180,9 +180,9 @@ class CudaLstm:
     def __init__(self, task: str, vocab: int, model: str = PTB_MODELS[0], seed: int = 0, device: str = "cuda"):
         import torch
 
-        torch.manual_seed(seed)
         from gpufeed.pipelines.loader import resolve_device
 
+        torch.manual_seed(seed)
         self.torch, self.task, self.model_name, self.classes = torch, task, model, vocab
         self.device = resolve_device(device)
         self.name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
