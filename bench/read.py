@@ -92,10 +92,13 @@ class TimedDataset:
         if self.decode:
             import numpy as np
 
-            from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
+            from gpufeed.pipelines.transforms import decode_crop, random_resized_crop_choice, random_resized_crop_flip
 
-            img = payload if sample.kind == "raw" else decode_image(payload, f"{self.paths[0]}[{i}]")
-            data = random_resized_crop_flip(img, self.crop, np.random.default_rng([self.seed, i]))
+            rng = np.random.default_rng([self.seed, i])
+            if sample.kind == "raw":
+                data = random_resized_crop_flip(payload, self.crop, rng)
+            else:
+                data = decode_crop(payload, f"{self.paths[0]}[{i}]", self.crop, random_resized_crop_choice(rng))
         return sample.labels[0], size, seconds, device, data
 
 

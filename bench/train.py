@@ -315,7 +315,8 @@ class LoopRun:
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
-               warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None) -> LoopRun:
+               warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None,
+               epoch_batches: int | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -326,6 +327,11 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     steps gives the cores the run used; the workers' own memory (USS) is taken at the end. With several ranks,
     ``agree`` makes the decision to warm up once more the same on every rank (DistributedDataParallel's
     collectives need every rank to take the same steps).
+
+    ``epoch_batches``: the loader's batches per epoch. The timed warm-up stops short where it would push the
+    timed steps past the first epoch's end: there the loader's pipeline drains and refills (a pause a real
+    epoch of thousands of steps hides, ten timed steps do not) and the second epoch reads what the first left
+    in the page cache.
     """
     from gpufeed.bench.results import children_private_bytes, cpu_seconds
 
@@ -333,7 +339,8 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     start = time.perf_counter()
     done = 0
     while True:
-        more = done < warmup or bool(warmup_s and time.perf_counter() - start < warmup_s)
+        more = done < warmup or bool(warmup_s and time.perf_counter() - start < warmup_s
+                                     and (epoch_batches is None or done + steps < epoch_batches))
         if agree is not None:
             more = agree(more)
         if not more:
@@ -506,10 +513,19 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
 
     def one(_i):
         loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks)
+        need = opts.warmup_steps + opts.steps
+        if opts.cold and need > len(loader):
+            loader.close()
+            raise ConfigError(
+                f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
+                f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
+                f"{opts.steps} timed steps of a cold run read once (a second epoch would read the page cache): "
+                f"build a larger dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps, "
+                f"or --no-cold")
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
-                             _warmup_s(accel), ranks.agree)
+                             _warmup_s(accel), ranks.agree, epoch_batches=len(loader))
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()

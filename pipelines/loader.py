@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import time
@@ -100,6 +101,7 @@ class CpuDecode:
     cifar: bool = False
     augment: bool = True
     with_index: bool = False
+    reduce: bool = True  # JPEGs decode at a DCT scale-down where the crop allows (transforms.decode_crop)
 
     def __call__(self, sample):
         if self.with_index:
@@ -109,24 +111,32 @@ class CpuDecode:
     def pixels(self, sample) -> np.ndarray:
         import cv2
 
-        from gpufeed.pipelines.transforms import decode_image, random_resized_crop_flip
+        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image, random_resized_crop_choice
 
-        img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
-        if img.ndim == 2 or img.shape[2] == 1:
-            img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
         if self.cifar:
+            img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
             if not (self.train and self.augment):
                 return _owned(img)
             (top,), (left,), (flip,) = cifar_params([sample.index], self.seed)
             padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
             out = padded[top:top + img.shape[0], left:left + img.shape[1]]
             return np.ascontiguousarray(out[:, ::-1] if flip else out)
-        if self.train:
-            return random_resized_crop_flip(img, self.size, np.random.default_rng((self.seed, sample.index)))
-        if img.shape[:2] == (self.size, self.size):
-            return _owned(img)  # stored at the model's size (a centre crop): used as it is
-        top, left, h, w = center_box(*img.shape[:2])
-        return cv2.resize(img[top:top + h, left:left + w], (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
+                  else self._centre)
+        if sample.kind != "raw":
+            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce)
+        img = np.asarray(sample.payload)
+        if img.ndim == 2 or img.shape[2] == 1:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+        box, flip = choose(*img.shape[:2])
+        out = crop_resize(img, img.shape[:2], box, (self.size, self.size))
+        return cv2.flip(out, 1) if flip else _owned(out)
+
+    def _centre(self, height: int, width: int):
+        """The evaluation box: the whole image where it is stored at the output size, else :func:`center_box`."""
+        if (height, width) == (self.size, self.size):
+            return (0, 0, height, width), False
+        return center_box(height, width), False
 
 
 def _owned(img: np.ndarray) -> np.ndarray:
@@ -175,14 +185,11 @@ def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train
     drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
     if not train:
         return [center_box(h, w) for h, w in shapes], [False] * len(shapes)
-    from gpufeed.pipelines.transforms import random_resized_crop_params
+    from gpufeed.pipelines.transforms import random_resized_crop_choice
 
-    boxes, flips = [], []
-    for (h, w), index in zip(shapes, indices):
-        rng = np.random.default_rng((seed, int(index)))
-        boxes.append(random_resized_crop_params(h, w, rng))
-        flips.append(bool(rng.random() < 0.5))
-    return boxes, flips
+    drawn = [random_resized_crop_choice(np.random.default_rng((seed, int(index))))(h, w)
+             for (h, w), index in zip(shapes, indices)]
+    return [box for box, _ in drawn], [flip for _, flip in drawn]
 
 
 def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -632,7 +639,7 @@ class Loader:
                 self.dataset, batch_size=self.batch_size, sampler=self._order, num_workers=self.workers,
                 drop_last=self.drop_last, collate_fn=self._collate,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
-                persistent_workers=self.workers > 0,
+                persistent_workers=self.workers > 0, worker_init_fn=_one_thread_per_worker,
                 multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
@@ -649,21 +656,78 @@ class Loader:
         return self._decoder
 
     def __iter__(self) -> Iterator:
-        batches = iter(self._dataloader())
-        if self.augment == "tokens":
-            gen = ((ids[:, :-1], ids[:, 1:]) for ids in
-                   (t.to(self.device, non_blocking=True) for t in batches))
-        elif self.augment_on == "gpu":
-            gen = ((cifar_augment(x.to(self.device, non_blocking=True), params.to(self.device, non_blocking=True)),
-                    y.to(self.device, non_blocking=True)) for x, y, params in batches)
-        elif self.decode == "cpu":
-            gen = ((x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)) for x, y in batches)
-        else:
+        with opencv_threads(1):  # the workers start (fork) on the first iteration
+            batches = iter(self._dataloader())
+        if self.decode != "cpu":
             decoders = self._gpu_decoders()
             gen = decoded_batches(batches, decoders, self.device,
                                   timing=decoders[0].timing if self.decode == "hybrid" else None)
+        else:
+            if self.augment == "tokens":
+                batches, finish = ((ids,) for ids in batches), _shifted
+            elif self.augment_on == "gpu":
+                finish = _cifar_on_device
+            else:
+                finish = _as_is
+            if self.device.type == "cuda":
+                gen = decoded_batches(batches, [DeviceCopy(self.device, finish)], self.device)
+            else:
+                gen = (finish(*(t.to(self.device) for t in batch)) for batch in batches)
         for x, y in gen:
             yield (normalise(x) if self.normalize else x), y
+
+
+def _one_thread_per_worker(_worker_id: int) -> None:
+    """DataLoader workers are one per core already: OpenCV's own thread pool in each (a thread per core by
+    default, for resizes and colour conversions) would put cores x workers threads on the cores. A worker
+    started from a fork server sets one thread here; a forked one has it already (:func:`opencv_threads`
+    around the fork): calling ``cv2.setNumThreads`` in a child forked after the parent's pool ran hangs."""
+    import cv2
+
+    if cv2.getNumThreads() != 1:
+        cv2.setNumThreads(1)
+
+
+@contextlib.contextmanager
+def opencv_threads(n: int):
+    """OpenCV's thread count set to ``n`` in this process for the block (DataLoader workers forked in it
+    inherit ``n``), then restored."""
+    import cv2
+
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(n)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(before)
+
+
+class DeviceCopy:
+    """The CPU paths' copy of each (pinned) batch to the GPU, on a stream of its own and one batch ahead
+    (:func:`decoded_batches`), then ``finish`` on the device tensors: the copy of the next batch overlaps the
+    model's work on this one, where on the model's stream it would wait behind that work and hold the model up."""
+
+    def __init__(self, device, finish):
+        import torch
+
+        self.device, self.finish = device, finish
+        self.stream = torch.cuda.Stream(device)
+
+    def decode(self, *tensors):
+        return self.finish(*(t.to(self.device, non_blocking=True) for t in tensors))
+
+
+def _as_is(x, y):
+    return x, y
+
+
+def _shifted(ids):
+    """Token windows: inputs and next-token targets."""
+    return ids[:, :-1], ids[:, 1:]
+
+
+def _cifar_on_device(x, y, params):
+    return cifar_augment(x, params), y
 
 
 class _EpochOrder:

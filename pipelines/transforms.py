@@ -132,7 +132,7 @@ def output_geometry(height: int, width: int, options: ImageOptions):
     return (y, x, ch, cw), (oh, ow)
 
 
-def _crop_resize(img: np.ndarray, full_hw, box, out_hw) -> np.ndarray:
+def crop_resize(img: np.ndarray, full_hw, box, out_hw) -> np.ndarray:
     """Cut ``box`` (given in ``full_hw`` coordinates; ``img`` may be DCT-reduced) and resize to ``out_hw``."""
     import cv2
 
@@ -192,7 +192,7 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
         box, out_hw = output_geometry(info.height, info.width, options)
         reduce = reduction_for(info, (box[2] / out_hw[0], box[3] / out_hw[1]))
         img = decode(data, info, origin, gray=options.gray, reduce=reduce)
-        img = _crop_resize(img, (info.height, info.width), box, out_hw)
+        img = crop_resize(img, (info.height, info.width), box, out_hw)
         is_bgr = True
     if stats is not None:
         stats.update(img, bgr=is_bgr)
@@ -237,7 +237,7 @@ def _pixels(data: np.ndarray, options: ImageOptions, origin: str) -> np.ndarray:
         img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
     if options.geometry_changes:
         box, out_hw = output_geometry(img.shape[0], img.shape[1], options)
-        img = _crop_resize(img, img.shape[:2], box, out_hw)
+        img = crop_resize(img, img.shape[:2], box, out_hw)
     return img
 
 
@@ -474,6 +474,38 @@ def random_resized_crop_params(height: int, width: int, rng: np.random.Generator
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def random_resized_crop_choice(rng: np.random.Generator):
+    """For :func:`decode_crop`: ``RandomResizedCrop``'s box, then ``RandomHorizontalFlip``'s coin, drawn from
+    ``rng`` in :func:`random_resized_crop_flip`'s order (the same crops from the same generator)."""
+
+    def choose(height: int, width: int):
+        box = random_resized_crop_params(height, width, rng)
+        return box, bool(rng.random() < 0.5)
+
+    return choose
+
+
+def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True) -> np.ndarray:
+    """Decode an image file straight into the ``size`` x ``size`` upright RGB crop that
+    ``choose(height, width) -> ((top, left, h, w), flip)`` picks in full-image coordinates.
+
+    A JPEG whose box holds at least twice the output's pixels per side decodes in the DCT domain at the largest
+    scale-down that keeps >= 1 decoded pixel per output pixel (:func:`reduction_for`; ``reduce=False``: always
+    in full), the box mapped onto the smaller image, so large photos cost a fraction of a full decode; the
+    colour order is swapped on the small output, not the decoded image. Raises what :func:`decode_image` raises.
+    """
+    import cv2
+
+    info = probe(data, origin)
+    full = (info.height, info.width)
+    box, flip = choose(*full)
+    factor = reduction_for(info, (box[2] / size, box[3] / size)) if reduce else 1
+    out = crop_resize(decode(data, info, origin, reduce=factor), full, box, (size, size))
+    if flip:
+        out = cv2.flip(out, 1)
+    return cv2.cvtColor(out, cv2.COLOR_BGR2RGB)
 
 
 def random_resized_crop_flip(img: np.ndarray, size=224, rng: np.random.Generator | None = None) -> np.ndarray:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The loader's decode paths on the GPU machine (issue 10), in one call, without Ray:
-#  1. an ImageNet-like benchmark dataset on the local disk (gpufeed bench dataset, every format);
+#  1. an ImageNet-like benchmark dataset on the local disk (gpufeed bench dataset, every format; 40,000 images:
+#     a cold inference run of 12 warm-up + 40 timed batches of 512 reads each record once);
 #  2. decode rates side by side: one CPU core, nvJPEG on the SMs, the JPEG engines (python -m
 #     gpufeed.bench.decode_rates), with the engines' pixels checked against the CPU's;
 #  3. gpufeed bench train, cold cache, ResNet-50 training and inference fed by gpufeed.loader with
@@ -29,8 +30,8 @@ nproc
 python3 -c "import torch, torchvision; from nvidia import nvimgcodec; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchvision', torchvision.__version__, 'nvimgcodec', nvimgcodec.__version__ if hasattr(nvimgcodec, '__version__') else '?')" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
 
 if [ ! -f "$DATA/bench_dataset.json" ]; then
-  stamp "dataset: ${N:-20000} ImageNet-like JPEGs in every format"
-  python3 -m gpufeed bench dataset "$DATA" -n "${N:-20000}" --workers "$(nproc)"
+  stamp "dataset: ${N:-40000} ImageNet-like JPEGs in every format"
+  python3 -m gpufeed bench dataset "$DATA" -n "${N:-40000}" --workers "$(nproc)"
 fi
 du -sh "$DATA"
 
@@ -59,7 +60,7 @@ if [ "${RECIPES:-0}" = 1 ]; then
   for encode in ${RECIPE_ENCODES:-jpeg raw}; do
     dir=$DATA-crop224-$encode
     stamp "recipe: --size 224x224 --center-crop --encode $encode"
-    [ -f "$dir/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$dir" -n "${N:-20000}" \
+    [ -f "$dir/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$dir" -n "${N:-40000}" \
       --formats tfrecord,recordio --size 224x224 --center-crop --encode "$encode" --workers "$(nproc)"
     du -sh "$dir"
     [ "${PROBE:-0}" = 1 ] && [ "$encode" = jpeg ] && { timeout -k 10 120 python3 "$REPO/scripts/loader_probe.py" \

@@ -3,7 +3,11 @@
 For one dataset and format, prints a JSON line per stage, each a ceiling the full loop cannot beat:
   bytes        the DataLoader workers alone: records read and packed into batches (no decode);
   hw-N         gpufeed.loader(decode="hw") with N decoder threads: batches decoded and cropped on the GPU;
-  hw-N-si      the same with the interpreter's thread switch interval at 1 ms instead of 5 ms.
+  hw-N-si      the same with the interpreter's thread switch interval at 1 ms instead of 5 ms;
+  cpu-*        the CPU path's workers decoding and cropping into pinned batches (no copy to the GPU):
+               cpu-full-cvpool decodes every JPEG in full with OpenCV's default thread pool in each worker (the
+               loader before DCT-reduced decoding and one OpenCV thread per worker), cpu-full with one thread per
+               worker, cpu the loader's own path (DCT-reduced where the crop allows, one thread per worker).
 
     python3 scripts/loader_probe.py DATASET --format tfrecord --augment eval --batches 40 --results OUT.jsonl
 """
@@ -11,6 +15,7 @@ For one dataset and format, prints a JSON line per stage, each a ceiling the ful
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -82,6 +87,22 @@ def main(argv=None) -> int:
                                      multiprocessing_context="forkserver")
     row("bytes", timed(iter(dl), args.batches, lambda: None))
     del dl
+
+    from gpufeed.pipelines.loader import _one_thread_per_worker, opencv_threads
+
+    train = args.augment == "train"
+    for stage, transform, init in (("cpu-full-cvpool", CpuDecode(train, 224, reduce=False), None),
+                                   ("cpu-full", CpuDecode(train, 224, reduce=False), _one_thread_per_worker),
+                                   ("cpu", CpuDecode(train, 224), _one_thread_per_worker)):
+        ds = MapDataset(args.format, paths, transform=transform)
+        ds.close()
+        dl = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+                                         drop_last=True, persistent_workers=True, pin_memory=True,
+                                         worker_init_fn=init, multiprocessing_context="fork")
+        with opencv_threads(1) if init else contextlib.nullcontext():
+            it = iter(dl)
+        row(stage, timed(it, args.batches, lambda: None), workers=args.workers)
+        del dl
 
     for threads in [int(t) for t in args.threads.split(",") if t]:
         for si in (None, 0.001):

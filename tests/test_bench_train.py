@@ -201,6 +201,26 @@ def test_warm_up_lasts_its_seconds_after_its_steps():
 
     run = train.timed_loop(iter(lambda: (None, None), 1), step, lambda: None, 4, steps=3, warmup=1, warmup_s=0.2)
     assert len(stepped) - 3 >= 8 and stepped[-3] - stepped[0] >= 0.2 and len(run.waits_s) == 3
+    # The warm-up's seconds give way to the epoch: the timed steps end within the first of 6 batches.
+    stepped.clear()
+    train.timed_loop(iter(lambda: (None, None), 1), step, lambda: None, 4, steps=3, warmup=1, warmup_s=0.2,
+                     epoch_batches=6)
+    assert len(stepped) == 6
+
+
+def test_a_cold_run_longer_than_an_epoch_is_refused(dataset, tmp_path):
+    """A cold run reads each record once: warm-up + timed steps past the first epoch would read the page cache
+    (and time the epoch's restart), so the run is refused with the numbers and the fixes."""
+    results = str(tmp_path / "r.jsonl")
+    args = _parse([dataset, "--results", results, "--formats", "tfrecord", "--task", "train", "--batch-size", "8",
+                   "--steps", str(N), "--warmup-steps", "1", "--repeats", "1", "--warmup", "0", "--workers", "0"])
+    with pytest.raises(ConfigError, match=rf"{N} records make {N // 8} batches of 8, fewer than the 1 warm-up \+ "
+                                          rf"{N} timed steps.*gpufeed bench dataset -n.*--no-cold"):
+        args._bench_module.run(args)
+    args = _parse([dataset, "--results", results, "--formats", "tfrecord", "--task", "train", "--batch-size", "8",
+                   "--steps", str(N), "--warmup-steps", "1", "--repeats", "1", "--warmup", "0", "--workers", "0",
+                   "--no-cold"])
+    assert args._bench_module.run(args) == 0
 
 
 @pytest.mark.slow

@@ -66,7 +66,7 @@ def test_gpu_crops_are_the_cpu_paths_crops(dataset):
     for s, im, (top, left, h, w), flip in zip(samples, images, boxes, flips):
         want = cv2.resize(im[top:top + h, left:left + w], (64, 64), interpolation=cv2.INTER_LINEAR)
         want = cv2.flip(want, 1) if flip else want
-        assert np.array_equal(L.CpuDecode(True, 64, seed=5).pixels(s), want)
+        assert np.array_equal(L.CpuDecode(True, 64, seed=5, reduce=False).pixels(s), want)
     boxes, flips = L.crop_params([(375, 500)], [0], False)
     assert boxes == [L.center_box(375, 500)] and flips == [False]
 
@@ -146,6 +146,19 @@ def test_epochs_reshuffle_deterministically_and_ranks_split_the_data(dataset):
     assert labels(0) == labels(0) and labels(0) != labels(1) and sorted(labels(0)) == sorted(labels(1))
     halves = labels(0, 0, 2) + labels(0, 1, 2)
     assert len(halves) == N and sorted(halves) == sorted(labels(0))
+
+
+def test_forked_workers_start_after_the_parents_opencv_pool_ran(dataset):
+    """The workers run one OpenCV thread each; setting that inside a worker forked after the parent's pool
+    ran hangs the worker, so the loader sets it around the fork and restores the parent's count."""
+    import cv2
+
+    cv2.setNumThreads(2)
+    cv2.resize(np.zeros((1500, 1500, 3), np.uint8), (700, 700))  # the parent's pool has threads now
+    ld = gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, augment="eval", workers=2)
+    x, _ = next(iter(ld))
+    assert x.shape == (4, 224, 224, 3) and cv2.getNumThreads() == 2
+    ld.close()
 
 
 def test_normalize_gives_nchw_float(dataset):

@@ -16,8 +16,9 @@ from gpufeed.errors import ConfigError, InputError
 from gpufeed.formats.base import Sample
 from gpufeed.pipelines.base import FileRef, InlineRef, Item
 from gpufeed.pipelines.imageio import decode_image, probe, reduction_for
-from gpufeed.pipelines.transforms import (ChannelStats, ImageOptions, make_sample, output_geometry,
-                                          random_resized_crop_flip, random_resized_crop_params, write_stats)
+from gpufeed.pipelines.transforms import (ChannelStats, ImageOptions, decode_crop, make_sample, output_geometry,
+                                          random_resized_crop_choice, random_resized_crop_flip,
+                                          random_resized_crop_params, write_stats)
 
 
 def photo(h, w, seed=0):
@@ -279,6 +280,24 @@ def test_random_resized_crop_follows_torchvision_rules():
         np.testing.assert_array_equal(out, expect[:, ::-1] if flipped else expect)
     assert 10 <= flips <= 30
     assert random_resized_crop_flip(img, (100, 120), rng).shape == (100, 120, 3)
+
+
+def test_decode_crop_is_the_crop_of_the_full_decode_and_reduces_large_photos():
+    """decode_crop draws the crop as random_resized_crop_flip does; a small photo decodes in full (the same
+    pixels), a large one at a DCT scale-down (close to the full decode's crop, not equal)."""
+    small = cv2.imencode(".jpg", photo(375, 500), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    large = cv2.imencode(".jpg", photo(1200, 1600, seed=1), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    for seed in range(6):
+        full = random_resized_crop_flip(decode_image(small, "s"), 224, np.random.default_rng(seed))
+        got = decode_crop(small, "s", 224, random_resized_crop_choice(np.random.default_rng(seed)))
+        np.testing.assert_array_equal(got, full)
+    whole = lambda h, w: ((0, 0, h, w), True)  # noqa: E731  a 1200 px box for 224: decoded at 1/4
+    exact = decode_crop(large, "l", 224, whole, reduce=False)
+    np.testing.assert_array_equal(exact, cv2.resize(decode_image(large, "l"), (224, 224))[:, ::-1])
+    reduced = decode_crop(large, "l", 224, whole)
+    assert reduced.shape == (224, 224, 3) and not np.array_equal(reduced, exact)
+    assert np.abs(reduced.astype(int) - exact.astype(int)).mean() < 4
+    assert reduction_for(probe(large, "l"), (1200 / 224, 1600 / 224)) == 4
 
 
 def test_speed_bench_runs_in_a_tiny_configuration(tmp_path):
