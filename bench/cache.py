@@ -63,7 +63,7 @@ def _mapped_files() -> set[str]:
 
 
 def evict(*paths: str) -> int:
-    """Drop every file at or under ``paths`` from the page cache (fsync, then fadvise DONTNEED).
+    """Drop every file at or under ``paths`` from the page cache (sync, then fadvise DONTNEED).
 
     Returns the bytes covered. Raises ConfigError if this process still maps one of them (close the LMDB
     environment or other mmap first: mapped pages cannot be evicted)."""
@@ -73,6 +73,9 @@ def evict(*paths: str) -> int:
     if still:
         raise ConfigError(f"{still[0]} is memory-mapped by this process, so its pages cannot be evicted; close "
                           "the LMDB environment (or reader) that maps it before evicting")
+    # Every dirty page on the machine is written first, not only these files': a cold run that starts while a
+    # dataset just built is still being written back shares the disk with that writeback.
+    os.sync()
     total = 0
     for f in files:
         fd = os.open(f, os.O_RDONLY)
