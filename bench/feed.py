@@ -2,7 +2,7 @@
 
 Each emulated accelerator is a process that reads its rank's share of a format in shuffled order (the stored
 bytes, as MLPerf Storage's clients read: no decoding, which is the CPU's question, not the disk's), a batch at a
-time with ``--threads`` reads in flight, and "computes" each batch by sleeping the step time of an accelerator
+time with ``--threads`` reads in flight (in ``--readers`` processes), and "computes" each batch by sleeping the step time of an accelerator
 profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU is compute time / wall
 time over the timed steps. N accelerators run at once on one tier (an emulated profile throttles all of them
 through one shared token bucket, or a real mount serves them), and the search doubles N while every rank keeps
@@ -38,46 +38,77 @@ AU_TARGET = 0.90
 CAPS_REACHED = 0.80
 
 
-def _rank(cfg: dict, rank: int, world: int, conn) -> None:
-    """One emulated accelerator (a child process): AU over the timed steps, sent back through ``conn``."""
-    from gpufeed.formats import get_format
+#: Records per second one reader process serves (measured on the H200 machine: ~12,000 small records/s from the
+#: local disk, ~6,500/s through the emulator, a Python request each). An accelerator gets one reader process per
+#: this many records/s of its demand by default: training an H200 one, inference three.
+READS_PER_PROCESS = 6_000
 
+_reading: dict = {}
+
+
+def _start_reading(cfg: dict) -> None:
+    """In a reader process (or the rank itself): ``cfg['threads'] // cfg['readers']`` reads in flight, a reader
+    per thread (readers keep a file position, so threads must not share one)."""
     import threading
+
+    from gpufeed.formats import get_format
 
     local = threading.local()
 
-    def read(i: int):
-        # A reader per thread: readers keep a file position, so threads must not share one.
+    def read(i: int) -> int:
         if not hasattr(local, "reader"):
             local.reader = get_format(cfg["format"]).reader(cfg["path"])
-        return local.reader.read_raw(i)
+        return len(local.reader.read_raw(i))
 
+    _reading["read"] = read
+    _reading["pool"] = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, cfg["threads"] // cfg["readers"]))
+
+
+def _read_part(idx: list[int]) -> int:
+    """Bytes of the records ``idx``, read by this process's threads."""
+    return sum(_reading["pool"].map(_reading["read"], idx))
+
+
+def _rank(cfg: dict, rank: int, world: int, conn) -> None:
+    """One emulated accelerator (a child process): AU over the timed steps, sent back through ``conn``. Its
+    batches are read by ``cfg['readers']`` processes (itself when 1), each a part of every batch, as a
+    DataLoader's workers are."""
+    import multiprocessing
+
+    from gpufeed.formats import get_format
+
+    parts = None
     try:
         reader = get_format(cfg["format"]).reader(cfg["path"])
         order = np.random.default_rng((cfg["seed"], 0)).permutation(len(reader))[rank::world]
-        batch, step_s = cfg["batch"], cfg["step_s"]
+        batch, step_s, k = cfg["batch"], cfg["step_s"], cfg["readers"]
         steps = cfg["warmup"] + cfg["steps"]
         if len(order) < batch:
             raise ConfigError(f"{cfg['path']}: {len(reader)} records give rank {rank} of {world} fewer than one batch "
                               f"of {batch}; build a larger dataset or pass a smaller --batch-size")
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=cfg["threads"])
+        if k > 1:  # all started here, before this process has threads to fork with
+            parts = multiprocessing.get_context("fork").Pool(k, initializer=_start_reading, initargs=(cfg,))
+        else:
+            _start_reading(cfg)
 
-        def read_batch(k: int) -> int:
-            idx = [int(order[(k * batch + j) % len(order)]) for j in range(batch)]
-            return sum(len(v) for v in pool.map(read, idx))
+        def read_batch(b: int) -> int:
+            idx = [int(order[(b * batch + j) % len(order)]) for j in range(batch)]
+            if parts is None:
+                return _read_part(idx)
+            return sum(parts.map(_read_part, [idx[i::k] for i in range(k)]))
 
         ahead = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         pending = ahead.submit(read_batch, 0)
         waits, nbytes, t_start = [], 0, None
-        for k in range(steps):
-            if k == cfg["warmup"]:
+        for b in range(steps):
+            if b == cfg["warmup"]:
                 t_start = time.perf_counter()
             t0 = time.perf_counter()
             got = pending.result()
-            if k >= cfg["warmup"]:
+            if b >= cfg["warmup"]:
                 nbytes += got
                 waits.append(time.perf_counter() - t0)
-            pending = ahead.submit(read_batch, k + 1)
+            pending = ahead.submit(read_batch, b + 1)
             time.sleep(step_s)
         wall = time.perf_counter() - t_start
         pending.cancel()
@@ -87,7 +118,14 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
         conn.send(("error", e))
     finally:
         conn.close()
+        if parts is not None:
+            parts.terminate()
         os._exit(0)
+
+
+def readers_for(step_s: float, batch: int) -> int:
+    """Default reader processes of an accelerator: one per :data:`READS_PER_PROCESS` records/s it consumes."""
+    return max(1, -(-int(batch / step_s) // READS_PER_PROCESS))
 
 
 def run_n(cfg: dict, n: int) -> dict:
@@ -103,7 +141,8 @@ def run_n(cfg: dict, n: int) -> dict:
     procs, conns = [], []
     for r in range(n):
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_rank, args=(cfg, r, n, child), daemon=True)
+        # Not daemonic: a rank starts its own reader processes.
+        p = ctx.Process(target=_rank, args=(cfg, r, n, child))
         p.start()
         child.close()
         procs.append(p)
@@ -214,6 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=32,
                         help="reads in flight per accelerator (requests/s <= threads / latency: enough that the "
                              "disk, not the reader, is the limit)")
+    parser.add_argument("--readers", type=int, default=None,
+                        help="reader processes per accelerator, sharing its --threads (default: one per "
+                             f"{READS_PER_PROCESS:,} records/s the accelerator consumes, as a DataLoader has workers)")
     parser.add_argument("--max-gpus", type=int, default=64, help="stop the search here")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample order")
 
@@ -228,8 +270,12 @@ def run(args) -> int:
 
     profile = get_profile(args.profile).task(args.task)
     batch = args.batch_size or profile.batch
-    if min(batch, args.steps, args.threads, args.max_gpus) < 1 or args.warmup_steps < 0:
-        raise ConfigError("--batch-size, --steps, --threads and --max-gpus must be at least 1")
+    readers = args.readers or readers_for(profile.step_time(batch), batch)
+    if min(batch, args.steps, args.threads, args.max_gpus, readers) < 1 or args.warmup_steps < 0:
+        raise ConfigError("--batch-size, --steps, --threads, --readers and --max-gpus must be at least 1")
+    if readers > args.threads:
+        raise ConfigError(f"--readers {readers} share --threads {args.threads} reads in flight: pass at least as "
+                          "many threads as readers")
     info = load_dataset_info(args.dst)
     writer = ResultWriter(args.results, data_path=args.dst)
     for tier in tiers_from_args(args, os.path.abspath(args.dst)):
@@ -242,7 +288,7 @@ def run(args) -> int:
                 raise ConfigError(f"bench feed reads one file per format; {fmt} has {len(paths)} (build the "
                                   "dataset with one shard)")
             cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
-                   "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "seed": args.seed}
+                   "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "readers": readers, "seed": args.seed}
             records = _records(fmt, paths[0])  # once: a TFRecord without .idx is scanned to count them
             cold_max = None if tier.limits is not None else cold_max_gpus(cfg, records, args.dst)
             record_bytes = round(os.path.getsize(paths[0]) / records)
@@ -254,7 +300,7 @@ def run(args) -> int:
             row = {"bench": "feed", **tier.row_fields(), "format": fmt, **validity,
                    "params": {"task": args.task, "accelerator": args.profile, "batch_size": batch,
                               "steps": args.steps, "warmup_steps": args.warmup_steps, "threads": args.threads,
-                              "max_gpus": args.max_gpus, "cold": True},
+                              "readers": readers, "max_gpus": args.max_gpus, "cold": True},
                    **summarize("gpus_fed", "accelerators", [found["gpus_fed"]]), **found,
                    "cold_max_gpus": cold_max, "record_bytes": record_bytes}
             shortfall = caps_shortfall(row)

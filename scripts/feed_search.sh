@@ -18,7 +18,7 @@ for size in full 160; do
   extra=(); [ "$size" = 160 ] && extra=(--resize 160)
   [ -f "$DATA/$size/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$DATA/$size" -n "${N:-60000}" \
     --formats tfrecord --workers "$(nproc)" "${extra[@]}"
-  for task in train infer; do
+  for task in ${TASKS:-train infer}; do
     python3 -m gpufeed bench feed "$DATA/$size" --task "$task" --tier "local=$DATA/$size" --tier ultra@2000 \
       --tier ssd@2000 --tier essd-pl1@2000 --tier essd-pl2@1000 --max-gpus "${MAX_GPUS:-32}" \
       --steps "${STEPS:-20}" --results "$OUT/feed-h200.jsonl" || echo "bench feed ended with rc $?"

@@ -41,10 +41,11 @@ def test_bench_feed_on_an_emulated_tier_writes_a_row_the_report_shows(tmp_path):
     assert "Accelerators fed per disk" in text and "| essd-pl1" in text
 
 
-@pytest.mark.parametrize("accounting", ["requests", "device"])
-def test_every_read_is_charged_to_an_emulated_tier_even_from_the_page_cache(tmp_path, accounting):
+@pytest.mark.parametrize("accounting,readers", [("requests", 1), ("device", 1), ("requests", 2)])
+def test_every_read_is_charged_to_an_emulated_tier_even_from_the_page_cache(tmp_path, accounting, readers):
     """MLPerf Storage's datasets are several times memory: a rank that reads its share round again, or a record
-    the page cache holds, must still cost the emulated disk a read (bench feed charges every request)."""
+    the page cache holds, must still cost the emulated disk a read (bench feed charges every request), from the
+    rank itself or from its reader processes."""
     from gpufeed.bench.dataset import build_dataset, load_dataset_info
     from gpufeed.bench.emulate import Throttle
     from gpufeed.bench.read import dataset_paths
@@ -58,11 +59,13 @@ def test_every_read_is_charged_to_an_emulated_tier_even_from_the_page_cache(tmp_
         smallest = min(len(reader.read_raw(i)) for i in range(len(reader)))
     # 2 ranks of 16 records each read 1 + 5 batches of 8: every record three times.
     cfg = {"format": "tfrecord", "path": path, "batch": 8, "step_s": 0.001, "steps": 5, "warmup": 1, "threads": 4,
-           "seed": 0}
+           "readers": readers, "seed": 0}
     with Throttle.emulate(get_profile("ultra").limits(20), accounting=accounting, state_dir=str(tmp_path)) as t:
         got = feed.run_n(cfg, 2)
         stats = t.stats()
     assert len(got["au"]) == 2
+    # Every batch's bytes were counted: 5 timed batches of 8 per rank.
+    assert got["mb_per_s"] > 0
     charged_every_read = stats["requests"] >= 2 * 6 * 8 and stats["bytes_read"] >= 2 * 6 * 8 * smallest
     # The control: device accounting charges only what the kernel fetched, so the page cache serves re-reads free.
     assert charged_every_read == (accounting == "requests"), (stats, smallest)
@@ -102,3 +105,14 @@ def test_a_failure_under_the_emulated_disks_caps_is_not_blamed_on_the_disk(faili
         dict(row, bench="feed", tier="essd-pl2", format="tfrecord", params={"task": "train"})]))]), "/n", "x")
     assert (expected in text) if expected else "the disk may feed more" not in text
     assert feed.caps_shortfall(dict(row, tier_limits=None)) is None  # a real mount: no caps to compare
+
+
+def test_an_accelerator_has_a_reader_process_per_6000_records_per_s_it_consumes(tmp_path, capsys):
+    from gpufeed.bench.accelerator import get_profile
+
+    for task, want in (("train", 1), ("infer", 3)):
+        profile = get_profile("h200").task(task)
+        assert feed.readers_for(profile.step_time(profile.batch), profile.batch) == want
+    assert main(["bench", "feed", str(tmp_path), "--readers", "4", "--threads", "2", "--results",
+                 str(tmp_path / "r")]) != 0
+    assert "--readers 4 share --threads 2 reads in flight" in capsys.readouterr().err
