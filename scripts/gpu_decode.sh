@@ -48,13 +48,16 @@ if [ "${PROBE:-0}" = 1 ]; then
 fi
 
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
-train() {  # DATASET FORMATS TASKS DECODES
+train() {  # DATASET FORMATS TASKS DECODES [WORKERS]
   timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
     --decode "$4" --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
-    --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
+    ${5:+--workers "$5"} --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
     || stamp "step ended with rc $?"
 }
-[ -n "${DECODES-x}" ] && train "$DATA" "${FORMATS:-tfrecord,recordio,lmdb}" "${TASKS:-train,infer}" "${DECODES:-cpu,hw,hybrid}"
+# WORKERS_LIST="12 14 16": the same runs with each DataLoader worker count (default: one per core, at most 16).
+for workers in ${WORKERS_LIST:-""}; do
+  [ -n "${DECODES-x}" ] && train "$DATA" "${FORMATS:-tfrecord,recordio,lmdb}" "${TASKS:-train,infer}" "${DECODES:-cpu,hw,hybrid}" "$workers"
+done
 
 if [ "${RECIPES:-0}" = 1 ]; then
   for encode in ${RECIPE_ENCODES:-jpeg raw}; do
