@@ -59,8 +59,25 @@ def params(row: dict) -> dict:
 
 
 def stored_size(row: dict) -> int | None:
-    """The dataset's stored shorter side (``--resize``), None when images are stored as captured."""
+    """The dataset's stored shorter side (``--resize``), None when not resized (as captured, or stored another
+    way: see :func:`stored`)."""
     return params(row).get("resize", row.get("resize"))
+
+
+def stored(row: dict) -> str | None:
+    """How the dataset's images are stored, as the ``gpufeed convert`` flags that store them (``--resize 160``,
+    ``--size 224x224 --center-crop``), None when as captured."""
+    store = params(row).get("store", row.get("store"))
+    if store:
+        return str(store)
+    size = stored_size(row)
+    return f"--resize {size}" if size else None
+
+
+def _plain(row: dict) -> bool:
+    """Stored as captured or only resized: what the figures keyed by :func:`stored_size` compare."""
+    size = stored_size(row)
+    return stored(row) == (f"--resize {size}" if size else None)
 
 
 def figure(row: dict, name: str) -> float | None:
@@ -443,8 +460,8 @@ def train_rows_for(rows: Sequence[dict], demand: Demand) -> list[dict]:
 def _describe_config(row: dict) -> str:
     decode = params(row).get("decode")
     notes = [f"{decode} decode"] if decode else []
-    if stored_size(row):
-        notes.append(f"stored at --resize {stored_size(row)}")
+    if stored(row):
+        notes.append(f"stored as {stored(row)}")
     if row.get("bench") == "train" and params(row).get("cold") is False:
         notes.append("page-cached")
     text = f"{row.get('format')} on {tier_label(row)}"
@@ -459,7 +476,7 @@ def bytes_per_image(rows: Sequence[dict]) -> dict[Any, float]:
     sizes = defaultdict(list)
     for r in rows:
         b = r.get("sample_bytes")
-        if b:
+        if b and _plain(r):
             sizes[stored_size(r)].append(b)
     return {k: statistics.median(v) for k, v in sizes.items()}
 
@@ -478,7 +495,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
     augmentation).
     """
     reads = [r for r in of_bench(rows, "read") if params(r).get("decode") and r.get("median")
-             and stored_size(r) == resize and r.get("valid", True)]
+             and stored_size(r) == resize and _plain(r) and r.get("valid", True)]
     # Warm-cache reads measure the CPU, not the disk; use them when there are any.
     warm = [r for r in reads if params(r).get("cache") == "warm"]
     from_read = None
@@ -496,7 +513,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
         au = figure(r, "au")
         if p.get("decode") == "cpu" and p.get("task") == task and au is not None and au < AU_TARGET \
                 and p.get("workers") and r.get("median") and r.get("mode") == "measured" \
-                and stored_size(r) == resize:
+                and stored_size(r) == resize and _plain(r):
             starved.append((r["median"] / p["workers"], r))
     from_loop = None
     if starved:
@@ -565,8 +582,10 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
     if not feed:
         return []
     t = Table("Accelerators fed per disk (gpufeed bench feed: emulated accelerators reading stored bytes)",
-              ["tier", "disk", "format", "task", "accelerator", "fed at AU >= 90%", "first N below", "note"], [])
-    for r in sorted(feed, key=lambda r: (str(r.get("tier")), str(r.get("format")))):
+              ["task", "record", "tier", "disk", "format", "accelerator", "fed at AU >= 90%", "first N below", "note"],
+              [])
+    for r in sorted(feed, key=lambda r: (str(params(r).get("task")), -(r.get("record_bytes") or 0),
+                                         str(r.get("tier")), str(r.get("format")))):
         lim = r.get("tier_limits") or {}
         disk = (f"{fmt_num(lim.get('size_gib'))} GiB: {fmt_num(lim.get('mb_per_s'))} MB/s, "
                 f"{fmt_num(lim.get('iops'))} IOPS" if lim else "measured mount")
@@ -582,8 +601,8 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
             note.append(shortfall)
         if not r.get("valid", True):
             note.append("invalid: " + str(r.get("invalid_reason")))
-        t.rows.append([tier_label(r), disk, str(r.get("format")), str(params(r).get("task")),
-                       str(params(r).get("accelerator")), str(r.get("gpus_fed")), str(r.get("first_failing") or "-"),
+        t.rows.append([str(params(r).get("task")), fmt_bytes(r.get("record_bytes")), tier_label(r), disk,
+                       str(r.get("format")), str(params(r).get("accelerator")), str(r.get("gpus_fed")), str(r.get("first_failing") or "-"),
                        "; ".join(note) or "-"])
     return [t]
 
@@ -600,7 +619,7 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
     caps = tier_caps(rows)
 
     def cost(r):  # slowest disk first, images as captured before resized ones, then the best AU
-        return caps.get(r.get("tier"), (math.inf, ""))[0], stored_size(r) is not None, -(figure(r, "au") or 0)
+        return caps.get(r.get("tier"), (math.inf, ""))[0], stored(r) is not None, -(figure(r, "au") or 0)
 
     pick = min(passing, key=cost)
     workers = params(pick).get("workers")
@@ -612,13 +631,13 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
 def au_matrix(tr: Sequence[dict], d: Demand) -> Table:
     """Format (and stored size) x tier: the best AU measured, with the decode path that gave it; bold at >= 90%."""
     tiers = sorted({tier_label(r) for r in tr})
-    keys = sorted({(str(r.get("format")), stored_size(r) or 0) for r in tr})
+    keys = sorted({(str(r.get("format")), stored(r) or "") for r in tr})
     t = Table(f"AU of ResNet-50 {d.task} on {d.accelerator}, best decode path per cell",
               ["format", "stored", *tiers], [])
     for fmt, size in keys:
         cells = []
         for tier in tiers:
-            here = [r for r in tr if str(r.get("format")) == fmt and (stored_size(r) or 0) == size
+            here = [r for r in tr if str(r.get("format")) == fmt and (stored(r) or "") == size
                     and tier_label(r) == tier]
             cold = [r for r in here if params(r).get("cold") is not False]
             if not here:
@@ -628,7 +647,7 @@ def au_matrix(tr: Sequence[dict], d: Demand) -> Table:
             au = figure(best, "au")
             text = f"{fmt_pct(au)} ({params(best).get('decode')}{'' if cold else ', page-cached'})"
             cells.append(f"**{text}**" if au is not None and au >= AU_TARGET else text)
-        t.rows.append([fmt, f"--resize {size}" if size else "as captured", *cells])
+        t.rows.append([fmt, size or "as captured", *cells])
     t.note = (f"Cold page cache unless marked. Tiers marked * are emulated. Bold: AU >= {AU_TARGET:.0%}. Every run is "
               "listed under 'Every configuration measured'.")
     return t
@@ -659,7 +678,7 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
         text = (f"CPU cores for {d.task}: one core prepares about {fmt_num(per_core)} img/s ({source}), so "
                 f"{AU_TARGET:.0%} of this demand needs about **{need} cores** for decoding alone, plus one for "
                 "the process driving the accelerator.")
-    captured = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored_size(r) is None
+    captured = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored(r) is None
                 and r.get("mode") == "measured" and (figure(r, "au") or 0) >= AU_TARGET]
     if captured and rate is not None:
         best = max(captured, key=lambda r: figure(r, "au") or 0)
@@ -667,7 +686,7 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
                  f"{fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}): the loop needs fewer cores "
                  "than the read benchmark's rate suggests, and that many are enough.")
     ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored_size(r) == resize_to
-           and r.get("mode") == "measured"]
+           and _plain(r) and r.get("mode") == "measured"]
     if ran:
         best = max(ran, key=lambda r: figure(r, "au") or 0)
         if (figure(best, "au") or 0) >= AU_TARGET:
@@ -805,12 +824,12 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
         p = params(r)
         return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("cold"), p.get("accelerator")
 
-    full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not stored_size(r)}
+    full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not stored(r)}
     lines = []
     for r in of_bench(rows, "train"):
         twin = full.get(key(r))
         size = stored_size(r)
-        if size and twin is not None and twin.get("median") and r.get("median"):
+        if size and _plain(r) and twin is not None and twin.get("median") and r.get("median"):
             task, fmt, decode, *_ = key(r)
             lines.append(f"{task}, {fmt} on {tier_label(r)}, {decode} decode: {fmt_num(r['median'])} img/s stored at "
                          f"--resize {size} vs {fmt_num(twin['median'])} as captured "
@@ -954,12 +973,12 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
                        fmt_pct(across["spread"]) + f" ({len(rs)} calls)" if len(rs) > 1 else fmt_spread(rs[0]),
                        "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
     for r in sorted((r for r in train if not is_synthetic(r)),
-                    key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored_size(r)),
+                    key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored(r)),
                                    str(r.get("tier")), str(params(r).get("cold")), str(params(r).get("decode")))):
         p = params(r)
         au = figure(r, "au")
         t.rows.append([str(p.get("task")), str(r.get("format")),
-                       f"--resize {stored_size(r)}" if stored_size(r) else "as captured", tier_label(r),
+                       stored(r) or "as captured", tier_label(r),
                        "warm" if p.get("cold") is False else "cold", str(p.get("decode") or "-"),
                        _accelerator_cell(r), fmt_num(r.get("median")), fmt_spread(r),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),

@@ -337,3 +337,25 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
     assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,284 img/s when it never waits. Best: tfrecord "
             "with hw decoding, slowest rank at AU 74.2%, 6,360 img/s in all; below 90%: not fed.") in ranks
     assert "| train | 2 | tfrecord | local | hw | 3,180 / 3,181 | 74.2% / 74.3% | 74.2% | 6,360 | 2.21 |" in ranks
+
+
+def test_images_stored_another_way_are_never_reported_as_captured(tmp_path):
+    """A row from a dataset stored as a 224 centre crop (its `store`, no `resize`) gets its own line in the AU
+    matrix and every list, and is neither recommended nor counted as images kept as captured."""
+    from gpufeed.bench.results import ResultWriter
+
+    path = str(tmp_path / "r.jsonl")
+    w = ResultWriter(path)
+    _train(w, "memory", "synthetic", "infer", None, 15_900, 15_900)
+    _train(w, "nvme", "recordio", "infer", "cpu", 5_800, 15_900)
+    w.write({**load_results(path)[-1], "params": {**load_results(path)[-1]["params"],
+                                                   "store": "--size 224x224 --center-crop"},
+             "median": 14_400, "metrics": {"au": {"unit": "fraction", "median": 0.92, "spread": 0, "values": [0.92]}}})
+    rows = load_results(path)
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report.answer(rows)),
+                                                           report.Section("b", report.every_configuration(rows))]),
+                                  "/nonexistent", "x")
+    assert "| recordio | as captured | 36.5% (cpu) |" in text
+    assert "| recordio | --size 224x224 --center-crop | **92.0% (cpu)** |" in text
+    assert "recordio on nvme (cpu decode, stored as --size 224x224 --center-crop), 16 workers: AU 92.0%" in text
+    assert "As captured, 16 workers already kept it" not in text
