@@ -12,8 +12,8 @@
 
 Where the JPEGs are decoded (``decode``):
 
-* ``cpu``: in DataLoader worker processes (OpenCV, DCT-domain downscale where the crop allows), then one
-  pinned, asynchronous copy per batch.
+* ``cpu``: in DataLoader worker processes, one OpenCV thread each (DCT-domain downscale where the crop allows),
+  then one pinned, asynchronous copy per batch on a stream of its own, a batch ahead of the model.
 * ``gpu``: nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")``: fast, but its kernels run on the
   SMs the model needs.
 * ``hw``: the GPU's JPEG engines (NVJPG on A100/H100/H200) through NVIDIA nvImageCodec
