@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     datas = _records(args.dst, args.images)
     mean_kib = sum(map(len, datas)) / len(datas) / 1024
     device = torch.device("cuda")
-    batches = [collate_encoded([(d, 0, 0) for d in datas[k:k + args.batch]])[:2] for k in range(0, len(datas), args.batch)]
+    batches = [collate_encoded([(d, 0, 0, (0,) * 7) for d in datas[k:k + args.batch]])[:2] for k in range(0, len(datas), args.batch)]
     rows = []
 
     def row(decoder: str, images: int, seconds: float, **extra):
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     hw = HwJpegDecoder(device, train=False)
     seconds = _timed(lambda b: hw.images(*b), batches, sync)
     # The engines' pixels against the CPU's, on the first images (JPEG decoders may differ by rounding).
-    got = hw.images(*collate_encoded([(d, 0, 0) for d in cpu[:32]])[:2])
+    got = hw.images(*collate_encoded([(d, 0, 0, (0,) * 7) for d in cpu[:32]])[:2])
     diffs = [float(np.abs(g.permute(1, 2, 0).cpu().numpy().astype(int) - decode_image(d, "x").astype(int)).mean())
              for g, d in zip(got, cpu[:32])]
     row("hw-engines", len(datas), seconds, batch=args.batch, fallbacks=hw.fallbacks,

@@ -183,13 +183,18 @@ def collate_tokens(batch):
 def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):
     """Per image of shape ``(h, w)`` and sample index: its crop ``(top, left, h, w)`` and whether it is flipped,
     drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
+    drawn = [draw_crop(h, w, index, train, seed) for (h, w), index in zip(shapes, indices)]
+    return [box for box, _ in drawn], [flip for _, flip in drawn]
+
+
+def draw_crop(height: int, width: int, index: int, train: bool, seed: int = 0):
+    """``((top, left, h, w), flip)`` of sample ``index`` in an upright ``height`` x ``width`` image: training's
+    ``RandomResizedCrop`` + flip drawn from ``(seed, index)``, or evaluation's :func:`center_box`."""
     if not train:
-        return [center_box(h, w) for h, w in shapes], [False] * len(shapes)
+        return center_box(height, width), False
     from gpufeed.pipelines.transforms import random_resized_crop_choice
 
-    drawn = [random_resized_crop_choice(np.random.default_rng((seed, int(index))))(h, w)
-             for (h, w), index in zip(shapes, indices)]
-    return [box for box, _ in drawn], [flip for _, flip in drawn]
+    return random_resized_crop_choice(np.random.default_rng((seed, int(index))))(height, width)
 
 
 def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -252,15 +257,26 @@ def encoded_bytes(sample) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class EncodedBytes:
-    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label and its
-    index (the GPU crop of sample ``i`` is drawn from ``(seed, i)``, as on the CPU path)."""
+    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label, its index,
+    and its crop drawn here from the JPEG's header as :class:`CpuDecode` draws it (:func:`draw_crop`):
+    ``(height, width, top, left, h, w, flip)``. Drawing 256 crops costs the main process, which the model
+    needs, ~10 ms of interpreter time per batch; 16 workers draw them beside their reads."""
+
+    train: bool = False
+    seed: int = 0
 
     def __call__(self, sample):
-        return encoded_bytes(sample), int(sample.labels[0]), int(sample.index)
+        from gpufeed.pipelines.imageio import probe
+
+        data = encoded_bytes(sample)
+        info = probe(data, sample.key)
+        box, flip = draw_crop(info.height, info.width, sample.index, self.train, self.seed)
+        return data, int(sample.labels[0]), int(sample.index), (info.height, info.width, *box, int(flip))
 
 
 def collate_encoded(batch):
-    """``[(jpeg bytes, label, index)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64 indices).
+    """``[(jpeg bytes, label, index, crop)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64
+    indices, N x 7 int64 crops).
 
     One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
     splits it into per-image views."""
@@ -274,7 +290,8 @@ def collate_encoded(batch):
         offset += n
     return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
             torch.tensor([item[1] for item in batch], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64))
+            torch.tensor([item[2] for item in batch], dtype=torch.int64),
+            torch.tensor([item[3] for item in batch], dtype=torch.int64).reshape(len(batch), 7))
 
 
 class HybridSplit:
@@ -290,21 +307,22 @@ class HybridSplit:
         # The golden-ratio sequence spreads any share evenly over consecutive indices.
         if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
             return "px", self.cpu.pixels(sample), int(sample.labels[0]), int(sample.index)
-        return "jpeg", encoded_bytes(sample), int(sample.labels[0]), int(sample.index)
+        return ("jpeg", *EncodedBytes(self.cpu.train, self.cpu.seed)(sample))
 
 
 def collate_hybrid(batch):
-    """``[("px", pixels, label, index) | ("jpeg", bytes, label, index)]`` -> (NHWC uint8 pixels, their batch
-    positions, the other images as :func:`collate_encoded` packs them, their positions, all labels)."""
+    """``[("px", pixels, label, index) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels, their
+    batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels, their
+    indices and crops)."""
     import torch
 
     px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
     enc = [(i, item) for i, item in enumerate(batch) if item[0] == "jpeg"]
     pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
-    flat, sizes, _, indices = collate_encoded([item[1:] for _, item in enc])
+    flat, sizes, _, indices, crops = collate_encoded([item[1:] for _, item in enc])
     return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
             torch.tensor([i for i, _ in enc], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices)
+            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops)
 
 
 # ------------------------------------------------------------------------------------------------- on the GPU
@@ -332,11 +350,21 @@ class GpuCrop:
         self.stream = (torch.cuda.Stream(device=device, priority=priority) if torch.device(device).type == "cuda"
                        else None)
 
-    def crop(self, images: list, indices) -> object:
+    def crop(self, images: list, indices, crops=None) -> object:
         """``images``: CHW uint8 tensors on the device, ``indices`` their sample indices -> N x size x size x 3
-        uint8."""
+        uint8. ``crops``: the boxes and flips :class:`EncodedBytes` drew in the workers (N x 7: height, width,
+        box, flip), used where the decoded image has the header's size; drawn here otherwise."""
         torch = self.torch
-        boxes, flips = crop_params([tuple(img.shape[1:]) for img in images], indices, self.train, self.seed)
+        shapes = [tuple(img.shape[1:]) for img in images]
+        drawn = crops.tolist() if crops is not None else [[0] * 7] * len(images)
+        boxes = [tuple(c[2:6]) for c in drawn]
+        flips = [bool(c[6]) for c in drawn]
+        redraw = [i for i, c in enumerate(drawn) if tuple(c[:2]) != shapes[i]]
+        if redraw:
+            index = indices.tolist() if hasattr(indices, "tolist") else list(indices)
+            again, flipped = crop_params([shapes[i] for i in redraw], [index[i] for i in redraw], self.train, self.seed)
+            for i, box, flip in zip(redraw, again, flipped):
+                boxes[i], flips[i] = box, flip
         by_shape: dict[tuple, list[int]] = {}
         for i, img in enumerate(images):
             by_shape.setdefault(tuple(img.shape), []).append(i)
@@ -374,8 +402,8 @@ class NvJpegDecoder(GpuCrop):
         datas = list(self.torch.split(flat, sizes.tolist()))
         return self.io.decode_jpeg(datas, mode=self.io.ImageReadMode.RGB, device=self.device)
 
-    def decode(self, flat, sizes, labels, indices):
-        return self.crop(self.images(flat, sizes), indices), labels.to(self.device, non_blocking=True)
+    def decode(self, flat, sizes, labels, indices, crops=None):
+        return self.crop(self.images(flat, sizes), indices, crops), labels.to(self.device, non_blocking=True)
 
 
 class HwJpegDecoder(GpuCrop):
@@ -412,8 +440,8 @@ class HwJpegDecoder(GpuCrop):
                 decoded[i] = img
         return [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
 
-    def decode(self, flat, sizes, labels, indices):
-        return self.crop(self.images(flat, sizes), indices), labels.to(self.device, non_blocking=True)
+    def decode(self, flat, sizes, labels, indices, crops=None):
+        return self.crop(self.images(flat, sizes), indices, crops), labels.to(self.device, non_blocking=True)
 
 
 def import_nvimgcodec():
@@ -491,13 +519,13 @@ class HybridDecoder:
     def __init__(self, hw: HwJpegDecoder, share):
         self.hw, self.share, self.stream = hw, share, hw.stream
 
-    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices):
+    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops=None):
         torch, device = self.hw.torch, self.hw.device
         x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
         if pixels is not None:
             x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
         if len(enc_pos):
-            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes), indices))
+            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes), indices, crops))
         return x, labels.to(device, non_blocking=True)
 
     def timing(self, waited: float, decoded: float) -> None:
@@ -595,7 +623,7 @@ class Loader:
                                                                                  lock=False)
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
-            transform, self._collate = EncodedBytes(), collate_encoded
+            transform, self._collate = EncodedBytes(train, seed), collate_encoded
         from gpufeed.formats.torch import MapDataset
 
         self.dataset = MapDataset(self.format, paths, transform=transform, rank=rank, world_size=world_size,

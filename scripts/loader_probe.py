@@ -74,6 +74,9 @@ def main(argv=None) -> int:
     for train in (True, False):
         images = [torch.from_numpy(decode_image(s.payload, s.key)).cuda().permute(2, 0, 1) for s in samples]
         got = GpuCrop(torch.device("cuda"), train, 224, seed=3).crop(images, [s.index for s in samples]).cpu()
+        crops = collate_encoded([EncodedBytes(train, 3)(s) for s in samples])[4]
+        drawn = GpuCrop(torch.device("cuda"), train, 224, seed=3).crop(images, [s.index for s in samples], crops)
+        assert torch.equal(drawn.cpu(), got), "crops drawn in the workers differ from the main process's"
         want = np.stack([CpuDecode(train, 224, seed=3).pixels(s) for s in samples])
         diff = np.abs(got.numpy().astype(int) - want.astype(int)).mean(axis=(1, 2, 3))
         r = {"bench": "loader-probe", "stage": "crop-check", "train": train, "max_mean_abs_diff": round(float(diff.max()), 2)}

@@ -44,11 +44,18 @@ def test_cpu_decode_and_encoded_bytes_on_real_records(dataset):
         assert img.shape == (224, 224, 3) and img.dtype == np.uint8 and label == int(sample.labels[0])
     # The crop of a sample is a function of (seed, index): runs are repeatable.
     assert np.array_equal(L.CpuDecode(True, 224, seed=5)(sample)[0], L.CpuDecode(True, 224, seed=5)(sample)[0])
-    raw, label, index = L.EncodedBytes()(sample)
+    raw, label, index, crop = L.EncodedBytes(train=True, seed=5)(sample)
     assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff" and index == sample.index == 3
-    flat, sizes, labels, indices = L.collate_encoded([(raw, label, 3), (raw[:100], 7, 9)])
+    # The workers draw the GPU paths' crop from the header: the box and flip the CPU path draws for this sample.
+    from gpufeed.pipelines.transforms import decode_image
+
+    shape = decode_image(raw, "x").shape[:2]
+    (box,), (flip,) = L.crop_params([shape], [3], True, seed=5)
+    assert crop == (*shape, *box, int(flip))
+    assert L.EncodedBytes()(sample)[3] == (*shape, *L.center_box(*shape), 0)
+    flat, sizes, labels, indices, crops = L.collate_encoded([(raw, label, 3, crop), (raw[:100], 7, 9, crop)])
     assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
-    assert indices.tolist() == [3, 9]
+    assert indices.tolist() == [3, 9] and crops.tolist() == [list(crop)] * 2
 
 
 def test_gpu_crops_are_the_cpu_paths_crops(dataset):
@@ -179,6 +186,9 @@ def test_gpu_crop_matches_the_cpu_path(dataset, train):
     samples = [reader[i] for i in range(10)]
     images = [torch.from_numpy(decode_image(s.payload, s.key)).permute(2, 0, 1) for s in samples]
     out = L.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples])
+    # The crops the workers drew from the headers give the same pixels.
+    crops = L.collate_encoded([L.EncodedBytes(train, 3)(s) for s in samples])[4]
+    assert torch.equal(L.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples], crops), out)
     want = np.stack([L.CpuDecode(train, 64, seed=3).pixels(s) for s in samples])
     assert out.shape == (10, 64, 64, 3) and out.dtype == torch.uint8
     diff = np.abs(out.numpy().astype(int) - want.astype(int)).mean(axis=(1, 2, 3))
@@ -201,7 +211,9 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     items = [split(reader[i]) for i in range(6)]
     assert {item[0] for item in items} == {"jpeg"}
     share.value = 0.5
-    pixels, px_pos, flat, sizes, enc_pos, labels, indices = L.collate_hybrid([split(reader[i]) for i in range(8)])
+    pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops = L.collate_hybrid(
+        [split(reader[i]) for i in range(8)])
+    assert crops.shape == (len(enc_pos), 7)
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
