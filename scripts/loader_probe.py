@@ -4,6 +4,7 @@ For one dataset and format, prints a JSON line per stage, each a ceiling the ful
   bytes        the DataLoader workers alone: records read and packed into batches (no decode);
   hw-N         gpufeed.loader(decode="hw") with N decoder threads: batches decoded and cropped on the GPU;
   hw-N-si      the same with the interpreter's thread switch interval at 1 ms instead of 5 ms;
+  hw-2-maincrops  hw-2 with every crop drawn in this process instead of in the DataLoader workers;
   cpu-*        the CPU path's workers decoding and cropping into pinned batches (no copy to the GPU):
                cpu-full-cvpool decodes every JPEG in full with OpenCV's default thread pool in each worker (the
                loader before DCT-reduced decoding and one OpenCV thread per worker), cpu-full with one thread per
@@ -29,6 +30,13 @@ def timed(it, batches: int, sync) -> float:
         next(it)
     sync()
     return time.perf_counter() - t0
+
+
+def _without_crops(batch):
+    """The workers' batch without the crops they drew (hw-2-maincrops)."""
+    from gpufeed.pipelines.loader import collate_encoded
+
+    return collate_encoded(batch)[:4]
 
 
 def main(argv=None) -> int:
@@ -108,19 +116,22 @@ def main(argv=None) -> int:
         del dl
 
     for threads in [int(t) for t in args.threads.split(",") if t]:
-        for si in (None, 0.001):
-            if si is not None and threads != 2:
+        for si, main_crops in ((None, False), (0.001, False), (None, True)):
+            if (si is not None or main_crops) and threads != 2:
                 continue
             old = sys.getswitchinterval()
             if si is not None:
                 sys.setswitchinterval(si)
             ld = Loader(paths, format=args.format, batch_size=args.batch_size, decode="hw", augment=args.augment,
                         workers=args.workers, decode_threads=threads)
+            if main_crops:
+                ld._collate = _without_crops  # the decoders draw every crop in this process, as before
             seconds = timed(iter(ld), args.batches, sync)
             fallbacks = sum(d.fallbacks for d in ld._gpu_decoders())
             ld.close()
             sys.setswitchinterval(old)
-            row(f"hw-{threads}" + ("-si" if si else ""), seconds, fallbacks=fallbacks)
+            row(f"hw-{threads}" + ("-si" if si else "") + ("-maincrops" if main_crops else ""), seconds,
+                fallbacks=fallbacks)
     append_rows(args.results, rows)
     return 0
 
