@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     datas = _records(args.dst, args.images)
     mean_kib = sum(map(len, datas)) / len(datas) / 1024
     device = torch.device("cuda")
-    batches = [collate_encoded([(d, 0, 0, (0,) * 7) for d in datas[k:k + args.batch]])[:2] for k in range(0, len(datas), args.batch)]
+    batches = [collate_encoded([(d, 0, 0, (0,) * 7) for d in datas[k:k + args.batch]])[:2]
+               for k in range(0, len(datas), args.batch)]
     rows = []
 
     def row(decoder: str, images: int, seconds: float, **extra):

@@ -2,11 +2,11 @@
 
 Each emulated accelerator is a process that reads its rank's share of a format in shuffled order (the stored
 bytes, as MLPerf Storage's clients read: no decoding, which is the CPU's question, not the disk's), a batch at a
-time with ``--threads`` reads in flight (in ``--readers`` processes), and "computes" each batch by sleeping the step time of an accelerator
-profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU is compute time / wall
-time over the timed steps. N accelerators run at once on one tier (an emulated profile throttles all of them
-through one shared token bucket, or a real mount serves them), and the search doubles N while every rank keeps
-AU >= 0.90, then bisects between the last N that passed and the first that failed. The row says the largest N
+time with ``--threads`` reads in flight (in ``--readers`` processes), and "computes" each batch by sleeping the step
+time of an accelerator profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU
+is compute time / wall time over the timed steps. N accelerators run at once on one tier (an emulated profile
+throttles all of them through one shared token bucket, or a real mount serves them), and the search doubles N
+while every rank keeps AU >= 0.90, then bisects between the last N that passed and the first that failed. The row says the largest N
 fed, the disk (profile and size) and each N tried with its lowest AU.
 
 The processes share this machine's cores: when its CPUs were busier than 90% during a failing N, the row says
@@ -288,7 +288,8 @@ def run(args) -> int:
                 raise ConfigError(f"bench feed reads one file per format; {fmt} has {len(paths)} (build the "
                                   "dataset with one shard)")
             cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
-                   "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "readers": readers, "seed": args.seed}
+                   "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "readers": readers,
+                   "seed": args.seed}
             records = _records(fmt, paths[0])  # once: a TFRecord without .idx is scanned to count them
             cold_max = None if tier.limits is not None else cold_max_gpus(cfg, records, args.dst)
             record_bytes = round(os.path.getsize(paths[0]) / records)

@@ -74,10 +74,14 @@ def stored(row: dict) -> str | None:
     return f"--resize {size}" if size else None
 
 
+def _stored_at(row: dict, resize: int | None) -> bool:
+    """Stored only resized to ``resize`` (None: as captured), not also cropped or kept raw."""
+    return stored(row) == (f"--resize {resize}" if resize else None)
+
+
 def _plain(row: dict) -> bool:
     """Stored as captured or only resized: what the figures keyed by :func:`stored_size` compare."""
-    size = stored_size(row)
-    return stored(row) == (f"--resize {size}" if size else None)
+    return _stored_at(row, stored_size(row))
 
 
 def figure(row: dict, name: str) -> float | None:
@@ -495,7 +499,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
     augmentation).
     """
     reads = [r for r in of_bench(rows, "read") if params(r).get("decode") and r.get("median")
-             and stored_size(r) == resize and _plain(r) and r.get("valid", True)]
+             and _stored_at(r, resize) and r.get("valid", True)]
     # Warm-cache reads measure the CPU, not the disk; use them when there are any.
     warm = [r for r in reads if params(r).get("cache") == "warm"]
     from_read = None
@@ -513,7 +517,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
         au = figure(r, "au")
         if p.get("decode") == "cpu" and p.get("task") == task and au is not None and au < AU_TARGET \
                 and p.get("workers") and r.get("median") and r.get("mode") == "measured" \
-                and stored_size(r) == resize and _plain(r):
+                and _stored_at(r, resize):
             starved.append((r["median"] / p["workers"], r))
     from_loop = None
     if starved:
@@ -602,8 +606,8 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
         if not r.get("valid", True):
             note.append("invalid: " + str(r.get("invalid_reason")))
         t.rows.append([str(params(r).get("task")), fmt_bytes(r.get("record_bytes")), tier_label(r), disk,
-                       str(r.get("format")), str(params(r).get("accelerator")), str(r.get("gpus_fed")), str(r.get("first_failing") or "-"),
-                       "; ".join(note) or "-"])
+                       str(r.get("format")), str(params(r).get("accelerator")), str(r.get("gpus_fed")),
+                       str(r.get("first_failing") or "-"), "; ".join(note) or "-"])
     return [t]
 
 
@@ -685,8 +689,8 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
         text += (f" As captured, {params(best).get('workers')} workers already kept it at AU "
                  f"{fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}): the loop needs fewer cores "
                  "than the read benchmark's rate suggests, and that many are enough.")
-    ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored_size(r) == resize_to
-           and _plain(r) and r.get("mode") == "measured"]
+    ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and _stored_at(r, resize_to)
+           and r.get("mode") == "measured"]
     if ran:
         best = max(ran, key=lambda r: figure(r, "au") or 0)
         if (figure(best, "au") or 0) >= AU_TARGET:
