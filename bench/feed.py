@@ -1,13 +1,13 @@
 """``gpufeed bench feed DST``: how many emulated accelerators one disk keeps busy, as MLPerf Storage counts them.
 
-Each emulated accelerator is a process that reads its rank's share of a format in shuffled order (the stored
-bytes, as MLPerf Storage's clients read: no decoding, which is the CPU's question, not the disk's), a batch at a
-time with ``--threads`` reads in flight (in ``--readers`` processes), and "computes" each batch by sleeping the step
-time of an accelerator profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU
-is compute time / wall time over the timed steps. N accelerators run at once on one tier (an emulated profile
-throttles all of them through one shared token bucket, or a real mount serves them), and the search doubles N
-while every rank keeps AU >= 0.90, then bisects between the last N that passed and the first that failed. The row says the largest N
-fed, the disk (profile and size) and each N tried with its lowest AU.
+Each emulated accelerator is a process that reads its rank's share of a format in shuffled order (the stored bytes,
+as MLPerf Storage's clients read: no decoding, which is the CPU's question, not the disk's), a batch at a time with
+``--threads`` reads in flight (in ``--readers`` processes), and "computes" each batch by sleeping the step time of
+an accelerator profile (:mod:`gpufeed.bench.accelerator`), the next batch being read meanwhile. Its AU is compute
+time / wall time over the timed steps. N accelerators run at once on one tier (an emulated profile throttles all of
+them through one shared token bucket, or a real mount serves them), and the search doubles N while every rank keeps
+AU >= 0.90, then bisects between the last N that passed and the first that failed. The row says the largest N fed,
+the disk (profile and size) and each N tried with its lowest AU.
 
 The processes share this machine's cores: when its CPUs were busier than 90% during a failing N, the row says
 the machine, not the disk, may have been the limit (``cpu_limited``), as MLPerf Storage warns of its clients.
