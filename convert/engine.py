@@ -23,6 +23,8 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import sys
+import threading
 import time
 from collections import deque
 
@@ -426,6 +428,13 @@ def _worker_env() -> dict:
     return env
 
 
+def _ray_initialized() -> bool:
+    """Whether this process already runs Ray, without importing it (~0.5-1 s, which the driver spends on
+    the thread that starts Ray, not before it lists)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def _open_ray(options: ConvertOptions):
     """Connect to Ray: reuse a runtime already initialised in this process, else start or join one.
     Returns ``(ray, started_here)``."""
@@ -493,7 +502,6 @@ class _LocalStart:
     def __init__(self, workers: int, fn):
         import concurrent.futures
         import multiprocessing
-        import threading
 
         from gpufeed.formats import _REGISTRY
 
@@ -710,7 +718,6 @@ class _ClusterWatch:
     finished shard is already journalled, so nothing else needs saving."""
 
     def __init__(self, gcs_address: str, where: str):
-        import threading
 
         self.address, self.where = gcs_address, where
         self._stop = threading.Event()
@@ -748,7 +755,6 @@ class _RayStart:
     :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up."""
 
     def __init__(self, options: ConvertOptions):
-        import threading
 
         self.options = options
         self._result = None
@@ -758,10 +764,8 @@ class _RayStart:
         self._watch = None
         # A runtime started here takes seconds: shards run in local processes meanwhile. Joining a cluster
         # (or a runtime this process has already) is quick, and the cluster is the point.
-        import ray
-
         self.local = (_LocalStart(options.workers, run_shard)
-                      if options.local_start and not options.address and not ray.is_initialized() else None)
+                      if options.local_start and not options.address and not _ray_initialized() else None)
         self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
         self._thread.start()
 
@@ -797,13 +801,19 @@ class _RayStart:
             self._watch = _ClusterWatch(ray.get_runtime_context().gcs_address, where)
         return self._result
 
-    def shutdown(self) -> None:
+    def stop(self) -> None:
+        """Let Ray go down on its thread (~1-1.5 s: its processes are stopped one after another) while the
+        driver finishes the outputs; :meth:`shutdown` waits for it."""
         if self.local is not None:
             self.local.close(kill=bool(self.local.futures))
         self._ready.wait()
         if self._watch is not None:
             self._watch.stop()  # before Ray goes down on purpose
+            self._watch = None
         self._stop.set()
+
+    def shutdown(self) -> None:
+        self.stop()
         self._thread.join()
 
 
@@ -826,6 +836,7 @@ class _Clock:
         self.epoch = time.time()
         self.marks = {}
         self.busy = {"commit": 0.0, "finish": 0.0}
+        self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
         self.marks.setdefault(name, round(time.perf_counter() - self.t0, 3))
@@ -836,7 +847,8 @@ class _Clock:
         try:
             yield
         finally:
-            self.busy[what] += time.perf_counter() - start
+            with self._lock:  # the sinks' commit threads add to it side by side
+                self.busy[what] += time.perf_counter() - start
 
     def timeline(self, first_started: float | None) -> dict:
         out = dict(self.marks)
@@ -850,11 +862,8 @@ class _Clock:
 def convert(options: ConvertOptions, progress=None) -> Summary:
     """Run one conversion. ``progress`` is a :class:`gpufeed.convert.progress.Progress` or ``None``."""
     t0 = _Clock()
-    if not options.address:
-        import ray
-
-        if not ray.is_initialized():
-            options = _cap_workers(options, usable_cores(), "this machine has", progress)
+    if not options.address and not _ray_initialized():
+        options = _cap_workers(options, usable_cores(), "this machine has", progress)
     ray_start = None if options.dry_run else _RayStart(options)
     try:
         return _convert(options, progress, t0, ray_start)
@@ -1169,7 +1178,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         if progress is not None:
             progress.start(total, sum(len(p) for p in plans.values()) - total,
                            unit="img" if source.modality == "image" else "seq")
-        committer = _Committer(journal, spool_dir, progress, t0)
+        committer = _Committer(ordered, journal, spool_dir, progress, t0)
         for st in splits.values():
             committer.ready(st)
         if todo:
@@ -1220,7 +1229,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         if progress is not None:
             progress.close()
         if ray_start.ready():
-            ray_start.shutdown()
+            ray_start.stop()  # down while the outputs are finished; convert() waits for it
         # else: every shard ran before Ray came up; convert() shuts it down once the outputs are finished,
         # rather than wait for it here.
 
@@ -1247,33 +1256,37 @@ def _awaiting(splits) -> int:
 
 
 class _Committer:
-    """Commits finished shards into the split sinks (and finishes each split's output) on a thread of its
-    own, so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec``
-    append runs. Commits stay in shard order per split, journalled as they complete; the first failure
-    stops it and is raised in the driver's loop (:meth:`check`)."""
+    """Commits finished shards into the split sinks (and finishes each split's output) on a thread per sink,
+    so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec`` append
+    runs, and the sinks of one run (LMDB beside a ``.rec``) commit side by side. Commits stay in shard order
+    per split and sink, journalled as they complete; the first failure stops its thread and is raised in the
+    driver's loop (:meth:`check`)."""
 
-    def __init__(self, journal, spool_dir: str, progress, clock):
+    def __init__(self, sink_names, journal, spool_dir: str, progress, clock):
         import queue
-        import threading
 
         self._args = (journal, spool_dir, progress, clock)
-        self._queue = queue.SimpleQueue()
         self.error = None
-        self._thread = threading.Thread(target=self._loop, name="gpufeed-commit", daemon=True)
-        self._thread.start()
+        self._queues = {name: queue.SimpleQueue() for name in sink_names}
+        self._threads = [threading.Thread(target=self._loop, args=(name, q), name=f"gpufeed-commit-{name}",
+                                          daemon=True) for name, q in self._queues.items()]
+        for t in self._threads:
+            t.start()
 
     def ready(self, st: _Split) -> None:
         """``st`` has a newly journalled shard: commit what is next in line."""
-        self._queue.put(st)
+        for q in self._queues.values():
+            q.put(st)
 
-    def _loop(self) -> None:
-        while (st := self._queue.get()) is not None:
+    def _loop(self, name: str, q) -> None:
+        while (st := q.get()) is not None:
             if self.error is not None:
                 continue
             try:
-                _commit_ready(st, *self._args)
+                _commit_ready(st, *self._args, only=name)
             except BaseException as e:  # raised in the driver's loop
-                self.error = e
+                if self.error is None:
+                    self.error = e
 
     def check(self) -> None:
         if self.error is not None:
@@ -1281,9 +1294,11 @@ class _Committer:
 
     def close(self) -> None:
         """Wait for every queued commit; raise the first failure."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        for q in self._queues.values():
+            q.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
         self.check()
 
 
@@ -1320,10 +1335,14 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None) -> None:
-    """Give the ordered sinks every shard that is next in line and complete; finish a split when done."""
+def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None,
+                  only: str | None = None) -> None:
+    """Give the ordered sinks (``only`` that one) every shard that is next in line and complete; finish a
+    split when done."""
     shards = st.plan.shards
     for sink_name, sink in list(st.sinks.items()):
+        if only is not None and sink_name != only:
+            continue
         # Only journalled shards (a result still being landed or journalled has no "event" yet).
         while st.next[sink_name] < len(shards) and st.results.get(st.next[sink_name], {}).get("event"):
             i = st.next[sink_name]
@@ -1341,8 +1360,8 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
                 files = [file_entry(f) for f in sink.finish()]
             journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
             st.finished[sink_name] = files
-            del st.sinks[sink_name]
-            del st.next[sink_name]
+            st.sinks.pop(sink_name)
+            st.next.pop(sink_name)
 
 
 def _records_per_format(formats, st: _Split) -> dict:
