@@ -10,9 +10,10 @@ records through spool files in ``DST/.gpufeed/spool`` (reachable from every node
 with ``--driver-writes`` the driver puts them in its local state directory, see :func:`land`), and the
 driver commits the shards in order as they complete while the workers go on encoding:
 
-* LMDB (:class:`LmdbSink`): the spool is a sequence of CRC-checked frames (:func:`gpufeed.formats.tfrecord.frame`),
-  one per record, ``u32 key length, key, value``; each shard becomes one transaction of the LMDB format's
-  own writer, whose environment becomes the output in place at the end.
+* LMDB (:class:`LmdbSink`): the spool holds each record with the check the LMDB writer keeps of it (CRC-32C
+  of key then value, computed by the worker); the driver maps the spool, verifies each check and hands the
+  records to the LMDB format's writer without copying them, one transaction per shard (``putmulti``); that
+  environment becomes the output in place at the end.
 * Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver has
   the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``.
 
@@ -22,6 +23,7 @@ when the split is complete.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -37,8 +39,9 @@ from gpufeed.formats._atomic import AtomicFile, replace_dir
 from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
 
-#: Spool frame body: key length, then key and value. The frame around it carries length and CRCs.
-_SPOOL_KEY = struct.Struct("<I")
+#: Spool record header: key length, value length, and the record's check as the LMDB writer keeps it
+#: (CRC-32C of key then value, :func:`gpufeed.formats.lmdb.record_check`): computed once, by the worker.
+_SPOOL_HEAD = struct.Struct("<III")
 #: LMDB's map is a reservation of address space, not disk: one size for every partial environment
 #: (Caffe uses 1 TB too), so it never has to grow between resumes.
 _PARTIAL_MAP_SIZE = 1 << 40
@@ -57,16 +60,19 @@ def spool_path(spool_dir: str, split: str, fmt: str, shard: int) -> str:
 # -- spool files -----------------------------------------------------------------------------------------
 
 class SpoolWriter:
-    """Writes a shard's LMDB records as CRC-checked frames; the file appears only when complete."""
+    """Writes a shard's LMDB records for the split's sink, each with its check; the file appears only when
+    complete."""
 
     def __init__(self, path: str):
-        from gpufeed.formats.tfrecord import frame
+        from gpufeed.formats.lmdb import record_check
 
-        self._frame = frame
+        self._check = record_check
         self._file = AtomicFile(path, role="spool", durable=False)
 
     def write_encoded(self, record: EncodedRecord) -> None:
-        self._file.write(self._frame(_SPOOL_KEY.pack(len(record.key)) + record.key + record.value))
+        key, value = record.key, record.value
+        self._file.write(_SPOOL_HEAD.pack(len(key), len(value), self._check(key, value)) + key)
+        self._file.write(value)
         self._file.records += 1
 
     def close(self) -> WrittenFile:
@@ -76,16 +82,57 @@ class SpoolWriter:
         self._file.discard()
 
 
-def iter_spool(path: str):
-    """``(key, value)`` of every record in a spool file, CRC-checked."""
-    from gpufeed.formats.tfrecord import iter_frames
+@contextlib.contextmanager
+def spool_records(path: str, records: int | None = None):
+    """The records of a spool file as a list of ``(key, value, check)``, each check verified: key bytes, value
+    a memoryview of the file mapped into memory (valid inside the ``with``: nothing is copied). ``records``:
+    how many its worker wrote (a spool that ends early or holds more is refused)."""
+    import mmap
+
+    import crc32c
+
+    from gpufeed.errors import CorruptRecordError
+
+    def corrupt(i, pos, why):
+        return CorruptRecordError(path, i, pos, f"{why}; the spool was damaged: rerun the same command to redo "
+                                                "the shard")
 
     with io.open_file(path, "rb") as f:
-        for _offset, payload in iter_frames(f, path):
-            payload = bytes(payload)
-            (n,) = _SPOOL_KEY.unpack_from(payload)
-            start = _SPOOL_KEY.size
-            yield payload[start:start + n], payload[start + n:]
+        size = os.fstat(f.fileno()).st_size if io.is_local(path) else None
+        if size == 0:
+            m, view = None, memoryview(b"")
+        elif size is not None:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            view = memoryview(m)
+        else:
+            m, view = None, memoryview(f.read())
+    out = []
+    try:
+        crc, head, end = crc32c.crc32c, _SPOOL_HEAD.unpack_from, len(view)
+        pos = 0
+        while pos < end:
+            if pos + _SPOOL_HEAD.size > end:
+                raise corrupt(len(out), pos, "it ends inside a record header")
+            klen, vlen, check = head(view, pos)
+            k = pos + _SPOOL_HEAD.size
+            v = k + klen
+            pos = v + vlen
+            if pos > end:
+                raise corrupt(len(out), k - _SPOOL_HEAD.size, f"a record of {klen} + {vlen} bytes runs past its end")
+            key, value = bytes(view[k:v]), view[v:pos]
+            if crc(value, crc(key)) != check:
+                raise corrupt(len(out), k - _SPOOL_HEAD.size, "a record's CRC does not match")
+            out.append((key, value, check))
+        if records is not None and len(out) != records:
+            raise corrupt(len(out), pos, f"it holds {len(out)} records, not the {records} its worker wrote")
+        yield out
+    finally:
+        for _, value, _ in out:
+            value.release()
+        out.clear()
+        view.release()
+        if m is not None:
+            m.close()
 
 
 # -- ordered sinks on the driver -----------------------------------------------------------------------------
@@ -104,7 +151,7 @@ class SplitSink:
     ``.rec``): the ordered counterpart of the files workers write themselves.
 
     Spools are written without fsync: the sink's own output is fsync'd before a commit is journalled, a
-    shard whose spool is gone is redone, and a damaged one fails its frame CRCs (LMDB) or its part's SHA-256
+    shard whose spool is gone is redone, and a damaged one fails its records' CRCs (LMDB) or its part's SHA-256
     (``gpufeed verify``, RecordIO). So a spool usually never reaches the disk: it is read back from the page
     cache and deleted.
 
@@ -228,10 +275,11 @@ class LmdbSink(SplitSink):
         """Append one shard's spooled records in one transaction; returns the records committed so far."""
         import lmdb
 
+        written = {f["path"]: f for f in files}.get(spool)
         try:
-            for key, value in iter_spool(spool):
-                self._writer.write_encoded(_lmdb_record(key, value))
-            self._writer.flush()
+            with spool_records(spool, written and written["records"]) as records:
+                self._writer.write_checked(records)
+                self._writer.flush()
         except lmdb.Error as e:
             raise output_error(self.target, e) from e
         return {"records": self._writer.committed_records}

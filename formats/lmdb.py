@@ -276,7 +276,7 @@ def read_mean_binaryproto(path: str) -> np.ndarray:
     return data[0] if data.ndim == 4 and data.shape[0] == 1 else data
 
 
-def _check(key, value) -> int:
+def record_check(key, value) -> int:
     """CRC-32C of key then value: the key names the record, so damage there must be caught too."""
     return crc32c.crc32c(value, crc32c.crc32c(key))
 
@@ -618,7 +618,7 @@ class LMDBWriter(Writer):
             for i, (key, value) in enumerate(txn.cursor()):
                 # len() of a buffer reads only the node header, not the value's pages.
                 self._data_bytes += len(key) + len(value)
-                self._crc.append(int(saved["crc"][i]) if i < saved.size else _check(key, value))
+                self._crc.append(int(saved["crc"][i]) if i < saved.size else record_check(key, value))
                 self._sizes.append(len(value))
                 self._last_key = key
             self._last_key = bytes(self._last_key)
@@ -672,11 +672,37 @@ class LMDBWriter(Writer):
                               "LMDB records must be written in increasing index order so keys sort as written")
         self._last_index, self._last_key = record.index, record.key
         self._pending.append((record.key, record.value))
-        self._crc.append(_check(record.key, record.value))
+        self._crc.append(record_check(record.key, record.value))
         self._sizes.append(len(record.value))
         self._pending_bytes += len(record.key) + len(record.value)
         if len(self._pending) >= self.options.batch_records or self._pending_bytes >= self.options.batch_bytes:
             self._commit()
+
+    def write_checked(self, records) -> None:
+        """Add ``(key, value, check)`` records whose :func:`record_check` the caller has verified already
+        (a conversion's spool carries it from the worker that encoded them), in increasing key order; they
+        are committed with the next :meth:`flush`. ``key`` is bytes; ``value`` may be a buffer (a memoryview
+        of a spool) that stays valid until then."""
+        if self._closed:
+            raise ConfigError(f"{self.path}: the writer is closed")
+        last = self._last_key
+        pending, crcs, sizes = self._pending, self._crc, self._sizes
+        nbytes = 0
+        for key, value, check in records:
+            if key <= last:
+                raise ConfigError(f"{self.path}: record {key!r} comes after {last!r}; LMDB records "
+                                  "must be written in increasing key order")
+            last = key
+            pending.append((key, value))
+            crcs.append(check)
+            sizes.append(len(value))
+            nbytes += len(key) + len(value)
+        if pending:
+            self._last_key = last
+            index, _ = split_key(last)
+            if index is not None:
+                self._last_index = index
+            self._pending_bytes += nbytes
 
     def flush(self) -> None:
         """Commit the records written so far in one transaction (callers that choose their own transaction
@@ -698,15 +724,18 @@ class LMDBWriter(Writer):
         while True:
             try:
                 with self._env.begin(write=True) as txn:
-                    for key, value in self._pending:
-                        txn.put(key, value, append=True)
+                    # One call: the loop over records runs in py-lmdb's C code.
+                    _, added = txn.cursor().putmulti(self._pending, append=True)
+                    if added != len(self._pending):
+                        raise OutputError(f"{self.path}: LMDB took {added} of {len(self._pending)} records "
+                                          "(keys not in increasing order?)")
                 break
             except self._lmdb.MapFullError:
                 # The transaction was aborted whole: double the map (as Caffe does) and redo the batch.
                 self._map_size *= 2
                 self._grows += 1
                 self._env.set_mapsize(self._map_size)
-        self._committed_key = self._pending[-1][0]
+        self._committed_key = bytes(self._pending[-1][0])
         self._data_bytes += self._pending_bytes
         # LMDB writes through its own pwrite/mmap, not gpufeed.io: tell tier emulation what it wrote.
         gio.charge(self._pending_bytes, write=True)
@@ -1043,7 +1072,7 @@ class LMDBReader(Reader):
         if len(value) != self._sizes[i]:
             raise CorruptRecordError(self.data_path, i, None, f"value of {len(value)} bytes where {CHECKSUMS} "
                                      f"says {self._sizes[i]}")
-        if _check(key, value) != self._crcs[i]:
+        if record_check(key, value) != self._crcs[i]:
             raise CorruptRecordError(self.data_path, i, None, f"CRC-32C of key and value does not match "
                                      f"{CHECKSUMS}")
 

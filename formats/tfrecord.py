@@ -36,7 +36,7 @@ from gpufeed.formats.proto import tf_example_pb2 as example_pb2
 
 from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
 from gpufeed.formats._atomic import AtomicFile, commit_all, exists
-from gpufeed.formats._filebytes import ByteSource, StreamCursor, position
+from gpufeed.formats._filebytes import ByteSource, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 from gpufeed import io
 
@@ -58,18 +58,6 @@ _DTYPES = ("uint8", "float16", "float32")
 def masked_crc(data) -> int:
     crc = crc32c.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
-
-
-def frame(payload) -> bytes:
-    """``payload`` framed as one TFRecord record (header, payload, footer)."""
-    length = _LENGTH.pack(len(payload))
-    return b"".join((length, _CRC.pack(masked_crc(length)), payload, _CRC.pack(masked_crc(payload))))
-
-
-def iter_frames(fileobj, path: str) -> Iterator[tuple[int, bytes]]:
-    """``(byte_offset, payload)`` for each record read from ``fileobj``, both CRCs checked."""
-    for _, offset, payload in _scan(StreamCursor(fileobj), path):
-        yield offset, payload
 
 
 def _count_check(path, count, expected) -> None:

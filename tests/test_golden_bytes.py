@@ -124,8 +124,7 @@ def test_tfrecord_gzip_is_gzip_of_the_same_records(tmp_path):
 
 
 def test_tfrecord_masked_crc_of_a_known_value():
-    from gpufeed.formats.tfrecord import frame, masked_crc
+    from gpufeed.formats.tfrecord import masked_crc
 
     crc = 0xE3069283  # crc32c(b"123456789")
     assert masked_crc(b"123456789") == ((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
-    assert frame(b"") == bytes(8) + masked(bytes(8)) + masked(b"")

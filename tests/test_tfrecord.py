@@ -3,7 +3,6 @@ package, GZIP, shards without an index, and the framing helpers convert reuses."
 
 from __future__ import annotations
 
-import io
 import struct
 
 import numpy as np
@@ -13,7 +12,7 @@ from tfrecord import example_pb2
 from gpufeed.errors import CorruptRecordError, ConfigError
 from gpufeed.formats import get_format
 from gpufeed.formats.base import Sample
-from gpufeed.formats.tfrecord import TFRecordFormat, frame, iter_frames
+from gpufeed.formats.tfrecord import TFRecordFormat
 
 fmt = get_format("tfrecord")
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(200))
@@ -121,15 +120,6 @@ def test_dali_index_matches_tfrecord2idx(tmp_path):
         expected.append(f"{pos} {12 + length + 4}")
         pos += 12 + length + 4
     assert (tmp_path / "train-00000-of-00002.idx").read_text().splitlines() == expected
-
-
-def test_frame_and_iter_frames_for_spool_files():
-    buf = io.BytesIO(frame(b"one") + frame(b"") + frame(b"three"))
-    assert list(iter_frames(buf, "spool")) == [(0, b"one"), (19, b""), (35, b"three")]
-    damaged = bytearray(frame(b"one"))
-    damaged[13] ^= 1
-    with pytest.raises(CorruptRecordError, match="spool: record 0 at byte 0"):
-        list(iter_frames(io.BytesIO(bytes(damaged)), "spool"))
 
 
 def test_not_an_example_raises_corrupt_record(tmp_path):
