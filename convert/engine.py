@@ -31,7 +31,7 @@ from collections import deque
 from gpufeed import io
 from gpufeed.convert import sinks
 from gpufeed.convert.options import ConvertOptions
-from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, split_order
+from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, shard_digest, split_order
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
 from gpufeed.formats.base import PER_SHARD, PER_SPLIT
 from gpufeed.machine import usable_cores
@@ -68,6 +68,9 @@ class ShardJob:
     exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
     encodes: tuple = ()  # per format, the encoding its samples get (empty: image_options.encode for all)
     faults: dict | None = None  # test-only fault injection (see _test_faults)
+    #: "stat" / "content": digest the shard's inputs as they are read (:func:`shard_digest`), where the plan
+    #: did not (local files: the driver would stat every input before the first shard could start)
+    identify: str = ""
 
 
 @dataclasses.dataclass
@@ -247,8 +250,12 @@ def run_shard(job: ShardJob, items: list) -> dict:
             out, spool_dir = local, os.path.join(local, sinks.SPOOL_DIR)
             for d in (*(f.name for f in job.formats), sinks.SPOOL_DIR):
                 os.makedirs(os.path.join(local, d), exist_ok=True)
+        # Before the inputs are read: a file replaced while the shard converts is noticed by a resume.
+        digest = shard_digest(_identities(items, job.identify == "content")) if job.identify else None
         with _FileSizeLimit(job.faults):
             result = _convert_items(job, items, out, spool_dir, ChannelStats() if job.stats else None)
+        if digest is not None:
+            result["digest"] = digest
         result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, started=started)
         if local is not None:
             result["blobs"] = _collect(local)
@@ -895,7 +902,11 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             keep = split_order(len(items), s, options.seed, options.effective_shuffle)[:options.limit]
             items = [items[i] for i in sorted(keep)]
         cache = {}
-        identities = _identities(items, options.strict, cache)
+        # Local files are digested by the workers that read them (a stat each, cold, is seconds per 100,000
+        # inputs here); remote files, tar members and data in memory are cheaper to identify from here.
+        in_workers = options.shard_bytes is None and all(
+            isinstance(it.ref, FileRef) and io.is_local(it.ref.url) for it in items)
+        identities = None if in_workers else _identities(items, options.strict, cache)
         shards = options.shards
         if options.shard_bytes is not None:
             shards = max(1, round(_input_bytes(items, cache) / options.shard_bytes))
@@ -933,7 +944,9 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             shutil.rmtree(state_dir, ignore_errors=True)
         journal = Journal.open(state_dir, out, options.output_key(), options.resume)
         for s, plan in plans.items():
-            journal.check_plan(s, plan, items_by_split[s], options.strict)
+            items = items_by_split[s]
+            journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
+                _identities([items[i] for i in plan.order[sp.start:sp.stop]], options.strict)))
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)
     finally:
         if journal is not None:
@@ -1190,9 +1203,11 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 progress.converting()
             faults = _test_faults()
             encodes = tuple(options.encode_for(f.name) for f in formats)
+            identify = "content" if options.strict else "stat"
             tasks.pending.extend(
                 ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
-                         spool_dir, driver_writes, faults=faults, encodes=encodes) for sp in todo)
+                         spool_dir, driver_writes, faults=faults, encodes=encodes,
+                         identify="" if plans[sp.split].shard_digests else identify) for sp in todo)
             while tasks:
                 committer.check()
                 job, result = tasks.next()

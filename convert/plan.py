@@ -37,7 +37,8 @@ class SplitPlan:
     shards: tuple[ShardPlan, ...]
     digest: str  # identifies the items and their order, journalled so a resume notices a changed source
     #: per shard, a digest of what decides its bytes: each input's key, label and identity (size, mtime
-    #: and inode of a file; a tar member's place in its archive...), so a resume notices a replaced input
+    #: and inode of a file; a tar member's place in its archive...), so a resume notices a replaced input;
+    #: empty where the workers digest the shards they convert (local files: no stat per input here)
     shard_digests: tuple[str, ...] = ()
 
     def __len__(self) -> int:
@@ -57,10 +58,21 @@ def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
     return rng.permutation(n)
 
 
+def shard_digest(identities) -> str:
+    """What decides a shard's bytes, in a few characters: a digest of its inputs' identities in plan order
+    (the driver's when it plans, or the worker's that reads them; the same either way)."""
+    sh = hashlib.sha256()
+    for identity in identities:
+        sh.update(identity)
+        sh.update(b"\0")
+    return sh.hexdigest()[:32]
+
+
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
                shard_size: int = SAMPLES_PER_SHARD, identities: list[bytes] | None = None) -> SplitPlan:
     """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
-    :func:`gpufeed.convert.engine.item_identity`), digested per shard."""
+    :func:`gpufeed.convert.engine.item_identity`), digested per shard; ``None`` where each shard's worker
+    digests its inputs as it reads them (``shard_digests`` is then empty)."""
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
     k = min(shards or default_shards(n, shard_size), max(n, 1))
@@ -72,13 +84,6 @@ def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: in
         h.update(b"\0")
     shard_digests = ()
     if identities is not None:
-        digests = []
-        for a, b in bounds:
-            sh = hashlib.sha256()
-            for pos in order[a:b]:
-                sh.update(identities[pos])
-                sh.update(b"\0")
-            digests.append(sh.hexdigest()[:32])
-        shard_digests = tuple(digests)
+        shard_digests = tuple(shard_digest(identities[pos] for pos in order[a:b]) for a, b in bounds)
     return SplitPlan(split, order, tuple(ShardPlan(split, i, k, a, b) for i, (a, b) in enumerate(bounds)),
                      h.hexdigest(), shard_digests)

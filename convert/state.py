@@ -167,9 +167,11 @@ class Journal:
                                   "destination and rerun the same command to resume") from e
             self.events.append(event)
 
-    def check_plan(self, split: str, plan, items: list, strict: bool = False) -> None:
-        """Record a split's plan, or refuse to resume if the source changed since it was journalled:
-        other inputs, or the same names with other contents or labels (named in the message)."""
+    def check_plan(self, split: str, plan, items: list, strict: bool = False, digest_of=None) -> None:
+        """Record a split's plan, or refuse to resume if the source changed since it was journalled: other
+        inputs, or, in a shard already converted, the same names with other contents or labels (named in
+        the message). A shard not converted yet is simply converted from its inputs as they are now.
+        ``digest_of(shard_plan)``: the shard's digest now, where ``plan`` holds none (its workers digest)."""
         shards = len(plan.shards)
         identity = "content" if strict else "stat"
         for e in self.events:
@@ -181,15 +183,24 @@ class Journal:
                     was = "with" if e.get("identity") == "content" else "without"
                     raise ConfigError(f"this conversion started {was} --strict; rerun it the same way to resume, "
                                       "or add --no-resume to start over")
-                old = e.get("shard_digests") or []
-                changed = [sp for sp, a, b in zip(plan.shards, old, plan.shard_digests) if a != b]
+                planned = e.get("shard_digests") or []
+                changed = []
+                for i, done in sorted((ev["shard"], ev) for ev in self.events
+                                      if ev["event"] == "shard" and ev["split"] == split):
+                    was = done.get("digest") or (planned[i] if i < len(planned) else None)
+                    if was is None:
+                        continue
+                    sp = plan.shards[i]
+                    now = plan.shard_digests[i] if plan.shard_digests else digest_of(sp)
+                    if now != was:
+                        changed.append(sp)
                 if changed:
                     named = "; ".join(f"{sp.id}: inputs {items[plan.order[sp.start]].origin} .. "
                                       f"{items[plan.order[sp.stop - 1]].origin}" for sp in changed[:5])
                     more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
                     raise ConfigError(f"inputs of the {split} split changed since this conversion started (a file "
-                                      f"replaced, or a label changed) in {len(changed)} shard(s): {named}{more}; "
-                                      "add --no-resume to convert from the current inputs")
+                                      f"replaced, or a label changed) in {len(changed)} converted shard(s): "
+                                      f"{named}{more}; add --no-resume to convert from the current inputs")
                 return
         self.append({"event": "plan", "split": split, "digest": plan.digest, "shards": shards,
                      "identity": identity, "shard_digests": list(plan.shard_digests)})

@@ -70,6 +70,22 @@ def test_a_second_run_into_the_same_destination_is_refused_before_it_deletes_any
     assert not os.path.exists(out + "/.gpufeed.lock")  # the lock file goes with the run
 
 
+def _shard_inputs(out, opts, split):
+    """The inputs of each shard of ``split``, split by whether the journal in ``out`` has it converted:
+    ``(converted, not converted)``, lists of items (the plan recomputed as the engine makes it)."""
+    from gpufeed.convert.plan import plan_split
+    from gpufeed.pipelines import open_source
+
+    items = open_source(opts.dataset, opts.source_root, **opts.source_options()).items(split)
+    plan = plan_split(split, [it.key for it in items], opts.seed, opts.effective_shuffle, None, opts.shard_size)
+    with open(os.path.join(out, ".gpufeed", "journal.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    done = {e["shard"] for e in events if e["event"] == "shard" and e["split"] == split}
+    shards = [[items[i] for i in plan.order[sp.start:sp.stop]] for sp in plan.shards]
+    return ([it for k, sh in enumerate(shards) if k in done for it in sh],
+            [it for k, sh in enumerate(shards) if k not in done for it in sh])
+
+
 def test_a_replaced_input_is_noticed_on_resume_and_named(src, tmp_path):
     source = tmp_path / "imagenet"
     shutil.copytree(src, source)
@@ -77,16 +93,37 @@ def test_a_replaced_input_is_noticed_on_resume_and_named(src, tmp_path):
     opts = options(source, out, workers=1, splits=("train",), shard_size=2)
     with pytest.raises(KeyboardInterrupt):
         convert(opts, StopAfter(2))
-    victim = sorted((source / "train").rglob("*.JPEG"))[0]
-    victim.write_bytes(sorted((source / "train").rglob("*.JPEG"))[1].read_bytes())  # same name, other bytes
+    converted, _ = _shard_inputs(out, opts, "train")
+    victim = pathlib.Path(converted[0].ref.url)
+    other = next(p for p in sorted((source / "train").rglob("*.JPEG")) if p != victim)
+    victim.write_bytes(other.read_bytes())  # same name, other bytes
     with pytest.raises(ConfigError, match=r"inputs of the train split changed since this conversion started \(a "
-                                          r"file replaced, or a label changed\) in 1 shard\(s\): train-\d+: "
-                                          r"inputs .*--no-resume") as err:
+                                          r"file replaced, or a label changed\) in 1 converted shard\(s\): "
+                                          r"train-\d+: inputs .*--no-resume") as err:
         convert(opts)
     shard_inputs = str(err.value).split(": inputs ")[1].split(";")[0]
     assert victim.name in shard_inputs or " .. " in shard_inputs  # the shard's first and last input
     convert(options(source, out, workers=1, splits=("train",), shard_size=2, resume=False))
     verify(str(out))
+
+
+def test_an_input_replaced_before_its_shard_converts_is_taken_as_it_is_now(src, tmp_path):
+    """Only converted shards bind a resume to their inputs: one not converted yet reads its files then."""
+    source = tmp_path / "imagenet"
+    shutil.copytree(src, source)
+    out = tmp_path / "out"
+    opts = options(source, out, workers=1, splits=("train",), shard_size=2, formats=("tfrecord",))
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(2))
+    _, pending = _shard_inputs(out, opts, "train")
+    victim = pathlib.Path(pending[0].ref.url)
+    other = next(p for p in sorted((source / "train").rglob("*.JPEG")) if p != victim)
+    victim.write_bytes(other.read_bytes())
+    convert(opts)
+    verify(str(out))
+    fresh = tmp_path / "fresh"
+    convert(options(source, fresh, workers=1, splits=("train",), shard_size=2, formats=("tfrecord",)))
+    assert tree_bytes(out) == tree_bytes(fresh)  # the resumed output is that of the inputs as they are now
 
 
 def test_a_changed_label_is_noticed_on_resume(tmp_path, ray_local):
@@ -98,9 +135,12 @@ def test_a_changed_label_is_noticed_on_resume(tmp_path, ray_local):
     opts = options(source, out, workers=1, splits=("val",), shard_size=2)
     with pytest.raises(KeyboardInterrupt):
         convert(opts, StopAfter(1))
+    converted, _ = _shard_inputs(out, opts, "val")
     truth = next(source.rglob("ILSVRC2012_validation_ground_truth.txt"))
     lines = truth.read_text().splitlines()
-    lines[-1] = "1" if lines[-1] != "1" else "2"
+    # Ground truth line k is the label of ILSVRC2012_val_{k+1:08d}.JPEG.
+    k = int(pathlib.Path(converted[0].ref.url).stem.rsplit("_", 1)[1]) - 1
+    lines[k] = "1" if lines[k] != "1" else "2"
     truth.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match="a label changed"):
         convert(opts)
@@ -224,7 +264,8 @@ def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, r
     opts = options(source, out, workers=1, splits=("train",), shard_size=2, strict=True)
     with pytest.raises(KeyboardInterrupt):
         convert(opts, StopAfter(2))
-    victim = sorted((source / "train").rglob("*.JPEG"))[3]
+    converted, _ = _shard_inputs(out, opts, "train")
+    victim = pathlib.Path(converted[-1].ref.url)
     st = victim.stat()
     data = bytearray(victim.read_bytes())
     data[-3] ^= 0xFF  # inside the JPEG's entropy-coded data, before its end marker
@@ -233,7 +274,7 @@ def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, r
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same modification time
     with pytest.raises(ConfigError, match="this conversion started with --strict"):
         convert(options(source, out, workers=1, splits=("train",), shard_size=2))
-    with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 shard\(s\)"):
+    with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 converted shard\(s\)"):
         convert(opts)
 
 
