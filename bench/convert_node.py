@@ -162,6 +162,8 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
     written = sum(s["written"] for s in doc["splits"].values())
     timings = doc["timings"]
     first, second = rss.halves()
+    line = timings.get("timeline") or {}
+    span = (line.get("shards_done") or 0) - (line.get("first_shard_started") or 0)
     return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
             "images_per_second": round(written / wall, 1), "bytes_written": doc["bytes_written"],
             "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
@@ -169,6 +171,10 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
             "timeline": timings.get("timeline"),
+            # Of the workers' time from the first shard's start to the last shard's end, the share their
+            # shards took (the rest: start-up, hand-over, the last wave's idle cores).
+            "workers_busy": round(line["worker_seconds"] / (workers * span), 3)
+            if span > 0 and line.get("worker_seconds") else None,
             "stderr": stderr.decode()[-2000:]}
 
 
@@ -259,23 +265,27 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| run | img/s | of limit (target) | CPUs busy | first shard at | driver anon. RSS MiB (1st/2nd half) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| run | img/s | of limit (target) | CPUs busy | first shard at | workers busy | listed / shards done / "
+             "outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
             lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | | "
-                         f"(1 process {r['one_process_images_per_second']:,.0f}; scaling {r['hardware_scaling']}) |")
+                         f"(1 process {r['one_process_images_per_second']:,.0f}; scaling {r['hardware_scaling']}) | | |")
         elif r["run"] == "cp":
-            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | |")
+            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | |")
         elif r["run"].endswith("/cp"):
-            lines.append(f"| pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | |")
+            lines.append(f"| pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | |")
         else:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
             what = "pass-through to" if r["run"].startswith("pass") else "convert"
+            line = r.get("timeline") or {}
+            marks = " / ".join(str(line.get(k, "?")) for k in ("listed", "shards_done", "sinks_done"))
+            busy = f"{r['workers_busy']:.0%}" if r.get("workers_busy") else ""
             lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
-                         f"{r['first_shard_started_s']} s | "
+                         f"{r['first_shard_started_s']} s | {busy} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
     return "\n".join(lines)
 

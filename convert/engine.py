@@ -1424,6 +1424,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
                       unit=_unit(options), converted=converted)
     t0.mark("sinks_done")
     summary.timeline = t0.timeline(summary.first_shard_started)
+    summary.timeline["worker_seconds"] = round(summary.worker_seconds, 3)  # shards' own time, all workers
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))
