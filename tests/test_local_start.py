@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+import time
 
 from convert_fixtures import cli, cli_args, options, tree_bytes
 from gpufeed.convert.engine import CRASH_REASON, TEST_FAULTS_ENV, convert
@@ -40,16 +43,38 @@ def test_shards_run_locally_while_ray_starts_give_the_same_bytes(src, ray_local,
     assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines
 
 
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of this machine's processes that contain ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found.append(f"{pid}: {cmd[:200]}")
+    return found
+
+
 def test_shards_split_between_local_processes_and_ray_are_all_there(src, ray_local, tmp_path):
     """Slow inputs keep the local processes busy until Ray is up, so shards finish on both sides, often
-    several at once: every shard is journalled and committed once, and the bytes are the reference's."""
+    several at once: every shard is journalled and committed once, and the bytes are the reference's. The
+    runtime the run started is gone when it exits (its monitor, stopped outright, included)."""
     ref = tmp_path / "ref"
     convert(options(src, ref, shard_size=1))
     out = str(tmp_path / "out")
-    env = {**os.environ, TEST_FAULTS_ENV: json.dumps({"delay_s": 0.5})}
+    ray_tmp = tempfile.mkdtemp(prefix="gf-ray-", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {**os.environ, TEST_FAULTS_ENV: json.dumps({"delay_s": 0.5}), "RAY_TMPDIR": ray_tmp}
     _run(cli_args(src, out, "--shard-size", "1"), env=env)
     assert tree_bytes(out) == tree_bytes(ref)
     verify(out)
+    assert _manifest(out)["timings"]["timeline"].get("ray_ready"), "Ray never came up: nothing was shut down"
+    deadline = time.time() + 10  # processes SIGKILLed a moment ago may still be being reaped
+    while (left := _processes_naming(ray_tmp)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not left, left
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_a_local_process_crash_hands_the_shard_to_ray_which_finds_the_input(src, ray_local, tmp_path):
