@@ -141,11 +141,11 @@ class _RssSampler(threading.Thread):
 
 def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> dict:
     """One ``gpufeed convert`` process, timed from start to exit; its summary figures."""
-    from gpufeed.bench.results import cpu_ticks
+    from gpufeed.bench.results import cpu_times
 
     cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
-    busy0, total0 = cpu_ticks()
+    cpu0 = cpu_times()
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -153,7 +153,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
     rss.start()
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
-    busy1, total1 = cpu_ticks()
+    cpu1 = cpu_times()
     rss.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr.decode()[-3000:]}")
@@ -163,10 +163,17 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
     timings = doc["timings"]
     first, second = rss.halves()
     line = timings.get("timeline") or {}
+
+    def used(kind: str) -> int:
+        return max(cpu1[kind] - cpu0[kind], 1 if kind == "total" else 0)
+
     span = (line.get("shards_done") or 0) - (line.get("first_shard_started") or 0)
     return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
             "images_per_second": round(written / wall, 1), "bytes_written": doc["bytes_written"],
-            "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
+            "cpu_busy": round(1 - (used("idle") + used("iowait")) / used("total"), 3),
+            # where the rest of the machine's time went: waiting on the disk, and in the kernel
+            "cpu_iowait": round(used("iowait") / used("total"), 3),
+            "cpu_system": round((used("system") + used("irq") + used("softirq")) / used("total"), 3),
             "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],

@@ -207,13 +207,23 @@ def disk_info(path: str) -> dict[str, Any]:
     return info
 
 
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> dict[str, int]:
+    """Jiffies of all CPUs from /proc/stat by kind (user, system, idle, iowait, ...; ``total`` too)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    out = dict(zip(_CPU_FIELDS, fields))
+    out["total"] = sum(fields)
+    return out
+
+
 def cpu_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs from /proc/stat; idle and iowait count as not busy. Two readings give
     the machine's CPU use in between."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+    t = cpu_times()
+    return t["total"] - t["idle"] - t["iowait"], t["total"]
 
 
 def machine_info(data_path: str | None = None) -> dict[str, Any]:
