@@ -139,8 +139,9 @@ class _RssSampler(threading.Thread):
         return peak_halves(self.samples, self.samples[-1][0]) if self.samples else (0, 0)
 
 
-def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> dict:
-    """One ``gpufeed convert`` process, timed from start to exit; its summary figures."""
+def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, path: str | None = None) -> dict:
+    """One ``gpufeed convert`` process, timed from start to exit; its summary figures. ``path``: a folder
+    whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
     from gpufeed.bench.results import cpu_times
 
     cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
@@ -148,7 +149,10 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str) -> 
     cpu0 = cpu_times()
     start = time.time()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = None
+    if path:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (path, os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     rss = _RssSampler(proc.pid)
     rss.start()
     stdout, stderr = proc.communicate()
@@ -194,7 +198,9 @@ def copy_run(src: str, dst: str) -> float:
 
 
 def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | None = None,
-        results: str | None = None, keep_corpus: bool = True) -> list[dict]:
+        results: str | None = None, keep_corpus: bool = True, compare: str | None = None) -> list[dict]:
+    """``compare``: a folder holding another gpufeed build; each conversion then runs with it and with this
+    one, back to back on the same cold files (rows tagged ``build``), so a change is measured side by side."""
     from gpufeed.bench.results import machine_info
 
     os.makedirs(work, exist_ok=True)
@@ -248,25 +254,34 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
             seconds = copy_run(pass_src, out)
             emit({"run": "cp", "images": pass_n, "seconds": round(seconds, 2), "input_bytes": pass_bytes,
                   "input_mb_per_second": round(pass_bytes / seconds / 1e6, 1), "cache": cache})
-        elif name in ("pass", "pass-recordio"):
-            row = convert_run(pass_src, out, ALL if name == "pass" else "recordio", workers, "--encode", "pass")
-            row["input_bytes"] = pass_bytes
-            row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
-            emit({"run": name, **row, "cache": cache})
         else:
-            row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256")
-            if limit:
-                row["of_limit"] = round(row["images_per_second"] / limit, 3)
-                row["target"] = TARGETS.get(name)
-            # A 64-core node, linear in workers from this run's rate per worker.
-            row["projected_imagenet_64_cores_minutes"] = round(
-                IMAGENET_TRAIN / (row["images_per_second"] / workers * 64) / 60, 1)
-            emit({"run": name, **row, "cache": cache})
+            for build in (("compare", "current") if compare else ("current",)):
+                if build == "current" and compare:
+                    shutil.rmtree(out, ignore_errors=True)
+                    cache = drop_caches(src)
+                tag = {"build": build} if compare else {}
+                path = compare if build == "compare" else None
+                if name in ("pass", "pass-recordio"):
+                    row = convert_run(pass_src, out, ALL if name == "pass" else "recordio", workers, "--encode",
+                                      "pass", path=path)
+                    row["input_bytes"] = pass_bytes
+                    row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
+                else:
+                    row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256",
+                                      path=path)
+                    if limit:
+                        row["of_limit"] = round(row["images_per_second"] / limit, 3)
+                        row["target"] = TARGETS.get(name)
+                    # A 64-core node, linear in workers from this run's rate per worker.
+                    row["projected_imagenet_64_cores_minutes"] = round(
+                        IMAGENET_TRAIN / (row["images_per_second"] / workers * 64) / 60, 1)
+                emit({"run": name, **tag, **row, "cache": cache})
     shutil.rmtree(out, ignore_errors=True)
     copy = next((r for r in rows if r["run"] == "cp"), None)
-    for passed in (r for r in rows if r["run"] in ("pass", "pass-recordio")):
+    for passed in [r for r in rows if r["run"] in ("pass", "pass-recordio")]:
         if copy:
-            emit({"run": f"{passed['run']}/cp", "formats": passed["formats"], "target": TARGETS[passed["run"]],
+            tag = {"build": passed["build"]} if "build" in passed else {}
+            emit({"run": f"{passed['run']}/cp", **tag, "formats": passed["formats"], "target": TARGETS[passed["run"]],
                   "ratio": round(passed["input_mb_per_second"] / copy["input_mb_per_second"], 3)})
     return rows
 
@@ -282,12 +297,15 @@ def table(rows: list[dict]) -> str:
         elif r["run"] == "cp":
             lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | |")
         elif r["run"].endswith("/cp"):
-            lines.append(f"| pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | |")
+            built = f"({r['build']} build) " if r.get("build") else ""
+            lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | |")
         else:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
             what = "pass-through to" if r["run"].startswith("pass") else "convert"
+            if r.get("build"):
+                what = f"({r['build']} build) {what}"
             line = r.get("timeline") or {}
             marks = " / ".join(str(line.get(k, "?")) for k in ("listed", "shards_done", "sinks_done"))
             busy = f"{r['workers_busy']:.0%}" if r.get("workers_busy") else ""
@@ -307,6 +325,8 @@ def main(argv=None) -> None:
     p.add_argument("--work", help="a directory on the disk to measure (the corpus stays there); required to run")
     p.add_argument("--results", help="append JSON rows here")
     p.add_argument("--table", metavar="JSONL", help="only print the table of the rows in this results file")
+    p.add_argument("--compare", metavar="DIR", help="a folder holding another gpufeed build (pip install --target "
+                   "DIR --no-deps): each conversion runs with it, then with this one, on the same cold files")
     args = p.parse_args(argv)
     if args.table:
         with open(args.table) as f:
@@ -318,7 +338,7 @@ def main(argv=None) -> None:
     unknown = set(runs) - set(RUNS)
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
-    rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results)
+    rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results, compare=args.compare)
     print(table(rows))
 
 

@@ -11,10 +11,18 @@ cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-$PWD/out}")
 mkdir -p "$OUT"
 [ "${INSTALL:-1}" = 1 ] && source scripts/device_setup.sh
+# COMPARE=<folder holding another gpufeed checkout> (e.g. `git archive <commit> | tar -x -C compare-build`,
+# carried as an ignored path): its build runs each conversion back to back with this one.
+COMPARE_ARGS=()
+if [ -n "${COMPARE:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
+  COMPARE_ARGS=(--compare /tmp/site-compare)
+fi
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
 python3 -m gpufeed.bench.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
   --pass-n "${PASS_N:-40000}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
-  --work "${WORK:-/tmp/gpufeed-node}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
+  --work "${WORK:-/tmp/gpufeed-node}" "${COMPARE_ARGS[@]}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
 echo "[$(date -u +%H:%M:%S)] done"
