@@ -109,7 +109,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "summary); without it that is an error")
     p.add_argument("--strict", action="store_true",
                    help="identify every input by a checksum of its bytes as well as its size, modification time "
-                        "and inode (read once while planning), so a resume notices an edit that kept all three")
+                        "and inode (local files: read again by the worker converting their shard; others: "
+                        "while planning), so a resume notices an edit that kept all three")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished conversion in DST made with other options: its files (those its "
                         "manifest.json lists) are removed first; files gpufeed did not write are never touched")

@@ -1013,8 +1013,9 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
     modification time and inode (a replaced file has another); for a remote file (fsspec) its size, ETag
     and modification time as its directory's listing gives them (one request per directory); for a tar
     member its place in the archive and the archive's identity; for data in memory a checksum of it. With
-    ``strict`` (``--strict``), a checksum of every input's bytes as well, read once while planning.
-    ``cache`` keeps stats and listings across the items of a split."""
+    ``strict`` (``--strict``), a checksum of every input's bytes as well, read once more (local files by the
+    worker converting their shard, others by the driver while planning). ``cache`` keeps stats and listings
+    across the items of a split."""
     import crc32c
 
     ref = item.ref
