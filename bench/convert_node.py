@@ -292,8 +292,9 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
-            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | | "
-                         f"(1 process {r['one_process_images_per_second']:,.0f}; scaling {r['hardware_scaling']}) | | |")
+            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | | | | "
+                         f"(1 process {r['one_process_images_per_second']:,.0f}; "
+                         f"scaling {r['hardware_scaling']}) |")
         elif r["run"] == "cp":
             lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | |")
         elif r["run"].endswith("/cp"):

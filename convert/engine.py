@@ -766,8 +766,9 @@ def _stop_ray(ray) -> None:
 
 class _RayStart:
     """Ray started (or joined) in a thread, so its seconds of start-up overlap the driver's work (joining a
-    cluster: from the start; a runtime of our own: once the driver has listed); :meth:`get` waits for it. The thread lives until :meth:`shutdown`: the processes
-    Ray starts (GCS, raylet) die with the thread that started them. A run that turns out to need no
+    cluster: from the start; a runtime of our own: once the driver has listed); :meth:`get` waits for it.
+    The thread lives until :meth:`shutdown`: the processes Ray starts (GCS, raylet) die with the thread that
+    started them. A run that turns out to need no
     workers (already complete) shuts down what it started. When the runtime is started here, ``local`` is a
     :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up."""
 
