@@ -94,8 +94,7 @@ def spool_records(path: str, records: int | None = None):
     from gpufeed.errors import CorruptRecordError
 
     def corrupt(i, pos, why):
-        return CorruptRecordError(path, i, pos, f"{why}; the spool was damaged: rerun the same command to redo "
-                                                "the shard")
+        return CorruptRecordError(path, i, pos, why)
 
     with io.open_file(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size if io.is_local(path) else None
@@ -132,7 +131,10 @@ def spool_records(path: str, records: int | None = None):
         out.clear()
         view.release()
         if m is not None:
-            m.close()
+            try:
+                m.close()
+            except BufferError:
+                pass  # a slice still held (by the error being raised): unmapped when it goes
 
 
 # -- ordered sinks on the driver -----------------------------------------------------------------------------
@@ -275,11 +277,18 @@ class LmdbSink(SplitSink):
         """Append one shard's spooled records in one transaction; returns the records committed so far."""
         import lmdb
 
+        from gpufeed.errors import CorruptRecordError
+
         written = {f["path"]: f for f in files}.get(spool)
         try:
             with spool_records(spool, written and written["records"]) as records:
                 self._writer.write_checked(records)
                 self._writer.flush()
+        except CorruptRecordError as e:
+            remove(spool)  # so that the next run converts the shard again
+            raise OutputError(f"{spool}: damaged (record {e.record_index} at byte {e.byte_offset}: {e.reason}), so "
+                              "its shard cannot join the LMDB; it was removed: rerun the same command to convert "
+                              "that shard again") from e
         except lmdb.Error as e:
             raise output_error(self.target, e) from e
         return {"records": self._writer.committed_records}

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from gpufeed.convert.sinks import LmdbSink, SpoolWriter, spool_records
-from gpufeed.errors import ConfigError, CorruptRecordError
+from gpufeed.errors import ConfigError, CorruptRecordError, OutputError
 from gpufeed.formats.base import EncodedRecord
 from gpufeed.formats.lmdb import LMDBFormat, record_check
 
@@ -52,7 +52,15 @@ def test_a_damaged_spool_is_refused_naming_it_and_the_fix(tmp_path, damage, matc
     with pytest.raises(CorruptRecordError, match=match) as e:
         with spool_records(str(path), 4):
             pass
-    assert str(path) in str(e.value) and "rerun the same command" in str(e.value)
+    assert str(path) in str(e.value)
+    # The sink removes it and says so: the next run sees the shard's spool gone and converts the shard again.
+    (tmp_path / "out" / "lmdb").mkdir(parents=True)
+    sink = LmdbSink(str(tmp_path / "state"), str(tmp_path / "out"), "train").open([])
+    with pytest.raises(OutputError, match=r"train-lmdb-00003: damaged \(record .*it was removed: rerun the same "
+                                          r"command to convert that shard again"):
+        sink.commit(str(path), [{"path": str(path), "records": 4}])
+    assert not path.exists()
+    sink.close()
 
 
 def test_a_spool_with_other_than_its_workers_count_is_refused(tmp_path):
