@@ -89,7 +89,10 @@ def remove_temporaries(out: str, formats) -> None:
             continue
         for name in names:
             if is_temp_name(name):
-                fs.rm(name, recursive=True)
+                try:
+                    fs.rm(name, recursive=True)
+                except FileNotFoundError:
+                    pass  # gone meanwhile: a task of the stopped run, still finishing, renamed or dropped it
 
 
 def remove_stale_outputs(out: str, formats, splits) -> list[str]:

@@ -303,3 +303,32 @@ def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
         options(src, os.path.join(src, "out"))
     with pytest.raises(ConfigError, match="--resize transform images; Penn Treebank is text"):
         ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
+
+
+def test_temporaries_that_vanish_while_a_resume_clears_them_are_no_error(tmp_path):
+    """A task of a stopped run may still finish (rename its temporary) while the resumed run clears the
+    temporaries it listed: the resume goes on."""
+    import threading
+
+    from gpufeed.convert.manifest import remove_temporaries
+    from gpufeed.formats.naming import temp_name
+
+    d = tmp_path / "out" / "tfrecord"
+    d.mkdir(parents=True)
+    for _ in range(20):
+        temps = [temp_name(str(d / f"train-{i:05d}")) for i in range(300)]
+        for t in temps:
+            open(t, "wb").close()
+
+        def finish_them():
+            for i, t in enumerate(temps):
+                try:
+                    os.replace(t, str(d / f"train-{i:05d}"))
+                except FileNotFoundError:
+                    pass  # cleared first
+
+        thread = threading.Thread(target=finish_them)
+        thread.start()
+        remove_temporaries(str(tmp_path / "out"), ("tfrecord",))
+        thread.join()
+        assert not [n for n in os.listdir(d) if ".tmp-" in n]
