@@ -670,11 +670,8 @@ class LMDBWriter(Writer):
         if record.index <= self._last_index or record.key <= self._last_key:
             raise ConfigError(f"{self.path}: record {record.key!r} comes after index {self._last_index}; "
                               "LMDB records must be written in increasing index order so keys sort as written")
-        self._last_index, self._last_key = record.index, record.key
-        self._pending.append((record.key, record.value))
-        self._crc.append(record_check(record.key, record.value))
-        self._sizes.append(len(record.value))
-        self._pending_bytes += len(record.key) + len(record.value)
+        self.write_checked(((record.key, record.value, record_check(record.key, record.value)),))
+        self._last_index = record.index
         if len(self._pending) >= self.options.batch_records or self._pending_bytes >= self.options.batch_bytes:
             self._commit()
 
