@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from gpufeed.convert.cli import HelpFormatter
+from gpufeed.convert.cli import add_command
 
 #: sub-subcommand -> (module, one-line help). each module holds its own arguments and run().
 SUBCOMMANDS = {
@@ -65,7 +65,7 @@ def int_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     for name, (module, help_) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+        p = add_command(sub, name, help_)
         try:
             mod = importlib.import_module(module)
         except ImportError as e:
