@@ -49,6 +49,8 @@ _INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
 READ_AHEAD = 8
 READ_THREADS = 2
 READ_AHEAD_BYTES = 64 << 20
+#: At most this many shards a split sink commits together (one disk flush for them: see SplitSink.commit_many).
+COMMIT_BATCH = 16
 #: A read of one input that takes longer is an input error (``--on-error`` applies), never a hung job.
 READ_TIMEOUT_S = float(os.environ.get("GPUFEED_READ_TIMEOUT_S", 120))
 
@@ -1385,16 +1387,24 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
     for sink_name, sink in list(st.sinks.items()):
         if only is not None and sink_name != only:
             continue
-        # Only journalled shards (a result still being landed or journalled has no "event" yet).
-        while st.next[sink_name] < len(shards) and st.results.get(st.next[sink_name], {}).get("event"):
-            i = st.next[sink_name]
-            spool = sinks.spool_path(spool_dir, st.plan.split, sink_name, i)
+        while True:
+            # The journalled shards next in line (a result still being landed or journalled has no "event"
+            # yet), committed together: a sink may make them durable at once.
+            batch, i = [], st.next[sink_name]
+            while i < len(shards) and len(batch) < COMMIT_BATCH and st.results.get(i, {}).get("event"):
+                batch.append((sinks.spool_path(spool_dir, st.plan.split, sink_name, i), st.results[i]["files"]))
+                i += 1
+            if not batch:
+                break
             with clock.timed("commit") if clock else contextlib.nullcontext():
-                fields = sink.commit(spool, st.results[i]["files"])
-            journal.append({"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": i, **fields})
-            for path in sink.spool_files(spool):
-                sinks.remove(path)
-            st.next[sink_name] = i + 1
+                committed = sink.commit_many(batch)
+            for (spool, _), fields in zip(batch, committed):
+                i = st.next[sink_name]
+                journal.append({"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": i,
+                                **fields})
+                for path in sink.spool_files(spool):
+                    sinks.remove(path)
+                st.next[sink_name] = i + 1
         if st.next[sink_name] == len(shards):
             if progress is not None:
                 progress.phase(f"finishing the {st.plan.split} {sink_name} output")

@@ -15,7 +15,8 @@ driver commits the shards in order as they complete while the workers go on enco
   records to the LMDB format's writer without copying them, one transaction per shard (``putmulti``); that
   environment becomes the output in place at the end.
 * Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver has
-  the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``.
+  the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``; the
+  fragments waiting when it gets to them are appended together and flushed to the disk once.
 
 Partial outputs live in the local state directory and are renamed (or uploaded) to their final names only
 when the split is complete.
@@ -67,7 +68,8 @@ class SpoolWriter:
         from gpufeed.formats.lmdb import record_check
 
         self._check = record_check
-        self._file = AtomicFile(path, role="spool", durable=False)
+        # Neither synced nor hashed: a lost spool is redone, and each record carries its own check.
+        self._file = AtomicFile(path, role="spool", durable=False, hashed=False)
 
     def write_encoded(self, record: EncodedRecord) -> None:
         key, value = record.key, record.value
@@ -159,7 +161,8 @@ class SplitSink:
 
     Its hooks follow a Ray Data ``Datasink``: :meth:`open` starts the output, or restores it to the commits
     the journal holds; :meth:`commit` takes one shard's spool (written by the shard's worker with
-    :meth:`spool_writer`) and returns what the journal records of it; :meth:`finish` completes the output
+    :meth:`spool_writer`) and returns what the journal records of it (:meth:`commit_many`: several shards next
+    in line, made durable together); :meth:`finish` completes the output
     under its final name; :meth:`close` gives up (a resumed run goes on from the journal). The engine knows
     no more of a format than this.
     """
@@ -186,6 +189,11 @@ class SplitSink:
 
     def commit(self, spool: str, files: list[dict]) -> dict:
         raise NotImplementedError
+
+    def commit_many(self, batch: list) -> list[dict]:
+        """Commit ``[(spool, files)]`` in order (shards next in line): what the journal records of each.
+        Nothing of the batch is journalled before this returns, so a sink may make the batch durable once."""
+        return [self.commit(spool, files) for spool, files in batch]
 
     def finish(self) -> list[WrittenFile]:
         raise NotImplementedError
@@ -458,34 +466,51 @@ class RecordIOSink(SplitSink):
     def commit(self, spool: str, files: list[dict]) -> dict:
         """Append the fragment at ``spool`` (a ``.rec`` with its ``.idx``/``.lst``); returns the journal's
         fields: lengths, records, the fragment's part and the sidecar."""
-        base = spool[:-len(".rec")]
+        return self.commit_many([(spool, files)])[0]
+
+    def commit_many(self, batch: list) -> list[dict]:
+        """Append several fragments in order, then make them durable with one fsync per file: a commit
+        thread that has fallen behind catches up with one disk flush for all the shards waiting (their
+        journal entries follow that flush). Each copy's writeback is started as soon as it is made, so
+        the disk writes while the next one is copied."""
         rec = self._files[".rec"]
-        offset = rec.tell()
-        written = {f["path"]: f for f in files}.get(spool)
+        fields = []
         try:
-            with io.open_file(spool + ".json", "rb") as f:
-                side = json.loads(f.read())
-            self._check_layout(spool, side)
-            size = append_file(spool, rec)
-            if written is None or written["bytes"] != size:
-                raise OutputError(f"{spool}: {size} bytes, not the {written and written['bytes']} its worker "
-                                  "wrote; the spool was changed: rerun the same command to redo the shard")
-            with io.open_file(base + ".idx", "rb") as f:
-                lines = []
-                for line in f.read().splitlines():
-                    key, _, off = line.partition(b"\t")
-                    lines.append(b"%s\t%d\n" % (key, int(off) + offset))
-            idx = b"".join(lines)
-            with io.open_file(base + ".lst", "rb") as f:
-                lst = f.read()
-            for ext, data in ((".idx", idx), (".lst", lst)):
-                self._files[ext].write(data)
-                self._sha[ext].update(data)
+            for spool, files in batch:
+                fields.append(self._append(spool, files, rec))
             for f in self._files.values():
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:
             raise output_error(self.partial[".rec"], e) from e
+        return fields
+
+    def _append(self, spool: str, files: list[dict], rec) -> dict:
+        base = spool[:-len(".rec")]
+        offset = rec.tell()
+        written = {f["path"]: f for f in files}.get(spool)
+        with io.open_file(spool + ".json", "rb") as f:
+            side = json.loads(f.read())
+        self._check_layout(spool, side)
+        size = append_file(spool, rec)
+        if written is None or written["bytes"] != size:
+            raise OutputError(f"{spool}: {size} bytes, not the {written and written['bytes']} its worker "
+                              "wrote; the spool was changed: rerun the same command to redo the shard")
+        if size and hasattr(os, "posix_fadvise"):
+            # Start writing the copy to the disk now (a dirty range is written back, not dropped); the
+            # batch's fsync then waits for less.
+            os.posix_fadvise(rec.fileno(), offset, size, os.POSIX_FADV_DONTNEED)
+        with io.open_file(base + ".idx", "rb") as f:
+            lines = []
+            for line in f.read().splitlines():
+                key, _, off = line.partition(b"\t")
+                lines.append(b"%s\t%d\n" % (key, int(off) + offset))
+        idx = b"".join(lines)
+        with io.open_file(base + ".lst", "rb") as f:
+            lst = f.read()
+        for ext, data in ((".idx", idx), (".lst", lst)):
+            self._files[ext].write(data)
+            self._sha[ext].update(data)
         part = [size, written["sha256"]] if size else None
         if part:
             self.parts.append(part)

@@ -23,9 +23,10 @@ class AtomicFile:
 
     ``durable=False`` leaves out the fsync, for an intermediate file whose loss only means redoing its work
     (a conversion's spools: read back from the page cache and deleted seconds later, they then need never
-    reach the disk); the rename still makes it appear whole or not at all."""
+    reach the disk); the rename still makes it appear whole or not at all. ``hashed=False`` leaves out the
+    SHA-256 (``sha256`` is then empty), for a file whose records carry checks of their own (an LMDB spool)."""
 
-    def __init__(self, path: str, role: str = "data", durable: bool = True):
+    def __init__(self, path: str, role: str = "data", durable: bool = True, hashed: bool = True):
         self.path = os.fspath(path)
         self.role = role
         self.durable = durable
@@ -35,21 +36,22 @@ class AtomicFile:
         except OSError as e:
             raise OutputError(f"{self.path}: cannot be written ({e}); check that the directory exists and "
                               "is writable") from e
-        self._sha = hashlib.sha256()
+        self._sha = hashlib.sha256() if hashed else None
         self.size = 0
         self.records = 0
 
     def write(self, data) -> int:
         self._f.write(data)
-        self._sha.update(data)
+        if self._sha is not None:
+            self._sha.update(data)
         n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         self.size += n
         return n
 
     @property
     def sha256(self) -> str:
-        """Hex SHA-256 of everything written so far."""
-        return self._sha.hexdigest()
+        """Hex SHA-256 of everything written so far ("" when not ``hashed``)."""
+        return self._sha.hexdigest() if self._sha is not None else ""
 
     def flush(self) -> None:
         self._f.flush()
@@ -71,7 +73,7 @@ class AtomicFile:
             self.discard()
             raise OutputError(f"{self.path}: could not be completed ({e}); free space or fix permissions, "
                               "then write it again") from e
-        return WrittenFile(self.path, self.records, self.size, self._sha.hexdigest(), self.role)
+        return WrittenFile(self.path, self.records, self.size, self.sha256, self.role)
 
     def discard(self) -> None:
         try:

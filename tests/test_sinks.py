@@ -1,10 +1,12 @@
-"""The LMDB sink's spool files (real files, real LMDB): each record carries the check its worker computed,
-the sink maps the spool, verifies every check and hands the records to the writer without copying them."""
+"""The split sinks with real files: the LMDB sink's spools (real LMDB), each record carrying the check its
+worker computed, mapped, verified and handed to the writer without a copy; the single ``.rec`` assembled
+from fragments, one at a time or several per disk flush."""
 
 import os
 
 import pytest
 
+from gpufeed.convert.engine import file_entry
 from gpufeed.convert.sinks import LmdbSink, SpoolWriter, spool_records
 from gpufeed.errors import ConfigError, CorruptRecordError, OutputError
 from gpufeed.formats.base import EncodedRecord
@@ -95,3 +97,49 @@ def test_write_checked_refuses_keys_out_of_order(tmp_path):
     with pytest.raises(ConfigError, match="increasing key order"):
         w.write_checked([(a.key, a.value, record_check(a.key, a.value))])
     w.abort()
+
+
+def _fragments(tmp_path, sizes):
+    """RecordIO fragments as workers spool them for a single ``.rec``: ``[(spool, files)]`` per shard."""
+    from gpufeed.convert.sinks import RecordIOSink
+    from gpufeed.formats import get_format
+
+    fmt, start, batch = get_format("recordio", single=True), 0, []
+    for shard, n in enumerate(sizes):
+        spool = str(tmp_path / f"train-recordio-{shard:05d}.rec")
+        w = RecordIOSink.spool_writer(fmt, spool)
+        for r in _records(n, start):
+            w.write_encoded(r._replace(key=b"%d" % r.index, labels=(float(r.index % 3),)))
+        files = [file_entry(f) for f in w.close()]
+        batch.append((spool, files))
+        start += n
+    return batch
+
+
+def _commit_rec(tmp_path, name, sizes, batches):
+    """Commit the fragments of ``sizes`` in ``batches`` (shards per commit_many call); the files and the
+    journal fields of every shard."""
+    from gpufeed.convert.sinks import RecordIOSink
+
+    work = tmp_path / name
+    work.mkdir()
+    frags = _fragments(work, sizes)
+    sink = RecordIOSink(str(work / "state"), str(work / "out"), "train").open([])
+    fields = []
+    for n in batches:
+        fields += sink.commit_many(frags[:n])
+        frags = frags[n:]
+    sink.finish()
+    out = work / "out" / "recordio"
+    return {p.name: p.read_bytes() for p in out.iterdir()}, fields
+
+
+def test_rec_fragments_committed_in_one_batch_equal_one_at_a_time(tmp_path):
+    sizes = (4, 0, 5, 3)
+    one, fields_one = _commit_rec(tmp_path, "one", sizes, (1, 1, 1, 1))
+    many, fields_many = _commit_rec(tmp_path, "many", sizes, (3, 1))
+    assert one == many and one["train.rec"]
+    # Each shard's journal entry holds the lengths and counts after that shard, whatever the batch.
+    assert fields_one == fields_many
+    assert [f["records"] for f in fields_many] == [4, 4, 9, 12]
+    assert fields_many[-1]["lengths"][".rec"] == len(many["train.rec"])
