@@ -146,10 +146,16 @@ def options_from_args(args):
 
 
 def run(args) -> int:
+    options = options_from_args(args)
+    if options.local_start and not options.address and not options.dry_run:
+        # The local processes' server imports OpenCV and the formats while this process imports the engine,
+        # lists and plans (the engine would start it only once imported itself).
+        from gpufeed.convert import forkserver
+
+        forkserver.start()
     from gpufeed.convert.engine import convert
     from gpufeed.convert.progress import Progress, format_summary
 
-    options = options_from_args(args)
     summary = convert(options, Progress(options.progress))
     print(format_summary(summary))
     return 0

@@ -29,7 +29,7 @@ import time
 from collections import deque
 
 from gpufeed import io
-from gpufeed.convert import sinks
+from gpufeed.convert import forkserver, sinks
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, shard_digest, split_order
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
@@ -429,14 +429,6 @@ def stats_shard(job: ShardJob, items: list) -> dict:
 
 # -- driver side -----------------------------------------------------------------------------------------
 
-def _worker_env() -> dict:
-    """What every worker's environment must hold, Ray's or local: a fixed hash seed, and the emulated
-    storage tier the driver runs under."""
-    env = {"PYTHONHASHSEED": "0"}
-    env.update({var: os.environ[var] for var in io.TIER_VARS if os.environ.get(var)})
-    return env
-
-
 def _ray_initialized() -> bool:
     """Whether this process already runs Ray, without importing it (~0.5-1 s, which the driver spends on
     the thread that starts Ray, not before it lists)."""
@@ -453,7 +445,7 @@ def _open_ray(options: ConvertOptions):
 
     if ray.is_initialized():
         return ray, False
-    env = _worker_env()
+    env = forkserver.worker_env()
     try:
         if options.address:
             # A cluster's workers are started by raylets on other machines: only runtime_env reaches them.
@@ -510,17 +502,10 @@ class _LocalStart:
 
     def __init__(self, workers: int, fn):
         import concurrent.futures
-        import multiprocessing
 
-        from gpufeed.formats import _REGISTRY
-
-        # The fork server starts from this process's environment (a runtime started here inherits it too).
-        os.environ.update(_worker_env())
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["gpufeed.convert.engine", "gpufeed.pipelines.transforms", "cv2",
-                                    *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
         self.fn = fn
-        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
+        # Its server may be running already: the command line starts it first thing (forkserver.start).
+        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=forkserver.context())
         self.futures: dict = {}  # future -> job
         self.usable = True
         self.shards = 0  # finished here

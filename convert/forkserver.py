@@ -1,0 +1,43 @@
+"""The process server a conversion's local processes fork from (:class:`gpufeed.convert.engine._LocalStart`).
+
+It is a separate process that imports the engine, OpenCV and every format's module once, then forks a
+worker in milliseconds for each request. The command line starts it before the driver imports anything
+heavy (:func:`start`), so its imports run while the driver imports, lists and plans: the first shard waits
+for neither. Kept in a module of its own that imports almost nothing, for that reason.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+from gpufeed import io
+
+
+def worker_env() -> dict:
+    """What every worker's environment must hold, Ray's or local: a fixed hash seed, and the emulated
+    storage tier the driver runs under."""
+    env = {"PYTHONHASHSEED": "0"}
+    env.update({var: os.environ[var] for var in io.TIER_VARS if os.environ.get(var)})
+    return env
+
+
+def context():
+    """The ``forkserver`` multiprocessing context, set to preload what a shard needs. The server starts
+    from this process's environment, which gets :func:`worker_env` first (a Ray runtime started here later
+    inherits it too)."""
+    from gpufeed.formats import _REGISTRY
+
+    os.environ.update(worker_env())
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["gpufeed.convert.engine", "gpufeed.pipelines.transforms", "cv2",
+                                *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
+    return ctx
+
+
+def start() -> None:
+    """Start the server now (it imports in the background); the local processes use it when they start."""
+    from multiprocessing import forkserver
+
+    context()
+    forkserver.ensure_running()
