@@ -78,21 +78,15 @@ def remove(out: str) -> None:
 
 def remove_temporaries(out: str, formats) -> None:
     """Delete temporary files that a killed run left next to the outputs (never under a final name)."""
-    import fsspec
-
     for fmt in formats:
-        d = sinks.join(out, fmt)
-        fs, p = fsspec.core.url_to_fs(d)
         try:
-            names = fs.ls(p, detail=False)
+            names = io.listdir(sinks.join(out, fmt))
         except FileNotFoundError:
             continue
         for name in names:
             if is_temp_name(name):
-                try:
-                    fs.rm(name, recursive=True)
-                except FileNotFoundError:
-                    pass  # gone meanwhile: a task of the stopped run, still finishing, renamed or dropped it
+                # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
+                io.remove_entry(name)
 
 
 def remove_stale_outputs(out: str, formats, splits) -> list[str]:
@@ -100,15 +94,12 @@ def remove_stale_outputs(out: str, formats, splits) -> list[str]:
     (``train-00003-of-00008``, ``train.rec``, ``train_lmdb``...): with another shard count its files would
     not be overwritten, and a reader globbing ``train-*`` would take them too. Only names gpufeed writes are
     touched; returns them."""
-    import fsspec
-
     from gpufeed.formats.naming import parse_shard_name
 
     removed = []
     for fmt in formats:
-        fs, p = fsspec.core.url_to_fs(sinks.join(out, fmt))
         try:
-            names = fs.ls(p, detail=False)
+            names = io.listdir(sinks.join(out, fmt))
         except FileNotFoundError:
             continue
         for name in names:
@@ -116,7 +107,7 @@ def remove_stale_outputs(out: str, formats, splits) -> list[str]:
             shard = parse_shard_name(base)
             stem = base.split(".", 1)[0]
             if (shard and shard[0] in splits) or stem in splits or base in {f"{s}_lmdb" for s in splits}:
-                fs.rm(name, recursive=True)
+                io.remove_entry(name)
                 removed.append(name)
     return removed
 

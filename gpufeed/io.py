@@ -137,6 +137,34 @@ def remove_tree(url: str) -> None:
         fs.rm(p, recursive=True)
 
 
+def listdir(url: str) -> list[str]:
+    """The entries of a directory, each as a path (or URL) under ``url``; ``FileNotFoundError`` if it is
+    missing. Local directories are listed without importing fsspec (the start of a run lists its outputs)."""
+    if is_local(url):
+        base = local_path(url)
+        return [os.path.join(base, name) for name in os.listdir(base)]
+    fs, p = _fs(url)
+    return [fs.unstrip_protocol(name) for name in fs.ls(p, detail=False)]
+
+
+def remove_entry(url: str) -> None:
+    """Delete a file or a directory tree; one already gone is fine."""
+    if is_local(url):
+        path = local_path(url)
+        try:
+            os.remove(path)
+        except IsADirectoryError:
+            shutil.rmtree(path, ignore_errors=True)
+        except FileNotFoundError:
+            pass
+        return
+    fs, p = _fs(url)
+    try:
+        fs.rm(p, recursive=True)
+    except FileNotFoundError:
+        pass
+
+
 def rename(src: str, dst: str) -> None:
     """Give ``src`` the name ``dst`` (atomic on a local filesystem; a move on an object store)."""
     if is_local(src):

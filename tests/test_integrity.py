@@ -305,6 +305,37 @@ def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
         ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_fresh_run_clears_temporaries_and_stale_outputs_of_its_splits_only(tmp_path, where):
+    """Files and directories (an LMDB) alike, on a local destination or an fsspec URL."""
+    import uuid
+
+    import fsspec
+
+    from gpufeed import io
+    from gpufeed.convert.manifest import remove_stale_outputs, remove_temporaries
+
+    out = str(tmp_path / "out") if where == "local" else f"memory://clear-{uuid.uuid4().hex[:8]}/out"
+    fs, root = fsspec.core.url_to_fs(out)
+    names = {"tfrecord": ["train-00000-of-00002", ".train-00001-of-00002.tmp-1a2b3c4d", "val-00000-of-00001",
+                          "notes.txt"],
+             "lmdb": ["train_lmdb/data.mdb", ".val_lmdb.tmp-0badc0de/data.mdb", "val_lmdb/data.mdb"]}
+    for fmt, files in names.items():
+        for name in files:
+            fs.makedirs(f"{root}/{fmt}/{name}".rsplit("/", 1)[0], exist_ok=True)
+            fs.pipe(f"{root}/{fmt}/{name}", b"x")
+
+    def left(fmt):
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in io.listdir(io.join(out, fmt)))
+
+    remove_temporaries(out, ("tfrecord", "lmdb", "recordio"))  # recordio/ does not exist: nothing to do
+    assert left("tfrecord") == ["notes.txt", "train-00000-of-00002", "val-00000-of-00001"]
+    assert left("lmdb") == ["train_lmdb", "val_lmdb"]
+    removed = remove_stale_outputs(out, ("tfrecord", "lmdb"), ["train"])
+    assert len(removed) == 2
+    assert left("tfrecord") == ["notes.txt", "val-00000-of-00001"] and left("lmdb") == ["val_lmdb"]
+
+
 def test_temporaries_that_vanish_while_a_resume_clears_them_are_no_error(tmp_path):
     """A task of a stopped run may still finish (rename its temporary) while the resumed run clears the
     temporaries it listed: the resume goes on."""
