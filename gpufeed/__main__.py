@@ -1,3 +1,3 @@
-from gpufeed.convert.cli import main
+from gpufeed.convert.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -70,6 +70,18 @@ def test_a_subcommand_imports_only_its_own_module():
         assert name in top.stdout, name
 
 
+def test_the_command_ends_with_its_code_after_exit_handlers_and_flushed_output(tmp_path):
+    """With Ray loaded the process skips the interpreter's teardown (``leave``): exit handlers still run, the
+    buffered output still arrives, and the code is the command's."""
+    marker = tmp_path / "handler-ran"
+    code = ("import atexit, sys; import ray; "
+            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes')); "
+            "from gpufeed.convert.cli import leave; print('summary', end=''); sys.stderr.write('note'); leave(3)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "summary", "note")
+    assert marker.read_text() == "yes"
+
+
 def test_every_command_and_subcommand_prints_its_help():
     import argparse
 
