@@ -1222,6 +1222,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
                          spool_dir, driver_writes, faults=faults, encodes=encodes,
                          identify="" if plans[sp.split].shard_digests else identify) for sp in todo)
+            tasks.submit()
+            t0.mark("ready_to_convert")  # destination, journal and sinks set up; shards handed to what runs them
             while tasks:
                 committer.check()
                 job, result = tasks.next()
