@@ -692,6 +692,7 @@ class _Split:
         self.items = items
         self.sinks = {}  # "lmdb"/"recordio" -> sink
         self.next = {}  # sink -> next shard to commit
+        self.taken = {}  # sink -> next shard not yet handed to it (ahead of ``next`` while a batch commits)
         self.results = {}  # shard -> journalled shard event
         self.finished = {}  # sink -> files, once the split's ordered output is final
 
@@ -1169,7 +1170,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 continue
             commits = journal.commit_events(sink, s)
             st.sinks[sink] = sinks.SPLIT_SINKS[sink](state_dir, out, s, float_dtype).open(commits)
-            st.next[sink] = commits[-1]["shard"] + 1 if commits else 0
+            st.next[sink] = st.taken[sink] = commits[-1]["shard"] + 1 if commits else 0
         for sp in st.plan.shards:
             if not _shard_usable(st, sp, spool_dir):
                 st.results.pop(sp.shard, None)
@@ -1276,12 +1277,13 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
 
 def _awaiting(splits) -> int:
-    """Completed shards still waiting for a split sink to take them (they hold spool files)."""
+    """Completed shards still waiting for a split sink to take them (they hold spool files); those in a batch
+    being committed are taken already, so a batch does not hold back the next shards' submission."""
     n = 0
     for st in splits.values():
-        nexts = tuple(st.next.values())  # one step under the GIL: the committer thread changes it
-        if nexts:
-            low = min(nexts)
+        taken = tuple(st.taken.values())  # one step under the GIL: the committer thread changes it
+        if taken:
+            low = min(taken)
             n += sum(1 for i in tuple(st.results) if i >= low)
     return n
 
@@ -1383,6 +1385,7 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
                 i += 1
             if not batch:
                 break
+            st.taken[sink_name] = i
             with clock.timed("commit") if clock else contextlib.nullcontext():
                 committed = sink.commit_many(batch)
             for (spool, _), fields in zip(batch, committed):
@@ -1400,6 +1403,7 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
             journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
             st.finished[sink_name] = files
             st.sinks.pop(sink_name)
+            st.taken.pop(sink_name, None)
             st.next.pop(sink_name)
 
 
