@@ -471,8 +471,7 @@ class RecordIOSink(SplitSink):
     def commit_many(self, batch: list) -> list[dict]:
         """Append several fragments in order, then make them durable with one fsync per file: a commit
         thread that has fallen behind catches up with one disk flush for all the shards waiting (their
-        journal entries follow that flush). Each copy's writeback is started as soon as it is made, so
-        the disk writes while the next one is copied."""
+        journal entries follow that flush)."""
         rec = self._files[".rec"]
         fields = []
         try:
@@ -496,10 +495,6 @@ class RecordIOSink(SplitSink):
         if written is None or written["bytes"] != size:
             raise OutputError(f"{spool}: {size} bytes, not the {written and written['bytes']} its worker "
                               "wrote; the spool was changed: rerun the same command to redo the shard")
-        if size and hasattr(os, "posix_fadvise"):
-            # Start writing the copy to the disk now (a dirty range is written back, not dropped); the
-            # batch's fsync then waits for less.
-            os.posix_fadvise(rec.fileno(), offset, size, os.POSIX_FADV_DONTNEED)
         with io.open_file(base + ".idx", "rb") as f:
             lines = []
             for line in f.read().splitlines():
