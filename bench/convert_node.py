@@ -200,7 +200,8 @@ def copy_run(src: str, dst: str) -> float:
 def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | None = None,
         results: str | None = None, keep_corpus: bool = True, compare: str | None = None) -> list[dict]:
     """``compare``: a folder holding another gpufeed build; each conversion then runs with it and with this
-    one, back to back on the same cold files (rows tagged ``build``), so a change is measured side by side."""
+    one, back to back on the same cold files (rows tagged ``build`` and ``pair_position``, the build going
+    first alternating from one conversion to the next), so a change is measured side by side."""
     from gpufeed.bench.results import machine_info
 
     os.makedirs(work, exist_ok=True)
@@ -239,6 +240,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                 f.write(json.dumps(row) + "\n")
 
     out = os.path.join(work, "out")
+    pairs = 0  # side-by-side pairs run so far: which build goes first alternates
     for name in runs:
         shutil.rmtree(out, ignore_errors=True)
         cache = drop_caches(src)
@@ -255,11 +257,15 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
             emit({"run": "cp", "images": pass_n, "seconds": round(seconds, 2), "input_bytes": pass_bytes,
                   "input_mb_per_second": round(pass_bytes / seconds / 1e6, 1), "cache": cache})
         else:
-            for build in (("compare", "current") if compare else ("current",)):
-                if build == "current" and compare:
+            # Which build goes first alternates from pair to pair: a machine that drifts over a call (the
+            # first minutes after a burst of work ran faster on the GPU machine) then favours neither.
+            order = ("compare", "current") if pairs % 2 == 0 else ("current", "compare")
+            pairs += bool(compare)
+            for k, build in enumerate(order if compare else ("current",)):
+                if k:
                     shutil.rmtree(out, ignore_errors=True)
                     cache = drop_caches(src)
-                tag = {"build": build} if compare else {}
+                tag = {"build": build, "pair_position": k} if compare else {}
                 path = compare if build == "compare" else None
                 if name in ("pass", "pass-recordio"):
                     row = convert_run(pass_src, out, ALL if name == "pass" else "recordio", workers, "--encode",

@@ -32,15 +32,17 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
 
 
 def test_a_comparison_build_runs_each_conversion_beside_this_one(tmp_path):
-    """--compare: each conversion runs with another build's gpufeed, then this one, on the same cold files.
-    Here the other build's folder is empty (the same gpufeed is imported): the pairing is what is tested."""
+    """--compare: each conversion runs with another build's gpufeed and with this one, on the same cold files,
+    the build going first alternating from pair to pair. Here the other build's folder is empty (the same
+    gpufeed is imported): the pairing is what is tested."""
     other = tmp_path / "other"
     other.mkdir()
     rows = run(40, 4, 1, str(tmp_path / "work"), ("tfrecord", "pass-recordio", "cp"), pass_n=10,
                compare=str(other))
     assert [(r["run"], r.get("build")) for r in rows] == [
-        ("tfrecord", "compare"), ("tfrecord", "current"), ("pass-recordio", "compare"),
-        ("pass-recordio", "current"), ("cp", None), ("pass-recordio/cp", "compare"),
-        ("pass-recordio/cp", "current")]
+        ("tfrecord", "compare"), ("tfrecord", "current"), ("pass-recordio", "current"),
+        ("pass-recordio", "compare"), ("cp", None), ("pass-recordio/cp", "current"),
+        ("pass-recordio/cp", "compare")]
+    assert [r.get("pair_position") for r in rows if r["run"] in ("tfrecord", "pass-recordio")] == [0, 1, 0, 1]
     assert all(r["images"] == 40 for r in rows if r["run"] == "tfrecord")
     assert "| (compare build) convert tfrecord |" in table(rows)
