@@ -333,10 +333,10 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x2.jsonl")
     text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
     answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
-    assert "it consumes 4,604 img/s when it never waits" in answer and "3,180" not in answer
-    assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,284 img/s when it never waits. Best: tfrecord "
-            "with hw decoding, slowest rank at AU 74.2%, 6,360 img/s in all; below 90%: not fed.") in ranks
-    assert "| train | 2 | tfrecord | local | hw | 3,180 / 3,181 | 74.2% / 74.3% | 74.2% | 6,360 | 2.21 |" in ranks
+    assert "it consumes 4,595 img/s when it never waits" in answer and "3,635" not in answer
+    assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,224 img/s when it never waits. Best: lmdb "
+            "with hw decoding, slowest rank at AU 86.1%, 7,289 img/s in all; below 90%: not fed.") in ranks
+    assert "| train | 2 | lmdb | local | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 |" in ranks
 
 
 def test_images_stored_another_way_are_never_reported_as_captured(tmp_path):
