@@ -6,15 +6,28 @@ import sys
 import time
 
 
-class Progress:
-    """One bar over every sample of the run: images/s, MB/s written and the ETA (tqdm's)."""
+#: Seconds between progress lines where the output is not a terminal (a log file, CI, nohup).
+LOG_INTERVAL_S = 30.0
 
-    def __init__(self, enabled: bool = True, file=None):
+
+class Progress:
+    """One bar over every sample of the run: images/s, MB/s written and the ETA (tqdm's). Where the output is
+    not a terminal, a bar redrawn with carriage returns would make one endless line of a log: a plain line
+    every :data:`LOG_INTERVAL_S` seconds (and one per phase) says the same."""
+
+    def __init__(self, enabled: bool = True, file=None, log_interval: float = LOG_INTERVAL_S):
         self.enabled = enabled
         self.file = file or sys.stderr
+        isatty = getattr(self.file, "isatty", None)
+        self.tty = bool(isatty and isatty())
+        self.log_interval = log_interval
         self._bar = None
         self._bytes = 0
         self._t0 = None
+        self._total = self._done = 0
+        self._desc = "converting"
+        self._unit = "img"
+        self._logged = 0.0
 
     def phase(self, text: str) -> None:
         """Say what the run is doing now (listing, starting Ray, finishing an LMDB...): the bar's label
@@ -23,6 +36,8 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.set_description_str(text)
+        elif self._t0 is not None and not self.tty:
+            print(f"{text} ({self._counts()})", file=self.file, flush=True)
         else:
             print(f"{text} ...", file=self.file, flush=True)
 
@@ -39,22 +54,39 @@ class Progress:
             print(f"warning: {text}", file=self.file, flush=True)
 
     def start(self, total: int, already: int, unit: str = "img") -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._logged = time.perf_counter()
+        self._total, self._unit = total, unit
         if not self.enabled:
+            return
+        desc = self._desc = "converting" if not already else f"resuming ({already} samples already done)"
+        if not self.tty:
+            print(f"{desc}: {total:,} {unit}", file=self.file, flush=True)
             return
         from tqdm import tqdm
 
-        desc = self._desc = "converting" if not already else f"resuming ({already} samples already done)"
         self._bar = tqdm(total=total, unit=unit, desc=desc, file=self.file, dynamic_ncols=True,
                          smoothing=0.1, mininterval=0.5)
 
     def update(self, samples: int, nbytes: int) -> None:
         self._bytes += nbytes
-        if self._bar is None:
-            return
+        self._done += samples
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
-        self._bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
-        self._bar.update(samples)
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{self._bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
+            self._bar.update(samples)
+        elif self.enabled and not self.tty and time.perf_counter() - self._logged >= self.log_interval:
+            self._logged = time.perf_counter()
+            print(f"{self._desc}: {self._counts()}", file=self.file, flush=True)
+
+    def _counts(self) -> str:
+        """``12,000 of 120,000 img (10%), 2,400 img/s, 120.0 MB/s, about 45 s left`` so far."""
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        rate = self._done / elapsed
+        text = (f"{self._done:,} of {self._total:,} {self._unit} ({100 * self._done / max(self._total, 1):.0f}%), "
+                f"{rate:,.0f} {self._unit}/s, {self._bytes / elapsed / 1e6:.1f} MB/s")
+        if rate > 0 and self._done < self._total:
+            text += f", about {(self._total - self._done) / rate:.0f} s left"
+        return text
 
     def close(self) -> None:
         if self._bar is not None:

@@ -249,3 +249,37 @@ def test_text_datasets_count_records_and_dry_runs_say_what_they_would_do(tmp_pat
     assert "nothing was written" in dry and "0 of" not in dry and " records in 1 shard" in dry
     text = format_summary(convert(o, Progress(False)))
     assert "records/s" in text and "images" not in text
+
+
+def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
+    """A log (not a terminal) gets a line per phase and per interval, no carriage returns; a terminal the bar."""
+    import io
+
+    from gpufeed.convert.progress import Progress
+
+    log = io.StringIO()
+    p = Progress(True, log, log_interval=0)
+    p.phase("listing /data")
+    p.start(100, 0)
+    p.update(40, 4_000_000)
+    p.phase("starting Ray")
+    p.update(60, 6_000_000)
+    p.phase("finishing the train lmdb output")
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert lines[:2] == ["listing /data ...", "converting: 100 img"]
+    assert lines[2].startswith("converting: 40 of 100 img (40%), ") and "s left" in lines[2]
+    assert lines[3].startswith("starting Ray (40 of 100 img (40%)")
+    assert lines[-1].startswith("finishing the train lmdb output (100 of 100 img (100%)")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    p = Progress(True, term)
+    p.start(100, 0)
+    p.update(100, 1)
+    p.close()
+    assert "\r" in term.getvalue() and "100/100" in term.getvalue()
