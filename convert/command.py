@@ -118,7 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=35, help="ptb: tokens per window (a record holds seq_len+1)")
     p.add_argument("--ptb-mode", choices=PTB_MODES, default="window",
                    help="ptb: fixed windows of the token stream, or one record per sentence")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar (where stderr is not a terminal, a log line every 30 s stands for it)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (where stderr is not a terminal, a log line every 30 s stands for it)")
 
 
 def options_from_args(args):
