@@ -333,7 +333,8 @@ def main(argv=None) -> None:
     p.add_argument("--results", help="append JSON rows here")
     p.add_argument("--table", metavar="JSONL", help="only print the table of the rows in this results file")
     p.add_argument("--compare", metavar="DIR", help="a folder holding another gpufeed build (pip install --target "
-                   "DIR --no-deps): each conversion runs with it, then with this one, on the same cold files")
+                   "DIR --no-deps): each conversion runs with it and with this one on the same cold files, the "
+                   "build going first alternating from one conversion to the next")
     args = p.parse_args(argv)
     if args.table:
         with open(args.table) as f:

@@ -129,12 +129,16 @@ def remove(url: str) -> None:
 
 
 def remove_tree(url: str) -> None:
+    """Delete a directory tree; one already gone (or going meanwhile) is fine."""
     if is_local(url):
         shutil.rmtree(local_path(url), ignore_errors=True)
         return
     fs, p = _fs(url)
-    if fs.exists(p):
-        fs.rm(p, recursive=True)
+    try:
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+    except FileNotFoundError:
+        pass
 
 
 def listdir(url: str) -> list[str]:
@@ -148,21 +152,11 @@ def listdir(url: str) -> list[str]:
 
 
 def remove_entry(url: str) -> None:
-    """Delete a file or a directory tree; one already gone is fine."""
-    if is_local(url):
-        path = local_path(url)
-        try:
-            os.remove(path)
-        except IsADirectoryError:
-            shutil.rmtree(path, ignore_errors=True)
-        except FileNotFoundError:
-            pass
-        return
-    fs, p = _fs(url)
-    try:
-        fs.rm(p, recursive=True)
-    except FileNotFoundError:
-        pass
+    """Delete a file or a directory tree (:func:`remove` or :func:`remove_tree`); one already gone is fine."""
+    if is_local(url) and not os.path.isdir(local_path(url)):
+        remove(url)
+    else:  # a directory, or an object store's entry (a recursive rm takes a single object too)
+        remove_tree(url)
 
 
 def rename(src: str, dst: str) -> None:

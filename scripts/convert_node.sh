@@ -12,7 +12,8 @@ OUT=$(realpath -m "${OUT:-$PWD/out}")
 mkdir -p "$OUT"
 [ "${INSTALL:-1}" = 1 ] && source scripts/device_setup.sh
 # COMPARE=<folder holding another gpufeed checkout> (e.g. `git archive <commit> | tar -x -C compare-build`,
-# carried as an ignored path): its build runs each conversion back to back with this one.
+# carried as an ignored path): its build runs each conversion back to back with this one, the build going
+# first alternating from one conversion to the next.
 COMPARE_ARGS=()
 if [ -n "${COMPARE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \

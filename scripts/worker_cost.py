@@ -29,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=600)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--formats", default=f"recordio,tfrecord,lmdb,all")
+    ap.add_argument("--formats", default="recordio,tfrecord,lmdb,all")
     ap.add_argument("--profile", default="recordio,all")
     args = ap.parse_args()
 
