@@ -13,10 +13,13 @@ side in one invocation:
   it: a fresh ``python -m gpufeed convert`` process timed from its start to its exit (Ray's start-up,
   listing, planning, assembling the single-file outputs, the manifest: all counted);
 * ``--encode pass`` to every format, and to RecordIO alone, on the first ``pass_n`` files against ``cp -r``
-  of the same files (fsync'd), in bytes of input per second (three formats write three copies).
+  of the same files (fsync'd), in bytes of input per second (three formats write three copies);
+* ``recordio-cluster``: RecordIO through ``--address`` of a Ray runtime started beforehand (``ray start``):
+  the same conversion without the cost of starting Ray and its workers, which the default run pays.
 
 For each conversion it records images/s and the ratio to the limit, how busy the machine's CPUs were
-(``/proc/stat``), when the first shard began converting (from the manifest's timings) and the driver's
+(``/proc/stat``) and its busy CPU milliseconds per image against the limit loop's, how the workers' shard
+time divides into CPU, waiting for a core (Linux schedstat) and the rest (waiting for reads and writes), when the first shard began converting (from the manifest's timings) and the driver's
 peak anonymous RSS in the first and second half of the run. From the rate per worker it projects ImageNet-1k's
 1,281,167 train images onto a 64-core node (linear in workers: the projection says so).
 
@@ -27,6 +30,7 @@ peak anonymous RSS in the first and second half of the run. From the rate per wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -40,11 +44,12 @@ import time
 #: threads (a test session's Ray): a fork then can copy a lock held by one of them, and hang.
 _POOLS = multiprocessing.get_context("forkserver")
 #: The runs a full invocation makes, in order; ``--runs`` picks a subset.
-RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "pass", "pass-recordio", "cp")
+RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "pass", "pass-recordio", "cp", "recordio-cluster")
 ALL = "lmdb,recordio,tfrecord"
 IMAGENET_TRAIN = 1_281_167
 #: The targets of the node-scale issue: each format alone, all three, pass-through against cp.
-TARGETS = {"recordio": 0.90, "tfrecord": 0.90, "lmdb": 0.90, "all": 0.85, "pass": 0.80, "pass-recordio": 0.80}
+TARGETS = {"recordio": 0.90, "tfrecord": 0.90, "lmdb": 0.90, "all": 0.85, "pass": 0.80, "pass-recordio": 0.80,
+           "recordio-cluster": 0.90}
 
 
 def _make_unique(args) -> list[bytes]:
@@ -103,14 +108,67 @@ def _pool_init() -> None:
     cv2.setNumThreads(1)
 
 
-def limit_rate(paths: list[str], processes: int) -> float:
+def limit_rate(paths: list[str], processes: int) -> tuple[float, float]:
     """Images/s of the plain-multiprocessing limit loop over ``paths``, timed from when every process is up
-    with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is)."""
+    with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is),
+    and the machine's busy CPU seconds per image meanwhile."""
+    from gpufeed.bench.results import cpu_ticks
+
     with _POOLS.Pool(processes, initializer=_pool_init) as pool:
         pool.map(_pool_ready, range(processes), chunksize=1)
+        busy0, _ = cpu_ticks()
         t0 = time.perf_counter()
         n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
-        return n / (time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        busy1, _ = cpu_ticks()
+        return n / seconds, (busy1 - busy0) / _HZ / n
+
+
+#: Jiffies per second in /proc/stat.
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@contextlib.contextmanager
+def ray_cluster(workers: int, path: str | None = None):
+    """A Ray runtime started beforehand on this machine (``ray start --head``, ``workers`` CPUs), its
+    address yielded for ``convert --address``: a conversion then pays neither Ray's start nor its workers'
+    (what a user with a standing cluster sees). Stopped afterwards."""
+    import socket
+    import tempfile
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # --block: the command stays up with the runtime and takes it down when terminated (`ray stop` would
+    # stop every Ray runtime of the machine, a test session's too).
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                             f"--port={port}", f"--num-cpus={workers}", "--include-dashboard=false",
+                             "--disable-usage-stats"], stdout=subprocess.DEVNULL, stderr=log,
+                            env=_env(path))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"ray start failed ({proc.returncode}): {log.read().decode()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("ray start: no runtime listening after 60 s") from None
+                time.sleep(0.2)
+        time.sleep(3)  # the raylet up, its workers prestarted
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 def _pool_ready(_) -> None:
@@ -149,10 +207,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     cpu0 = cpu_times()
     start = time.time()
     t0 = time.perf_counter()
-    env = None
-    if path:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (path, os.environ.get("PYTHONPATH"))))}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
     rss = _RssSampler(proc.pid)
     rss.start()
     stdout, stderr = proc.communicate()
@@ -172,12 +227,24 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
         return max(cpu1[kind] - cpu0[kind], 1 if kind == "total" else 0)
 
     span = (line.get("shards_done") or 0) - (line.get("first_shard_started") or 0)
+    worker_s = line.get("worker_seconds") or 0
+    shares = {}
+    if worker_s > 0:
+        # Of the shards' wall time in the workers: their CPU (read threads included), their converting
+        # threads' waits for a core (other processes' CPU use), and the rest (waits for reads and writes).
+        shares = {"workers_cpu_share": round(line.get("worker_cpu_seconds", 0) / worker_s, 3)}
+        if "worker_run_queue_seconds" in line:
+            shares["workers_run_queue_share"] = round(line["worker_run_queue_seconds"] / worker_s, 3)
     return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
             "images_per_second": round(written / wall, 1), "bytes_written": doc["bytes_written"],
             "cpu_busy": round(1 - (used("idle") + used("iowait")) / used("total"), 3),
             # where the rest of the machine's time went: waiting on the disk, and in the kernel
             "cpu_iowait": round(used("iowait") / used("total"), 3),
             "cpu_system": round((used("system") + used("irq") + used("softirq")) / used("total"), 3),
+            # the whole machine's busy CPU per image (driver, workers, Ray, the kernel), against the limit's
+            "cpu_ms_per_image": round((used("total") - used("idle") - used("iowait")) / _HZ / max(written, 1) * 1e3,
+                                      3),
+            **shares,
             "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
@@ -187,6 +254,13 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             "workers_busy": round(line["worker_seconds"] / (workers * span), 3)
             if span > 0 and line.get("worker_seconds") else None,
             "stderr": stderr.decode()[-2000:]}
+
+
+def _env(path: str | None) -> dict | None:
+    """The environment of a process that imports the gpufeed in ``path`` (``None``: this one's)."""
+    if not path:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (path, os.environ.get("PYTHONPATH"))))}
 
 
 def copy_run(src: str, dst: str) -> float:
@@ -246,10 +320,11 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         cache = drop_caches(src)
         if name == "limit":
             sample = paths[:: max(len(paths) // 2000, 1)]
-            one = limit_rate(sample, 1)
+            one, _ = limit_rate(sample, 1)
             drop_caches(src)
-            limit = limit_rate(paths, workers)
+            limit, limit_cpu = limit_rate(paths, workers)
             emit({"run": "limit", "workers": workers, "images_per_second": round(limit, 1),
+                  "cpu_ms_per_image": round(limit_cpu * 1e3, 3),
                   "one_process_images_per_second": round(one, 1),
                   "hardware_scaling": round(limit / (workers * one), 3), "cache": cache})
         elif name == "cp":
@@ -272,9 +347,15 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                                       "pass", path=path)
                     row["input_bytes"] = pass_bytes
                     row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
+                elif name == "recordio-cluster":
+                    with ray_cluster(workers, path) as address:
+                        cache = drop_caches(src)  # again: the cluster's start read files
+                        row = convert_run(src, out, "recordio", workers, "--resize", "256", "--address", address,
+                                          path=path)
                 else:
                     row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256",
                                       path=path)
+                if not name.startswith("pass"):
                     if limit:
                         row["of_limit"] = round(row["images_per_second"] / limit, 3)
                         row["target"] = TARGETS.get(name)
@@ -293,19 +374,20 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| run | img/s | of limit (target) | CPUs busy | first shard at | workers busy | listed / shards done / "
-             "outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | img/s | of limit (target) | CPUs busy | CPU ms/img | first shard at | workers busy | workers' "
+             "time: CPU / core wait | listed / shards done / outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
-            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | | | | "
+            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | "
+                         f"{r.get('cpu_ms_per_image', '')} | | | | | "
                          f"(1 process {r['one_process_images_per_second']:,.0f}; "
                          f"scaling {r['hardware_scaling']}) |")
         elif r["run"] == "cp":
-            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | |")
+            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | | | |")
         elif r["run"].endswith("/cp"):
             built = f"({r['build']} build) " if r.get("build") else ""
-            lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | |")
+            lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | | | |")
         else:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
@@ -316,8 +398,11 @@ def table(rows: list[dict]) -> str:
             line = r.get("timeline") or {}
             marks = " / ".join(str(line.get(k, "?")) for k in ("listed", "shards_done", "sinks_done"))
             busy = f"{r['workers_busy']:.0%}" if r.get("workers_busy") else ""
+            if r["run"] == "recordio-cluster":
+                what += " (standing Ray)"
+            split = " / ".join(f"{r[k]:.0%}" for k in ("workers_cpu_share", "workers_run_queue_share") if k in r)
             lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
-                         f"{r['first_shard_started_s']} s | {busy} | {marks} | "
+                         f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, shard_digest, split_order
 from gpufeed.errors import ConfigError, GpufeedError, InputError, OutputError, RecordTooLargeError, SourceNotFound
 from gpufeed.formats.base import PER_SHARD, PER_SPLIT
-from gpufeed.machine import usable_cores
+from gpufeed.machine import run_queue_seconds, usable_cores
 from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef, item_size, needs_read, read_item
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
@@ -245,6 +245,7 @@ def run_shard(job: ShardJob, items: list) -> dict:
     from gpufeed.pipelines.transforms import ChannelStats
 
     t0, c0, started = time.perf_counter(), time.process_time(), time.time()
+    q0 = run_queue_seconds()
     local = tempfile.mkdtemp(prefix="gpufeed-shard-") if job.driver_writes else None
     try:
         out, spool_dir = job.out, job.spool_dir
@@ -259,6 +260,10 @@ def run_shard(job: ShardJob, items: list) -> dict:
         if digest is not None:
             result["digest"] = digest
         result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, started=started)
+        q1 = run_queue_seconds()
+        if q0 is not None and q1 is not None:
+            # The converting thread's wait for a core: wall = its CPU + this + waits for reads and writes.
+            result["run_queue_seconds"] = q1 - q0
         if local is not None:
             result["blobs"] = _collect(local)
             for f in result["files"]:
@@ -441,6 +446,8 @@ def _open_ray(options: ConvertOptions):
     Returns ``(ray, started_here)``."""
     import logging
 
+    if options.address:
+        _token_auth_if_available()  # before Ray is imported: its core reads the mode once
     import ray
 
     if ray.is_initialized():
@@ -460,9 +467,37 @@ def _open_ray(options: ConvertOptions):
             ray.init(address="local", num_cpus=options.workers, include_dashboard=False,
                      logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20)
     except ConnectionError as e:
+        if _auth_refused(e):
+            raise ConfigError(f"the Ray cluster at {options.address} refused this client's authentication token "
+                              "(token authentication is on by default for `ray start` clusters); copy the "
+                              "cluster's token to ~/.ray/auth_token here or set RAY_AUTH_TOKEN (`ray "
+                              "get-auth-token` on the head node prints it)") from e
         raise ConfigError(f"cannot reach the Ray cluster at {options.address} ({e}); start it with "
                           "`ray start --head` or check --address") from e
     return ray, True
+
+
+def _token_auth_if_available() -> None:
+    """Send the Ray authentication token when one is at hand. A ``ray start`` cluster turns token
+    authentication on by default, while a client joining it sends no token unless RAY_AUTH_MODE says
+    ``token``: the join then fails with a GCS error. A client sending a token to a cluster without
+    authentication still joins, so the mode is set wherever a token exists (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH, or ``ray start``'s ~/.ray/auth_token) and the user has not chosen a mode."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(path):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _auth_refused(err: BaseException) -> bool:
+    """Whether Ray's failure to join was the cluster refusing the token (or its absence)."""
+    seen = 0
+    while err is not None and seen < 8:
+        if "AuthenticationError" in type(err).__name__ or "InvalidAuthToken" in str(err):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def _unwrap(err, sp: ShardPlan, items: list, retries: int) -> BaseException:
@@ -1453,6 +1488,10 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     t0.mark("sinks_done")
     summary.timeline = t0.timeline(summary.first_shard_started)
     summary.timeline["worker_seconds"] = round(summary.worker_seconds, 3)  # shards' own time, all workers
+    summary.timeline["worker_cpu_seconds"] = round(summary.worker_cpu_seconds, 3)  # their CPU, read threads too
+    queued = [ev["run_queue_seconds"] for ev in events if "run_queue_seconds" in ev]
+    if queued:  # the converting threads' waits for a core, where the OS reports them
+        summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))

@@ -8,3 +8,15 @@ import os
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity, which a container or taskset narrows)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_queue_seconds() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a CPU (Linux's
+    ``/proc/thread-self/schedstat``, second field), or ``None`` where the kernel does not say. Two readings
+    around a piece of work tell how much of its wall time other processes' CPU use took: a conversion
+    worker's shard that took longer than its CPU time waited either for a core (this) or for I/O."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None

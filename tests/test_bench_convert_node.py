@@ -9,11 +9,15 @@ from gpufeed.bench.convert_node import main, run, table
 
 def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     results = tmp_path / "rows.jsonl"
-    rows = run(60, 6, 1, str(tmp_path / "work"), ("limit", "tfrecord", "pass-recordio", "cp"), pass_n=20,
-               results=str(results))
+    rows = run(60, 6, 1, str(tmp_path / "work"), ("limit", "tfrecord", "pass-recordio", "cp", "recordio-cluster"),
+               pass_n=20, results=str(results))
     by_run = {r["run"]: r for r in rows}
     assert by_run["limit"]["images_per_second"] > 0 and by_run["limit"]["hardware_scaling"] > 0
+    assert by_run["limit"]["cpu_ms_per_image"] > 0
     conv = by_run["tfrecord"]
+    # The machine's CPU per image, and the workers' shard time: CPU, waiting for a core, the rest.
+    assert conv["cpu_ms_per_image"] > 0 and 0 < conv["workers_cpu_share"] <= 1.5
+    assert 0 <= conv["workers_run_queue_share"] < 1
     assert conv["images"] == 60 and 0 < conv["of_limit"] and conv["target"] == 0.90
     tl = conv["timeline"]
     # Ray is ready before the last shard, or every shard ran in the local processes while it started.
@@ -23,9 +27,14 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert 0 < conv["first_shard_started_s"] < conv["seconds"]
     assert conv["driver_anon_rss_mib"][0] > 0
     assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0
+    # Through a Ray runtime started beforehand: no Ray start in the conversion, no local processes.
+    cluster = by_run["recordio-cluster"]
+    assert cluster["images"] == 60 and cluster["of_limit"] > 0 and "ray_ready" in cluster["timeline"]
+    assert not cluster["timeline"].get("shards_converted_before_ray")
     assert [json.loads(line)["run"] for line in results.read_text().splitlines()] == [r["run"] for r in rows]
     text = table(rows)
     assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
+    assert "| convert (standing Ray) recordio |" in text
     capsys.readouterr()
     main(["--table", str(results)])
     assert capsys.readouterr().out.strip() == text
