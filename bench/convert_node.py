@@ -375,7 +375,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
 
 def table(rows: list[dict]) -> str:
     lines = ["| run | img/s | of limit (target) | CPUs busy | CPU ms/img | first shard at | workers busy | workers' "
-             "time: CPU / core wait | listed / shards done / outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
+             "time: CPU / core wait (per image, local processes / Ray's) | listed / shards done / outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
@@ -401,6 +401,10 @@ def table(rows: list[dict]) -> str:
             if r["run"] == "recordio-cluster":
                 what += " (standing Ray)"
             split = " / ".join(f"{r[k]:.0%}" for k in ("workers_cpu_share", "workers_run_queue_share") if k in r)
+            per = [f"{where} {line[f'{where}_cpu_ms_per_sample']}" for where in ("local", "ray")
+                   if f"{where}_cpu_ms_per_sample" in line]
+            if per:
+                split += f" (CPU ms/img: {', '.join(per)})"
             lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")

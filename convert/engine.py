@@ -651,7 +651,9 @@ class _Tasks:
             self.pending.appendleft(job)
             return None
         self.local.shards += 1
-        return job, future.result()
+        result = future.result()
+        result["ran"] = "local"  # for the timeline's split of the workers' time (Ray's results say nothing)
+        return job, result
 
     def next(self):
         """Wait for the next finished shard: ``(job, result)``. Raises one gpufeed error on failure."""
@@ -1391,6 +1393,22 @@ def _is_spool(f: dict, spool_dir: str) -> bool:
     return f["role"] == "spool" or f["path"].startswith(spool_dir.rstrip("/") + "/")
 
 
+def _per_sample_costs(events: list) -> dict:
+    """The shards' wall, CPU and core-wait milliseconds per sample, for those the local processes ran and
+    those Ray's workers ran apart (``local_`` / ``ray_`` keys; a resumed run's earlier shards say neither)."""
+    out = {}
+    for where in ("local", "ray"):
+        group = [ev for ev in events if "seconds" in ev and (ev.get("ran") == "local") == (where == "local")]
+        samples = sum(ev["written"] + len(ev["skipped"]) for ev in group)
+        if not samples:
+            continue
+        out[f"{where}_shards"] = len(group)
+        for key, name in (("seconds", "wall"), ("cpu_seconds", "cpu"), ("run_queue_seconds", "run_queue")):
+            if all(key in ev for ev in group):
+                out[f"{where}_{name}_ms_per_sample"] = round(sum(ev[key] for ev in group) / samples * 1e3, 3)
+    return out
+
+
 def _journal_shard(journal, state_dir, result) -> dict:
     stats = result.pop("stats")
     if stats is not None:
@@ -1492,6 +1510,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     queued = [ev["run_queue_seconds"] for ev in events if "run_queue_seconds" in ev]
     if queued:  # the converting threads' waits for a core, where the OS reports them
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
+    summary.timeline.update(_per_sample_costs(events))
     manifest_mod.write(options, summary, source.classes(), stats)
     shutil.rmtree(state_dir, ignore_errors=True)
     sinks.remove_tree(sinks.join(out, ".gpufeed"))

@@ -18,6 +18,10 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     # The machine's CPU per image, and the workers' shard time: CPU, waiting for a core, the rest.
     assert conv["cpu_ms_per_image"] > 0 and 0 < conv["workers_cpu_share"] <= 1.5
     assert 0 <= conv["workers_run_queue_share"] < 1
+    # Per image, for the shards the local processes ran and those Ray's workers ran.
+    line = conv["timeline"]
+    ran = {w: line[f"{w}_shards"] for w in ("local", "ray") if f"{w}_shards" in line}
+    assert sum(ran.values()) == 1 and all(line[f"{w}_cpu_ms_per_sample"] > 0 for w in ran)
     assert conv["images"] == 60 and 0 < conv["of_limit"] and conv["target"] == 0.90
     tl = conv["timeline"]
     # Ray is ready before the last shard, or every shard ran in the local processes while it started.
