@@ -169,6 +169,21 @@ def ray_cluster(workers: int, path: str | None = None):
             proc.kill()
             proc.wait()
         log.close()
+        _forget_address(port)
+
+
+def _forget_address(port: int) -> None:
+    """Remove the address ``ray start`` recorded for ``ray.init()`` to find, when it is this runtime's: it is
+    gone, and a later plain ``ray.init()`` on the machine would try to join it."""
+    # Where Ray keeps it: RAY_TMPDIR, else TMPDIR (Linux), else /tmp; then ray/.
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(base, "ray", "ray_current_cluster")
+    try:
+        with open(path) as f:
+            if f.read().strip().endswith(f":{port}"):
+                os.remove(path)
+    except OSError:
+        pass
 
 
 def _pool_ready(_) -> None:

@@ -16,7 +16,8 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # address="local": a new runtime, never one a `ray start` elsewhere left its address behind for.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  object_store_memory=512 * 1024 * 1024,
                  runtime_env={"env_vars": {"PYTHONHASHSEED": "0"}})
     yield ray
