@@ -789,22 +789,6 @@ def _stop_ray(ray) -> None:
     ray.shutdown()
 
 
-#: How much lower the CPU priority of a local Ray runtime started beside converting local processes is
-#: (Linux nice). Its start (GCS, raylet, one Python worker per CPU importing Ray and the formats) took
-#: ~25-30 CPU seconds from the converting processes at 16 workers; niced, it starts in the cycles they leave.
-RAY_NICE = 10
-
-
-def _lower_this_threads_priority(by: int) -> None:
-    """Lower the calling thread's CPU priority by ``by`` (Linux: nice is per thread, and processes this
-    thread starts inherit it). Where that is not possible, nothing changes."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-    except (AttributeError, OSError):
-        pass
-
-
 class _RayStart:
     """Ray started (or joined) in a thread, so its seconds of start-up overlap the driver's work (joining a
     cluster: from the start; a runtime of our own: once the driver has listed); :meth:`get` waits for it.
@@ -837,8 +821,6 @@ class _RayStart:
             self._thread.start()
 
     def _run(self) -> None:
-        if self.local is not None:
-            _lower_this_threads_priority(RAY_NICE)
         try:
             self._result = _open_ray(self.options)
             ray, started = self._result
