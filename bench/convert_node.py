@@ -244,10 +244,10 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     span = (line.get("shards_done") or 0) - (line.get("first_shard_started") or 0)
     worker_s = line.get("worker_seconds") or 0
     shares = {}
-    if worker_s > 0:
+    if worker_s > 0 and "worker_cpu_seconds" in line:  # (a build before these figures has neither)
         # Of the shards' wall time in the workers: their CPU (read threads included), their converting
         # threads' waits for a core (other processes' CPU use), and the rest (waits for reads and writes).
-        shares = {"workers_cpu_share": round(line.get("worker_cpu_seconds", 0) / worker_s, 3)}
+        shares = {"workers_cpu_share": round(line["worker_cpu_seconds"] / worker_s, 3)}
         if "worker_run_queue_seconds" in line:
             shares["workers_run_queue_share"] = round(line["worker_run_queue_seconds"] / worker_s, 3)
     return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
