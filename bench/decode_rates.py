@@ -5,6 +5,8 @@ The same records (the first ``--images`` of a benchmark dataset's RecordIO, as s
 * one CPU core (OpenCV, full decode, as :func:`gpufeed.pipelines.transforms.decode_image`),
 * nvJPEG on the SMs (``torchvision.io.decode_jpeg(device="cuda")``, batches of ``--batch``),
 * the JPEG engines through nvImageCodec (``HW_GPU_ONLY``, the ``hw`` path of :mod:`gpufeed.pipelines.loader`),
+* the ``hw`` path's whole evaluation step (decode, centre crop, resize to 224), decoding each image whole and
+  decoding only its centre box (region-of-interest decoding, the loader's default for evaluation),
 
 each timed to the end of its work on the GPU (stream synchronised), after one warm-up batch. It also checks
 that the engines' pixels match the CPU's (mean absolute difference, 0-255 scale) so a fast path that
@@ -29,6 +31,13 @@ def _records(dst: str, n: int) -> list[bytes]:
     return [bytes(reader[i].payload) for i in range(min(n, len(reader)))]
 
 
+class _Record:
+    """What :class:`gpufeed.pipelines.loader.EncodedBytes` reads of a sample."""
+
+    def __init__(self, payload: bytes, index: int):
+        self.payload, self.index, self.labels, self.key = payload, index, (0,), f"record {index}"
+
+
 def _timed(fn, batches, sync) -> float:
     fn(batches[0])
     sync()
@@ -43,7 +52,7 @@ def main(argv=None) -> int:
     import torch
 
     from gpufeed.bench.results import append_rows
-    from gpufeed.pipelines.loader import HwJpegDecoder, NvJpegDecoder, collate_encoded
+    from gpufeed.pipelines.loader import CROP_COLUMNS, EncodedBytes, HwJpegDecoder, NvJpegDecoder, collate_encoded
     from gpufeed.pipelines.transforms import decode_image
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,7 +66,7 @@ def main(argv=None) -> int:
     datas = _records(args.dst, args.images)
     mean_kib = sum(map(len, datas)) / len(datas) / 1024
     device = torch.device("cuda")
-    batches = [collate_encoded([(d, 0, 0, (0,) * 7) for d in datas[k:k + args.batch]])[:2]
+    batches = [collate_encoded([(d, 0, 0, (0,) * CROP_COLUMNS) for d in datas[k:k + args.batch]])[:2]
                for k in range(0, len(datas), args.batch)]
     rows = []
 
@@ -80,11 +89,23 @@ def main(argv=None) -> int:
     hw = HwJpegDecoder(device, train=False)
     seconds = _timed(lambda b: hw.images(*b), batches, sync)
     # The engines' pixels against the CPU's, on the first images (JPEG decoders may differ by rounding).
-    got = hw.images(*collate_encoded([(d, 0, 0, (0,) * 7) for d in cpu[:32]])[:2])
+    got = hw.images(*collate_encoded([(d, 0, 0, (0,) * CROP_COLUMNS) for d in cpu[:32]])[:2])
     diffs = [float(np.abs(g.permute(1, 2, 0).cpu().numpy().astype(int) - decode_image(d, "x").astype(int)).mean())
              for g, d in zip(got, cpu[:32])]
     row("hw-engines", len(datas), seconds, batch=args.batch, fallbacks=hw.fallbacks,
         max_mean_abs_diff_vs_cpu=round(max(diffs), 3))
+    # The evaluation step, whole images against centre boxes only, each with its crop drawn from the header.
+    encoded = [EncodedBytes(train=False)(_Record(d, i)) for i, d in enumerate(datas)]
+    steps = [collate_encoded(encoded[k:k + args.batch]) for k in range(0, len(encoded), args.batch)]
+    outs = {}
+    for roi in (False, True):
+        path = HwJpegDecoder(device, train=False)
+        path.roi = roi
+        seconds = _timed(lambda b: path.decoded(b[0], b[1], b[3], b[4]), steps, sync)
+        outs[roi] = path.decoded(*(steps[0][i] for i in (0, 1, 3, 4)))
+        row("hw-eval-path-roi" if roi else "hw-eval-path", len(datas), seconds, batch=args.batch,
+            fallbacks=path.fallbacks)
+    rows[-1]["mean_abs_diff_vs_whole"] = round(float((outs[True].int() - outs[False].int()).abs().float().mean()), 3)
     append_rows(args.results, rows)
     return 0
 

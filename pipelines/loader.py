@@ -58,6 +58,9 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
+#: Columns of a crop drawn in the workers for the GPU paths: height, width (upright), the box (top, left, h, w),
+#: flip, EXIF orientation.
+CROP_COLUMNS = 8
 AUGMENTS = ("train", "eval", "cifar", "tokens")
 #: Where ``augment="cifar"`` runs: in the DataLoader workers, or on the GPU over whole batches.
 AUGMENT_ON = ("cpu", "gpu")
@@ -259,7 +262,8 @@ def encoded_bytes(sample) -> bytes:
 class EncodedBytes:
     """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label, its index,
     and its crop drawn here from the JPEG's header as :class:`CpuDecode` draws it (:func:`draw_crop`):
-    ``(height, width, top, left, h, w, flip)``. Drawing 256 crops costs the main process, which the model
+    ``(height, width, top, left, h, w, flip, orientation)`` (:data:`CROP_COLUMNS`; the size upright, the EXIF
+    orientation as stored). Drawing 256 crops costs the main process, which the model
     needs, ~10 ms of interpreter time per batch; 16 workers draw them beside their reads."""
 
     train: bool = False
@@ -271,12 +275,13 @@ class EncodedBytes:
         data = encoded_bytes(sample)
         info = probe(data, sample.key)
         box, flip = draw_crop(info.height, info.width, sample.index, self.train, self.seed)
-        return data, int(sample.labels[0]), int(sample.index), (info.height, info.width, *box, int(flip))
+        return (data, int(sample.labels[0]), int(sample.index),
+                (info.height, info.width, *box, int(flip), info.orientation))
 
 
 def collate_encoded(batch):
     """``[(jpeg bytes, label, index, crop)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64
-    indices, N x 7 int64 crops).
+    indices, N x CROP_COLUMNS int64 crops).
 
     One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
     splits it into per-image views."""
@@ -291,7 +296,7 @@ def collate_encoded(batch):
     return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
             torch.tensor([item[1] for item in batch], dtype=torch.int64),
             torch.tensor([item[2] for item in batch], dtype=torch.int64),
-            torch.tensor([item[3] for item in batch], dtype=torch.int64).reshape(len(batch), 7))
+            torch.tensor([item[3] for item in batch], dtype=torch.int64).reshape(len(batch), CROP_COLUMNS))
 
 
 class HybridSplit:
@@ -352,11 +357,12 @@ class GpuCrop:
 
     def crop(self, images: list, indices, crops=None) -> object:
         """``images``: CHW uint8 tensors on the device, ``indices`` their sample indices -> N x size x size x 3
-        uint8. ``crops``: the boxes and flips :class:`EncodedBytes` drew in the workers (N x 7: height, width,
-        box, flip), used where the decoded image has the header's size; drawn here otherwise."""
+        uint8. ``crops``: the boxes and flips :class:`EncodedBytes` drew in the workers (N x CROP_COLUMNS: height,
+        width, box, flip, orientation), used where the decoded image has the header's size; drawn here
+        otherwise."""
         torch = self.torch
         shapes = [tuple(img.shape[1:]) for img in images]
-        drawn = crops.tolist() if crops is not None else [[0] * 7] * len(images)
+        drawn = crops.tolist() if crops is not None else [[0] * CROP_COLUMNS] * len(images)
         boxes = [tuple(c[2:6]) for c in drawn]
         flips = [bool(c[6]) for c in drawn]
         redraw = [i for i, c in enumerate(drawn) if tuple(c[:2]) != shapes[i]]
@@ -421,12 +427,20 @@ class HwJpegDecoder(GpuCrop):
         self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
                                               sample_format=nvimgcodec.SampleFormat.I_RGB)
         self.fallbacks = 0  # images the engines did not take, so far
+        self.roi = True  # evaluation: decode each image's centre box only (decoded())
 
-    def images(self, flat, sizes) -> list:
+    def images(self, flat, sizes, regions=None) -> list:
+        """The batch's images decoded (CHW uint8 on the device); ``regions[i]``, where given, a ``(top, left,
+        h, w)`` box of image ``i`` (as stored) decoded alone."""
         torch = self.torch
         host = flat.numpy()
         bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
         streams = [self.nv.CodeStream(host[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        if regions is not None:
+            for i, box in enumerate(regions):
+                if box is not None:
+                    top, left, h, w = box
+                    streams[i] = streams[i].get_sub_code_stream(region=self.nv.Region(top, left, top + h, left + w))
         stream = self.torch.cuda.current_stream(self.device).cuda_stream
         decoded = self.hw.decode(streams, params=self.params, cuda_stream=stream)
         missing = [i for i, img in enumerate(decoded) if img is None]
@@ -441,7 +455,30 @@ class HwJpegDecoder(GpuCrop):
         return [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
 
     def decode(self, flat, sizes, labels, indices, crops=None):
-        return self.crop(self.images(flat, sizes), indices, crops), labels.to(self.device, non_blocking=True)
+        return self.decoded(flat, sizes, indices, crops), labels.to(self.device, non_blocking=True)
+
+    def decoded(self, flat, sizes, indices, crops=None):
+        """Decoded and cropped: N x size x size x 3 uint8. For evaluation, with ``roi``, the engines decode only
+        each image's centre box (the crop keeps nothing else), which the crop then resizes whole."""
+        regions = self.centre_regions(crops) if self.roi and not self.train and crops is not None else None
+        images = self.images(flat, sizes, regions)
+        if regions is not None and any(r is not None for r in regions):
+            crops = crops.clone()
+            for i, box in enumerate(regions):
+                if box is not None:
+                    h, w = box[2], box[3]
+                    crops[i, :7] = self.torch.tensor([h, w, 0, 0, h, w, 0])
+        return self.crop(images, indices, crops)
+
+    @staticmethod
+    def centre_regions(crops) -> list:
+        """Per image, the box to decode alone: its evaluation box where that is less than the whole image and
+        the image is stored upright (EXIF orientation 1: the box is then in stored coordinates), else ``None``."""
+        regions = []
+        for height, width, top, left, h, w, _, orientation in crops.tolist():
+            whole = (top, left, h, w) == (0, 0, height, width)
+            regions.append((top, left, h, w) if height > 0 and orientation == 1 and not whole else None)
+        return regions
 
 
 def import_nvimgcodec():
@@ -525,7 +562,7 @@ class HybridDecoder:
         if pixels is not None:
             x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
         if len(enc_pos):
-            x.index_copy_(0, enc_pos.to(device), self.hw.crop(self.hw.images(flat, sizes), indices, crops))
+            x.index_copy_(0, enc_pos.to(device), self.hw.decoded(flat, sizes, indices, crops))
         return x, labels.to(device, non_blocking=True)
 
     def timing(self, waited: float, decoded: float) -> None:

@@ -51,8 +51,12 @@ def test_cpu_decode_and_encoded_bytes_on_real_records(dataset):
 
     shape = decode_image(raw, "x").shape[:2]
     (box,), (flip,) = L.crop_params([shape], [3], True, seed=5)
-    assert crop == (*shape, *box, int(flip))
-    assert L.EncodedBytes()(sample)[3] == (*shape, *L.center_box(*shape), 0)
+    assert crop == (*shape, *box, int(flip), 1)  # stored upright: EXIF orientation 1
+    assert L.EncodedBytes()(sample)[3] == (*shape, *L.center_box(*shape), 0, 1)
+    # The engines decode only the evaluation box of an upright image, never a whole image or a rotated one's.
+    regions = L.HwJpegDecoder.centre_regions(torch.tensor([
+        [*shape, *L.center_box(*shape), 0, 1], [*shape, 0, 0, *shape, 0, 1], [*shape, *L.center_box(*shape), 0, 6]]))
+    assert regions == [L.center_box(*shape), None, None]
     flat, sizes, labels, indices, crops = L.collate_encoded([(raw, label, 3, crop), (raw[:100], 7, 9, crop)])
     assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
     assert indices.tolist() == [3, 9] and crops.tolist() == [list(crop)] * 2
@@ -213,7 +217,7 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     share.value = 0.5
     pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops = L.collate_hybrid(
         [split(reader[i]) for i in range(8)])
-    assert crops.shape == (len(enc_pos), 7)
+    assert crops.shape == (len(enc_pos), L.CROP_COLUMNS)
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
