@@ -6,7 +6,8 @@ The same records (the first ``--images`` of a benchmark dataset's RecordIO, as s
 * nvJPEG on the SMs (``torchvision.io.decode_jpeg(device="cuda")``, batches of ``--batch``),
 * the JPEG engines through nvImageCodec (``HW_GPU_ONLY``, the ``hw`` path of :mod:`gpufeed.pipelines.loader`),
 * the ``hw`` path's whole evaluation step (decode, centre crop, resize to 224), decoding each image whole and
-  decoding only its centre box (region-of-interest decoding, the loader's default for evaluation),
+  decoding only its centre box (region-of-interest decoding, which the loader leaves off: the engines
+  refused it on the H200, and the CUDA decoder that took over was 2.2x slower than the engines on whole images),
 
 each timed to the end of its work on the GPU (stream synchronised), after one warm-up batch. It also checks
 that the engines' pixels match the CPU's (mean absolute difference, 0-255 scale) so a fast path that

@@ -7,6 +7,7 @@ scripts/gpu_decode.sh measures them and checks their batches against the CPU pat
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import numpy as np
 import pytest
@@ -273,3 +274,18 @@ def test_a_dropped_loader_stops_its_workers_at_once(dataset):
         assert not {p.pid for p in me.children(recursive=True) if p.is_running()} - before
     finally:
         gc.enable()
+
+
+def test_nvimagecodec_log_lines_are_off_unless_the_user_sets_them(monkeypatch):
+    """nvImageCodec prints ANSI-coloured lines on stderr (extensions the wheel lacks, each image the engines hand
+    back, which the loader decodes another way and counts): quiet by default, the user's setting kept."""
+    for preset, expected in ((None, "0"), ("3", "3")):
+        if preset is None:
+            monkeypatch.delenv("PYNVIMGCODEC_VERBOSITY", raising=False)
+        else:
+            monkeypatch.setenv("PYNVIMGCODEC_VERBOSITY", preset)
+        try:
+            L.import_nvimgcodec()
+        except ConfigError:
+            pass  # not installed here: the setting is made before the import is tried
+        assert os.environ["PYNVIMGCODEC_VERBOSITY"] == expected
