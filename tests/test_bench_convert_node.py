@@ -9,9 +9,11 @@ from gpufeed.bench.convert_node import main, run, table
 
 def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     results = tmp_path / "rows.jsonl"
-    rows = run(60, 6, 1, str(tmp_path / "work"), ("limit", "tfrecord", "pass-recordio", "cp", "recordio-cluster"),
-               pass_n=20, results=str(results))
+    rows = run(60, 6, 1, str(tmp_path / "work"),
+               ("limit", "tfrecord", "limit", "pass-recordio", "cp", "recordio-cluster"), pass_n=20,
+               results=str(results))
     by_run = {r["run"]: r for r in rows}
+    assert by_run["tfrecord"]["of_limit_bracketed"] > 0  # against the limit runs either side
     assert by_run["limit"]["images_per_second"] > 0 and by_run["limit"]["hardware_scaling"] > 0
     assert by_run["limit"]["cpu_ms_per_image"] > 0
     conv = by_run["tfrecord"]
@@ -37,11 +39,22 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert not cluster["timeline"].get("shards_converted_before_ray")
     assert [json.loads(line)["run"] for line in results.read_text().splitlines()] == [r["run"] for r in rows]
     text = table(rows)
+    assert "of the limit runs either side" in text
     assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
     assert "| convert (standing Ray) recordio |" in text
     capsys.readouterr()
     main(["--table", str(results)])
     assert capsys.readouterr().out.strip() == text
+
+
+def test_a_conversion_between_two_limit_runs_is_compared_with_their_mean():
+    from gpufeed.bench.convert_node import _bracket
+
+    rows = [{"run": "limit", "images_per_second": 100.0}, {"run": "tfrecord", "images_per_second": 90.0,
+            "of_limit": 0.9}, {"run": "limit", "images_per_second": 80.0}, {"run": "lmdb", "images_per_second": 70.0,
+            "of_limit": 0.875}]
+    _bracket(rows)
+    assert rows[1]["of_limit_bracketed"] == 1.0 and "of_limit_bracketed" not in rows[3]
 
 
 def test_a_comparison_build_runs_each_conversion_beside_this_one(tmp_path):
