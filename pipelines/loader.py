@@ -599,6 +599,12 @@ def format_of(path: str) -> str:
 class Loader:
     """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
 
+    ``process=True`` runs the whole pipeline (DataLoader workers, decoders, crops) in a child process that
+    hands each batch to this one through CUDA IPC (:mod:`gpufeed.pipelines.feeder`): the decoding's host work
+    then never takes this process's interpreter lock from the training loop. Like the GPU paths' DataLoader
+    workers, the child is started afresh (spawn): a script that makes a loader needs the usual
+    ``if __name__ == "__main__":`` guard.
+
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
     ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`). ``augment="tokens"``: ``window`` is
@@ -609,7 +615,9 @@ class Loader:
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
-                 augment_on: str = "cpu", window: int | None = None, vocab: int | None = None):
+                 augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
+                 process: bool = False):
+        child = {k: v for k, v in locals().items() if k not in ("self", "process", "__class__")}
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -642,6 +650,8 @@ class Loader:
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
+        self.process, self._feed = process, None
+        self._child_kwargs = {**child, "device": str(self.device)}
         if decode != "cpu":
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
@@ -687,6 +697,8 @@ class Loader:
     @property
     def cpu_share(self) -> float | None:
         """``hybrid``: the share of each batch the CPU workers decode now."""
+        if self._feed is not None and self._feed.cpu_share is not None:
+            return self._feed.cpu_share
         return None if self._share is None else self._share.value
 
     def set_epoch(self, epoch: int) -> None:
@@ -696,6 +708,9 @@ class Loader:
         """Stop the DataLoader's workers now (they otherwise live as long as the loader)."""
         self._batches = None
         self._decoder = None
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -728,6 +743,13 @@ class Loader:
         return self._decoder
 
     def __iter__(self) -> Iterator:
+        if self.process:
+            if self._feed is None:
+                from gpufeed.pipelines.feeder import ProcessFeed
+
+                self._feed = ProcessFeed(self._child_kwargs, self.device)
+            yield from self._feed.epoch(self.epoch)
+            return
         with opencv_threads(1):  # the workers start (fork) on the first iteration
             batches = iter(self._dataloader())
         if self.decode != "cpu":
@@ -819,12 +841,18 @@ class _EpochOrder:
         return iter(np.random.default_rng((self.seed, self.epoch)).permutation(self.n).tolist())
 
 
-def normalise(x_nhwc_u8):
-    """NHWC uint8 -> NCHW float32 ``(x - mean) / std`` with ImageNet's statistics (0-255 scale)."""
+def imagenet_stats(device):
+    """ImageNet's channel mean and std as 1 x 3 x 1 x 1 float32 tensors on ``device``."""
     import torch
 
-    mean = torch.tensor(IMAGENET_MEAN, device=x_nhwc_u8.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x_nhwc_u8.device).view(1, 3, 1, 1)
+    return (torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1),
+            torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1))
+
+
+def normalise(x_nhwc_u8, stats=None):
+    """NHWC uint8 -> NCHW float32 ``(x - mean) / std`` with ImageNet's statistics (0-255 scale); ``stats``:
+    :func:`imagenet_stats` made beforehand (where nothing may be copied from the host, e.g. in a CUDA graph)."""
+    mean, std = stats if stats is not None else imagenet_stats(x_nhwc_u8.device)
     return x_nhwc_u8.permute(0, 3, 1, 2).float().sub_(mean).div_(std)
 
 
