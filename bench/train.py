@@ -42,6 +42,10 @@ import numpy as np
 from gpufeed.errors import ConfigError
 from gpufeed.pipelines.loader import DECODES
 
+#: Where the loader's pipeline runs (``--feed``): threads of the benchmark's own process, or a child process
+#: handing batches over through CUDA IPC (``gpufeed.loader(..., process=True)``).
+FEEDS = ("thread", "process")
+
 TASKS = ("train", "infer")
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
 DEFAULT_BATCH = {"train": 256, "infer": 512}
@@ -113,11 +117,16 @@ class CudaResNet:
 
     kind = "cuda"
 
-    def __init__(self, task: str, model: str = "resnet50", seed: int = 0):
+    def __init__(self, task: str, model: str = "resnet50", seed: int = 0, graph: bool = False):
         import torch
         import torchvision
 
         from gpufeed.pipelines.loader import resolve_device
+
+        if graph and task != "infer":
+            raise ConfigError("--cuda-graph captures the inference step; training runs eagerly (drop --cuda-graph "
+                              "or use --task infer)")
+        self.graph, self._captured = graph, None
 
         torch.manual_seed(seed)
         torch.backends.cudnn.benchmark = True
@@ -148,6 +157,9 @@ class CudaResNet:
 
     def step(self, x, y) -> None:
         torch = self.torch
+        if self.graph:
+            self._replay(x)
+            return
         x = self.normalise(x)
         if self.task == "train":
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -159,13 +171,46 @@ class CudaResNet:
             with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
                 self.model(x)
 
+    def _replay(self, x) -> None:
+        """Inference as one CUDA graph: the uint8 batch is copied into the graph's input, and normalisation and
+        the whole forward pass go to the GPU as one launch, as inference servers run a model (TensorRT,
+        torch.compile's "reduce-overhead"); the loop's thread then spends microseconds per batch instead of a
+        launch per layer. Captured on the first batch of each shape, after warm-up passes on a side stream
+        (cuDNN picks its kernels there; nothing may copy from the host while a graph is captured)."""
+        torch = self.torch
+        if self._captured is None or self._captured[0].shape != x.shape:
+            from gpufeed.pipelines.loader import imagenet_stats, normalise
+
+            stats = imagenet_stats(self.device)
+
+            def forward(batch):
+                return self.model(normalise(batch, stats))
+
+            static = x.clone()
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side), torch.inference_mode(), \
+                    torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                for _ in range(3):
+                    forward(static)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.inference_mode(), \
+                    torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+                out = forward(static)
+            self._captured = (static, graph, out, stats)
+        static, graph = self._captured[:2]
+        static.copy_(x)
+        graph.replay()
+
     def synchronize(self) -> None:
         self.torch.cuda.synchronize()
 
     def describe(self) -> dict:
         torch = self.torch
         return {"accelerator": self.name, "accelerator_mode": "measured", "device": self.name,
-                "model": self.model_name, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+                "model": self.model_name, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                **({"cuda_graph": True} if self.graph else {})}
 
 
 class CudaLstm:
@@ -233,13 +278,14 @@ class CudaLstm:
 
 
 def make_accelerator(kind: str, task: str, batch: int, profile: str, model: str, seed: int, vocab: int | None = None,
-                     device: str = "cuda"):
-    """``device``: the language model also runs on the CPU (the distributed path's tests use it)."""
+                     device: str = "cuda", graph: bool = False):
+    """``device``: the language model also runs on the CPU (the distributed path's tests use it); ``graph``:
+    a CUDA image model's inference step as one CUDA graph."""
     if kind == "emulated":
         return EmulatedAccelerator(profile, task, batch)
     if model in PTB_MODELS:
         return CudaLstm(task, vocab, model=model, seed=seed, device=device)
-    return CudaResNet(task, model=model, seed=seed)
+    return CudaResNet(task, model=model, seed=seed, graph=graph)
 
 
 def resolve_accelerator(choice: str, emulable: bool = True) -> str:
@@ -388,6 +434,8 @@ class TrainOptions:
     augment_ons: tuple[str, ...] = ("cpu",)
     decode_threads: int = 2
     decode_priority: int = 0
+    feeds: tuple[str, ...] = ("thread",)
+    cuda_graph: bool = False
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -408,8 +456,9 @@ class TrainOptions:
     def batch(self, task: str) -> int:
         return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
-    def params(self, task: str, decode: str | None, described: dict) -> dict:
-        """A row's params; ``described`` is the accelerator's :meth:`describe`."""
+    def params(self, task: str, decode: str | None, described: dict, feed: str | None = None) -> dict:
+        """A row's params; ``described`` is the accelerator's :meth:`describe`; ``feed`` where the loader ran
+        (recorded when it ran in a child process)."""
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers,
                 "image_size": None if self.ptb else self.image_size, "cold": self.cold if decode else None,
@@ -418,6 +467,7 @@ class TrainOptions:
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
+                **({"feed": feed} if feed == "process" else {}),
                 **described}
 
 
@@ -462,7 +512,7 @@ def _collective_device():
 
 
 def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel,
-                augment_on: str = "cpu", ranks: Ranks = Ranks()):
+                augment_on: str = "cpu", ranks: Ranks = Ranks(), feed: str = "thread"):
     """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path
     (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says), reading this
     rank's share of the records."""
@@ -479,7 +529,8 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     world_size=ranks.world, workers=opts.workers, device=accel.device if accel.kind == "cuda" else "cpu",
                     seed=opts.seed, shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority,
-                    window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab)
+                    window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
+                    process=feed == "process")
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -504,7 +555,7 @@ def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks
 
 
 def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
-                   augment_on: str = "cpu", ranks: Ranks = Ranks()) -> list[LoopRun]:
+                   augment_on: str = "cpu", ranks: Ranks = Ranks(), feed: str = "thread") -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
     page cache first (the previous run's workers and readers are gone by then: mapped pages would stay; with
     several ranks, every rank's are gone before rank 0 evicts)."""
@@ -512,7 +563,7 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks)
+        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, feed)
         need = opts.warmup_steps + opts.steps
         if opts.cold and need > len(loader):
             loader.close()
@@ -557,10 +608,11 @@ class Cell:
     compute_s: float
     described: dict
     validity: dict
+    feed: str | None = None
 
     @property
     def key(self) -> tuple:
-        return self.task, self.tier, self.decode, self.augment_on, self.fmt
+        return self.task, self.tier, self.decode, self.feed, self.augment_on, self.fmt
 
 
 def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions,
@@ -571,7 +623,8 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
     from gpufeed.bench.read import dataset_paths, tier_dataset
 
     for task in opts.tasks:
-        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab, device)
+        accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab, device,
+                                 graph=opts.cuda_graph and task == "infer")
         if wrap is not None:
             wrap(accel)
         described = accel.describe()
@@ -582,12 +635,12 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
         for t, tier in enumerate(tiers):
             data_dir = tier_dataset(tier, dst)
             with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
-                for decode, augment_on, fmt in itertools.product(
-                        opts.decodes, opts.augment_ons if cifar_train else ("cpu",), formats):
+                for decode, feed, augment_on, fmt in itertools.product(
+                        opts.decodes, opts.feeds, opts.augment_ons if cifar_train else ("cpu",), formats):
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
-                                          augment_on, ranks)
+                                          augment_on, ranks, feed)
                     yield Cell(task, t, decode, augment_on if cifar_train else None, fmt, runs, compute_s, described,
-                               validity)
+                               validity, feed)
         del accel
         gc.collect()
 
@@ -688,7 +741,8 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
                     "params": opts.params(first.task, None, first.described)}
         else:
             head = {**tiers[first.tier].row_fields(), "format": first.fmt,
-                    "params": {**opts.params(first.task, first.decode, first.described), "resize": info.get("resize"),
+                    "params": {**opts.params(first.task, first.decode, first.described, first.feed),
+                               "resize": info.get("resize"),
                                "store": info.get("store"),
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
                     **dataset_fields(info, first.fmt), **first.validity}
@@ -795,6 +849,7 @@ def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
     cores = m.get("cpu_cores", {}).get("median")
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
+            + (f"feed={p['feed']} " if p.get("feed") else "") + ("graph " if p.get("cuda_graph") else "")
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
@@ -856,6 +911,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank's under `ranks`")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
+    parser.add_argument("--feed", type=_csv(FEEDS), default="thread",
+                        help="where the loader's pipeline runs, one or both: thread (DataLoader workers and decoder "
+                             "threads beside the model) or process (all of it in a child process that hands batches "
+                             "over through CUDA IPC: gpufeed.loader(..., process=True))")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
+                             "inference servers do; the loop's thread then launches one graph per batch")
     parser.add_argument("--decode-priority", type=int, default=0,
                         help="GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)")
 
@@ -873,6 +935,10 @@ def options_from_args(args) -> TrainOptions:
                           "`gpufeed bench feed`")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
+    if args.cuda_graph and (args.accelerator == "emulated" or args.model in PTB_MODELS
+                            or "infer" not in args.task):
+        raise ConfigError("--cuda-graph captures a CUDA image model's inference step: use it with --task infer (or "
+                          "train,infer: training stays eager) on a GPU, and an image model")
     if args.model in CIFAR_MODELS + PTB_MODELS and args.accelerator == "emulated":
         raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
                           "ResNet-50 on ImageNet (drop --accelerator emulated)")
@@ -905,7 +971,8 @@ def options_from_args(args) -> TrainOptions:
                         workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
-                        decode_priority=args.decode_priority, gpus=args.gpus)
+                        decode_priority=args.decode_priority, gpus=args.gpus, feeds=tuple(args.feed),
+                        cuda_graph=args.cuda_graph)
 
 
 def run(args) -> int:

@@ -10,6 +10,9 @@
 #     DataLoader alone, then hw decoding with 1-3 decoder threads, for eval and train augmentation;
 #  4. (RECIPES=1) the inference recipes: the same images stored as a 224x224 centre crop (JPEG q95, then raw
 #     uint8), inference fed from tfrecord and recordio with RECIPE_DECODES (raw: cpu only, it is not decoded).
+# FEEDS=thread,process runs each loader configuration both in the benchmark's process and in a child process
+# (gpufeed.loader(..., process=True)); GRAPH=1 runs the inference model as one CUDA graph (--cuda-graph);
+# RATES=0 skips step 2; DATASET_FORMATS / RECIPE_FORMATS narrow the formats built and fed in 1 and 4.
 # Every bench step runs under `timeout STEP_S` (default 240 s) so one stuck step cannot eat the call.
 #
 #   device run, carry .whl-decode (bash scripts/device_wheels.sh):  OUT=$OUT bash scripts/gpu_decode.sh
@@ -31,12 +34,15 @@ python3 -c "import torch, torchvision; from nvidia import nvimgcodec; print('tor
 
 if [ ! -f "$DATA/bench_dataset.json" ]; then
   stamp "dataset: ${N:-40000} ImageNet-like JPEGs in every format"
-  python3 -m gpufeed bench dataset "$DATA" -n "${N:-40000}" --workers "$(nproc)"
+  python3 -m gpufeed bench dataset "$DATA" -n "${N:-40000}" --workers "$(nproc)" \
+    --formats "${DATASET_FORMATS:-tfrecord,recordio,lmdb}"
 fi
 du -sh "$DATA"
 
-stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
-python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
+if [ "${RATES:-1}" = 1 ]; then
+  stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
+  python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
+fi
 
 if [ "${PROBE:-0}" = 1 ]; then
   for aug in ${PROBE_AUGMENTS:-eval train}; do
@@ -50,7 +56,7 @@ fi
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
 train() {  # DATASET FORMATS TASKS DECODES [WORKERS]
   timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
-    --decode "$4" --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
+    --decode "$4" --feed "${FEEDS:-thread}" $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
     ${5:+--workers "$5"} --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
     || stamp "step ended with rc $?"
 }
@@ -64,14 +70,14 @@ if [ "${RECIPES:-0}" = 1 ]; then
     dir=$DATA-crop224-$encode
     stamp "recipe: --size 224x224 --center-crop --encode $encode"
     [ -f "$dir/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$dir" -n "${N:-40000}" \
-      --formats tfrecord,recordio --size 224x224 --center-crop --encode "$encode" --workers "$(nproc)"
+      --formats "${RECIPE_FORMATS:-tfrecord,recordio}" --size 224x224 --center-crop --encode "$encode" --workers "$(nproc)"
     du -sh "$dir"
     [ "${PROBE:-0}" = 1 ] && [ "$encode" = jpeg ] && { timeout -k 10 120 python3 "$REPO/scripts/loader_probe.py" \
       "$dir" --format tfrecord --augment eval --threads 1,2 --results "$RESULTS" 2>&1 \
       | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" || stamp "probe ended"; }
     decodes=${RECIPE_DECODES:-cpu,hw,hybrid}
     [ "$encode" = raw ] && decodes=cpu
-    train "$dir" tfrecord,recordio infer "$decodes"
+    train "$dir" "${RECIPE_FORMATS:-tfrecord,recordio}" infer "$decodes"
     rm -rf "$dir"
   done
 fi
