@@ -194,6 +194,13 @@ class Reader(abc.ABC):
         """Sequential scan of undecoded record values, with all integrity checks."""
         raise NotImplementedError
 
+    def prefetch(self, indices: Sequence[int]) -> int:
+        """Start reading the records at these positions from storage now, all at once, without waiting, so
+        that reading them one by one next finds them in memory (a batch of cold records read at the disk's
+        queue depth instead of one at a time). A hint only: readers that cannot tell where a record lies, or
+        whose reads an emulated tier must charge one by one, do nothing. Returns the read-ahead hints given."""
+        return 0
+
     def shard(self, rank: int, world_size: int) -> Iterator[Sample]:
         """Records ``rank, rank + world_size, ...`` in order."""
         if not 0 <= rank < world_size:

@@ -545,6 +545,12 @@ class RecordIOReader(Reader):
         self._verify(i, offset, value, self._keys[i])
         return value
 
+    def prefetch(self, indices) -> int:
+        offsets = self._index()
+        n = len(offsets)
+        return self._src.will_need((offsets[i], _extent_hint(offsets, i))
+                                   for i in (position(i, n, self.path) for i in indices))
+
     def _verify(self, i, offset, value, key):
         if self._check.checksum:
             _check_value(value, self.path, i, offset)

@@ -432,6 +432,10 @@ class TFRecordReader(Reader):
             return payload
         raise CorruptRecordError(self.path, i, offset, "the index points past the end of the file")
 
+    def prefetch(self, indices) -> int:
+        entries = self._entries()
+        return self._src.will_need(entries[position(i, len(entries), self.path)] for i in indices)
+
     def __getitem__(self, i: int) -> Sample:
         payload = self.read_raw(i)
         i %= len(self)

@@ -364,3 +364,68 @@ def test_one_reader_serves_many_threads(fmt_name, tmp_path, rng, emulated):
             got = list(pool.map(lambda i: (i, r[i]), order))
     for i, g in got:
         assert_same(g, samples[i])
+
+
+def _drop_cached(path: str) -> None:
+    """The file's clean pages out of the page cache, even while a reader maps it (pages never touched through
+    the map are not mapped in)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_prefetch_reads_a_batch_at_the_hint(fmt_name, tmp_path, rng):
+    """A reader's prefetch has the kernel fetch the named records when it is called (/proc/self/io counts the
+    bytes then, before any record is read), so reading them next costs the device nothing; records not named
+    stay on disk."""
+    from gpufeed.bench.cache import proc_io
+
+    samples = [Sample(key=f"k{i}", label=i, payload=os.urandom(300_000), kind="encoded", index=i) for i in range(12)]
+    path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
+    named = [1, 2, 3, 7, -2]  # not the first or last: opening an LMDB touches those through its map
+    _drop_cached(data_file(fmt_name, path))
+    with get_format(fmt_name).reader(path) as r:
+        before = proc_io()["read_bytes"]
+        assert r.prefetch(named) >= len(named)
+        at_hint = proc_io()["read_bytes"] - before
+        if at_hint == 0:
+            pytest.skip("this filesystem keeps the file cached (tmpfs?): nothing to read ahead")
+        for i in named:
+            assert_same(r[i], samples[i])
+        after = proc_io()["read_bytes"] - before - at_hint
+    assert at_hint >= 0.9 * 300_000 * len(named)
+    assert at_hint < 300_000 * (len(named) + 3)  # the named records, not the file
+    assert after < 0.1 * at_hint
+
+
+def test_prefetch_is_a_no_op_under_an_emulated_tier(fmt_name, tmp_path, rng):
+    """An emulated tier charges and paces every read as it comes: a read-ahead behind its back would serve later
+    reads from the page cache at the real disk's speed, so there is none."""
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.tiers import Limits
+
+    samples = image_samples(rng, 4)
+    path = write(fmt_name, output_path(fmt_name, tmp_path), samples)
+    fast = Limits(iops=1e6, bytes_per_s=1e10, latency_s=0.0, io_unit=4096)
+    with Throttle.emulate(fast, accounting="requests", state_dir=str(tmp_path)):
+        with get_format(fmt_name).reader(path) as r:
+            assert r.prefetch(range(len(samples))) == 0
+            assert_same(r[2], samples[2])
+
+
+def test_advise_will_need_merges_touching_ranges_and_splits_long_ones(tmp_path):
+    from gpufeed.formats._filebytes import WILL_NEED_PIECE, advise_will_need
+
+    p = tmp_path / "f"
+    p.write_bytes(b"\0" * (4 * WILL_NEED_PIECE))
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        # Two touching ranges and one inside them make one range of 1.5 pieces: two hints; a far one adds one.
+        assert advise_will_need(fd, [(0, WILL_NEED_PIECE), (WILL_NEED_PIECE, WILL_NEED_PIECE // 2), (10, 20),
+                                     (3 * WILL_NEED_PIECE, 100)]) == 3
+        assert advise_will_need(fd, [(0, 0)]) == 0
+    finally:
+        os.close(fd)
