@@ -89,14 +89,17 @@ def _make_map_dataset_class():
         """Records of ``paths`` (one output each: a ``.rec``, a TFRecord shard, an LMDB directory) as one
         indexed dataset. With DDP, rank ``r`` of ``w`` sees global records ``r, r + w, ...``; ``even=True``
         trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no rank waits
-        on a collective the others have left."""
+        on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
+        which with ``read_ahead`` (the default) starts every record's read before the first is used."""
 
         def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
-                     world_size: int | None = None, even: bool = False, **reader_options):
+                     world_size: int | None = None, even: bool = False, read_ahead: bool = True,
+                     **reader_options):
             self._readers = _Readers(format_name, _as_paths(paths), reader_options)
             if not self._readers.format.indexed:
                 raise ConfigError(f"format {format_name!r} has no index; use gpufeed.formats.torch.IterableDataset")
             self.transform = transform
+            self.read_ahead = read_ahead
             self.rank, self.world_size = _dist_rank_world(rank, world_size)
             self._starts = [0]
             for j in range(len(self._readers.paths)):
@@ -107,13 +110,33 @@ def _make_map_dataset_class():
         def __len__(self) -> int:
             return self._len
 
-        def __getitem__(self, i: int):
+        def _locate(self, i: int) -> tuple[int, int]:
+            """Dataset index ``i`` -> (reader, record position in it)."""
             if not -self._len <= i < self._len:
                 raise IndexError(f"index {i} out of range for a dataset of {self._len} records")
             g = (i % self._len) * self.world_size + self.rank
             j = bisect.bisect_right(self._starts, g) - 1
-            sample = self._readers.get(j)[g - self._starts[j]]
+            return j, g - self._starts[j]
+
+        def __getitem__(self, i: int):
+            j, k = self._locate(i)
+            sample = self._readers.get(j)[k]
             return self.transform(sample) if self.transform is not None else sample
+
+        def __getitems__(self, indices) -> list:
+            """A whole batch, as a DataLoader worker asks for it: every record's read started first
+            (:meth:`~gpufeed.formats.base.Reader.prefetch`), then each read and transformed in order. A
+            batch of cold records then costs about one disk round trip, not one per record."""
+            located = [self._locate(i) for i in indices]
+            if self.read_ahead:
+                by_reader: dict[int, list[int]] = {}
+                for j, k in located:
+                    by_reader.setdefault(j, []).append(k)
+                for j, ks in by_reader.items():
+                    self._readers.get(j).prefetch(ks)
+            if self.transform is None:
+                return [self._readers.get(j)[k] for j, k in located]
+            return [self.transform(self._readers.get(j)[k]) for j, k in located]
 
         def close(self) -> None:
             """Close this process's readers; they reopen on the next access."""

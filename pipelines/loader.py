@@ -599,11 +599,9 @@ def format_of(path: str) -> str:
 class Loader:
     """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
 
-    ``process=True`` runs the whole pipeline (DataLoader workers, decoders, crops) in a child process that
-    hands each batch to this one through CUDA IPC (:mod:`gpufeed.pipelines.feeder`): the decoding's host work
-    then never takes this process's interpreter lock from the training loop. Like the GPU paths' DataLoader
-    workers, the child is started afresh (spawn): a script that makes a loader needs the usual
-    ``if __name__ == "__main__":`` guard.
+    ``read_ahead`` (default on): each DataLoader worker asks the kernel for every record of its batch before
+    reading the first (:meth:`~gpufeed.formats.base.Reader.prefetch`), so a cold batch is read at the disk's
+    queue depth, not one record at a time; off reads record by record, as a plain map-style dataset does.
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
@@ -616,8 +614,7 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 process: bool = False):
-        child = {k: v for k, v in locals().items() if k not in ("self", "process", "__class__")}
+                 read_ahead: bool = True):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -650,8 +647,6 @@ class Loader:
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
-        self.process, self._feed = process, None
-        self._child_kwargs = {**child, "device": str(self.device)}
         if decode != "cpu":
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
@@ -681,7 +676,7 @@ class Loader:
         from gpufeed.formats.torch import MapDataset
 
         self.dataset = MapDataset(self.format, paths, transform=transform, rank=rank, world_size=world_size,
-                                  even=True)
+                                  even=True, read_ahead=read_ahead)
         self.dataset.close()  # workers open their own readers
         self.epoch = 0
         self._order = _EpochOrder(len(self.dataset), seed, self.shuffle)
@@ -697,8 +692,6 @@ class Loader:
     @property
     def cpu_share(self) -> float | None:
         """``hybrid``: the share of each batch the CPU workers decode now."""
-        if self._feed is not None and self._feed.cpu_share is not None:
-            return self._feed.cpu_share
         return None if self._share is None else self._share.value
 
     def set_epoch(self, epoch: int) -> None:
@@ -708,9 +701,6 @@ class Loader:
         """Stop the DataLoader's workers now (they otherwise live as long as the loader)."""
         self._batches = None
         self._decoder = None
-        if self._feed is not None:
-            self._feed.close()
-            self._feed = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -743,13 +733,6 @@ class Loader:
         return self._decoder
 
     def __iter__(self) -> Iterator:
-        if self.process:
-            if self._feed is None:
-                from gpufeed.pipelines.feeder import ProcessFeed
-
-                self._feed = ProcessFeed(self._child_kwargs, self.device)
-            yield from self._feed.epoch(self.epoch)
-            return
         with opencv_threads(1):  # the workers start (fork) on the first iteration
             batches = iter(self._dataloader())
         if self.decode != "cpu":

@@ -58,6 +58,24 @@ def test_map_dataset_with_workers(tmp_path, fmt_name):
 
 
 @pytest.mark.parametrize("fmt_name", FORMATS)
+def test_a_batch_is_read_ahead_across_outputs_and_ranks(tmp_path, fmt_name):
+    """A DataLoader fetches each batch through __getitems__ (every record's read started first): the same
+    samples, in the same order, as one __getitem__ per index, with read-ahead on or off, over several outputs
+    and a rank's share."""
+    paths, total = make_outputs(tmp_path, fmt_name, [23, 17])
+    for rank in (0, 1):
+        ds = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2)
+        off = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2, read_ahead=False)
+        order = [7, 0, 19, 3, -1, 11, 12]
+        assert ds.__getitems__(order) == off.__getitems__(order) == [ds[i] for i in order]
+        batches = [DataLoader(d, batch_size=6, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(4))
+                   for d in (ds, off)]
+        assert [b.tolist() for b in batches[0]] == [b.tolist() for b in batches[1]]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, total])
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
 def test_iterable_dataset_splits_over_workers(tmp_path, fmt_name):
     paths, total = make_outputs(tmp_path, fmt_name, [21])
     loader = DataLoader(IterableDataset(fmt_name, paths, transform=label_of), batch_size=None, num_workers=2)
