@@ -42,9 +42,9 @@ import numpy as np
 from gpufeed.errors import ConfigError
 from gpufeed.pipelines.loader import DECODES
 
-#: Where the loader's pipeline runs (``--feed``): threads of the benchmark's own process, or a child process
-#: handing batches over through CUDA IPC (``gpufeed.loader(..., process=True)``).
-FEEDS = ("thread", "process")
+#: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
+#: first (``on``, the loader's default), or reads record by record (``off``).
+READ_AHEADS = ("on", "off")
 
 TASKS = ("train", "infer")
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
@@ -434,7 +434,7 @@ class TrainOptions:
     augment_ons: tuple[str, ...] = ("cpu",)
     decode_threads: int = 2
     decode_priority: int = 0
-    feeds: tuple[str, ...] = ("thread",)
+    read_aheads: tuple[str, ...] = ("on",)
     cuda_graph: bool = False
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
@@ -456,9 +456,9 @@ class TrainOptions:
     def batch(self, task: str) -> int:
         return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
-    def params(self, task: str, decode: str | None, described: dict, feed: str | None = None) -> dict:
-        """A row's params; ``described`` is the accelerator's :meth:`describe`; ``feed`` where the loader ran
-        (recorded when it ran in a child process)."""
+    def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
+        """A row's params; ``described`` is the accelerator's :meth:`describe`; ``read_ahead`` whether the
+        loader's workers read each batch ahead (rows from before it existed read record by record)."""
         return {"task": task, "decode": decode, "batch_size": self.batch(task), "steps": self.steps,
                 "warmup_steps": self.warmup_steps, "workers": self.workers,
                 "image_size": None if self.ptb else self.image_size, "cold": self.cold if decode else None,
@@ -467,7 +467,7 @@ class TrainOptions:
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
-                **({"feed": feed} if feed == "process" else {}),
+                **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **described}
 
 
@@ -512,7 +512,7 @@ def _collective_device():
 
 
 def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel,
-                augment_on: str = "cpu", ranks: Ranks = Ranks(), feed: str = "thread"):
+                augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "on"):
     """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path
     (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says), reading this
     rank's share of the records."""
@@ -530,7 +530,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     seed=opts.seed, shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
-                    process=feed == "process")
+                    read_ahead=read_ahead == "on")
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -555,7 +555,7 @@ def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks
 
 
 def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
-                   augment_on: str = "cpu", ranks: Ranks = Ranks(), feed: str = "thread") -> list[LoopRun]:
+                   augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "on") -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
     page cache first (the previous run's workers and readers are gone by then: mapped pages would stay; with
     several ranks, every rank's are gone before rank 0 evicts)."""
@@ -563,7 +563,7 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
     from gpufeed.bench.results import repeat
 
     def one(_i):
-        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, feed)
+        loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, read_ahead)
         need = opts.warmup_steps + opts.steps
         if opts.cold and need > len(loader):
             loader.close()
@@ -608,11 +608,11 @@ class Cell:
     compute_s: float
     described: dict
     validity: dict
-    feed: str | None = None
+    read_ahead: str | None = None
 
     @property
     def key(self) -> tuple:
-        return self.task, self.tier, self.decode, self.feed, self.augment_on, self.fmt
+        return self.task, self.tier, self.decode, self.read_ahead, self.augment_on, self.fmt
 
 
 def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions,
@@ -635,12 +635,12 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
         for t, tier in enumerate(tiers):
             data_dir = tier_dataset(tier, dst)
             with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
-                for decode, feed, augment_on, fmt in itertools.product(
-                        opts.decodes, opts.feeds, opts.augment_ons if cifar_train else ("cpu",), formats):
+                for decode, read_ahead, augment_on, fmt in itertools.product(
+                        opts.decodes, opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",), formats):
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
-                                          augment_on, ranks, feed)
+                                          augment_on, ranks, read_ahead)
                     yield Cell(task, t, decode, augment_on if cifar_train else None, fmt, runs, compute_s, described,
-                               validity, feed)
+                               validity, read_ahead)
         del accel
         gc.collect()
 
@@ -741,7 +741,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
                     "params": opts.params(first.task, None, first.described)}
         else:
             head = {**tiers[first.tier].row_fields(), "format": first.fmt,
-                    "params": {**opts.params(first.task, first.decode, first.described, first.feed),
+                    "params": {**opts.params(first.task, first.decode, first.described, first.read_ahead),
                                "resize": info.get("resize"),
                                "store": info.get("store"),
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
@@ -849,7 +849,8 @@ def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
     cores = m.get("cpu_cores", {}).get("median")
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
-            + (f"feed={p['feed']} " if p.get("feed") else "") + ("graph " if p.get("cuda_graph") else "")
+            + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
+            + ("graph " if p.get("cuda_graph") else "")
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
@@ -911,10 +912,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank's under `ranks`")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
-    parser.add_argument("--feed", type=_csv(FEEDS), default="thread",
-                        help="where the loader's pipeline runs, one or both: thread (DataLoader workers and decoder "
-                             "threads beside the model) or process (all of it in a child process that hands batches "
-                             "over through CUDA IPC: gpufeed.loader(..., process=True))")
+    parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="on",
+                        help="on: each DataLoader worker starts reading every record of its batch before it uses the "
+                             "first (the loader's default); off: record by record; on,off measures both")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
                              "inference servers do; the loop's thread then launches one graph per batch")
@@ -971,7 +971,7 @@ def options_from_args(args) -> TrainOptions:
                         workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
-                        decode_priority=args.decode_priority, gpus=args.gpus, feeds=tuple(args.feed),
+                        decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=tuple(args.read_ahead),
                         cuda_graph=args.cuda_graph)
 
 

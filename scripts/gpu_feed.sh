@@ -1,25 +1,27 @@
 #!/usr/bin/env bash
-# The loader in the benchmark's process (threads) against the loader in a child process (process=True), side
-# by side on one GPU machine, cold local disk, recordio as captured (issue 10), in three passes of
-# scripts/gpu_decode.sh over one dataset:
-#  A. ResNet-50 inference, eager model: hw decoding, thread vs process;
-#  B. the same with the model as one CUDA graph (the loop's thread launches one graph per batch), hw and
-#     hybrid, thread vs process;
-#  C. training (eager), hw decoding, thread vs process.
-# PASSES picks some of them (default "A B C").
+# Feeding the GPU from cold storage with and without the loader's batch read-ahead, and issue 10's bars, in one
+# call on the GPU machine (ResNet-50, cold local disk, 16 DataLoader workers), in passes of scripts/gpu_decode.sh
+# over one ImageNet-like dataset (N records, every format):
+#  infer     inference as captured, recordio: hw and hybrid, read-ahead on and off, side by side;
+#  train     training as captured from every format: cpu and hw decoding, read-ahead on;
+#  recipe    the inference recipe (224x224 centre crops, JPEG): cpu and hw, tfrecord and recordio;
+#  infer2    inference as captured, tfrecord and lmdb, hybrid;
+#  train-off training from lmdb with hw decoding and read-ahead off (against the train pass's on).
+# PASSES picks some of them, in order (default: all of them in the order above).
 #
 #   device run, carry .whl-decode:  OUT=$OUT bash scripts/gpu_feed.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-24000} STEPS=${STEPS:-30} WARMUP_STEPS=${WARMUP_STEPS:-8} RATES=${RATES:-0}
-export DATASET_FORMATS=${DATASET_FORMATS:-recordio} FORMATS=${FORMATS:-recordio} FEEDS=${FEEDS:-thread,process}
 export RESULTS_NAME=${RESULTS_NAME:-gpu-feed-h200.jsonl}
 WHEELS=.whl-decode source scripts/device_setup.sh  # exports PYTHONPATH for the passes
 export INSTALL=0
-for pass in ${PASSES:-A B C}; do
+for pass in ${PASSES:-infer train recipe infer2 train-off}; do
   case $pass in
-    A) TASKS=infer DECODES=hw GRAPH=0 bash scripts/gpu_decode.sh ;;
-    B) TASKS=infer DECODES=${GRAPH_DECODES:-hw,hybrid} GRAPH=1 bash scripts/gpu_decode.sh ;;
-    C) TASKS=train DECODES=hw GRAPH=0 bash scripts/gpu_decode.sh ;;
+    infer) TASKS=infer DECODES=hw,hybrid FORMATS=recordio READ_AHEAD=on,off bash scripts/gpu_decode.sh ;;
+    train) TASKS=train DECODES=cpu,hw FORMATS=recordio,tfrecord,lmdb READ_AHEAD=on bash scripts/gpu_decode.sh ;;
+    recipe) DECODES= RECIPES=1 RECIPE_ENCODES=jpeg RECIPE_DECODES=cpu,hw READ_AHEAD=on bash scripts/gpu_decode.sh ;;
+    infer2) TASKS=infer DECODES=hybrid FORMATS=tfrecord,lmdb READ_AHEAD=on bash scripts/gpu_decode.sh ;;
+    train-off) TASKS=train DECODES=hw FORMATS=lmdb READ_AHEAD=off bash scripts/gpu_decode.sh ;;
   esac
 done

@@ -93,6 +93,18 @@ def test_emulated_grid_writes_rows_for_every_format(dataset, tmp_path):
     assert "torchvision" not in sys.modules
 
 
+def test_read_ahead_on_and_off_are_rows_side_by_side(dataset, tmp_path):
+    from gpufeed.bench.results import load_results
+
+    results = tmp_path / "train.jsonl"
+    args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--steps", "2", "--warmup-steps", "1",
+                   "--repeats", "1", "--warmup", "0", "--workers", "1", "--task", "infer", "--formats", "lmdb",
+                   "--read-ahead", "on,off"])
+    assert args._bench_module.run(args) == 0
+    rows = [r for r in load_results(str(results)) if r["format"] == "lmdb"]
+    assert [r["params"]["read_ahead"] for r in rows] == [True, False]
+
+
 def test_configuration_errors(dataset, tmp_path):
     results = str(tmp_path / "r.jsonl")
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
@@ -109,7 +121,9 @@ def test_configuration_errors(dataset, tmp_path):
         _parse([dataset, "--results", results, "--task", "fly"])
     for argv, text in ((["--model", "cifar-resnet18", "--accelerator", "emulated"], "runs on a CUDA GPU"),
                        (["--model", "cifar-resnet18", "--decode", "hw"], "reads CIFAR's stored pixels"),
-                       (["--augment-on", "gpu"], "is for the CIFAR models")):
+                       (["--augment-on", "gpu"], "is for the CIFAR models"),
+                       (["--cuda-graph", "--task", "train"], "captures a CUDA image model's inference step"),
+                       (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([dataset, "--results", results, *argv]))
 
