@@ -19,10 +19,9 @@ Where the JPEGs are decoded (``decode``):
 * ``hw``: the GPU's JPEG engines (NVJPG on A100/H100/H200) through NVIDIA nvImageCodec
   (``BackendKind.HW_GPU_ONLY``), which leave the SMs to the model; images the engines do not take
   (progressive JPEGs, some subsamplings) fall back to nvImageCodec's CUDA decoder, one batch call each.
-* ``hybrid``: each batch split between the CPU workers and the engines. The CPU share starts from the
-  workers' expected rate against the engines' and then follows the measured waits: when the main loop waits
-  for the workers, the engines take more; when it waits for the engines, the workers do. (On the H200 machine
-  it measured slower than ``hw``: the workers decoding take the cores the main process needs. docs/loader.md.)
+* ``hybrid``: each batch split between the CPU workers and the engines by their measured rates, so both are
+  busy: the workers time each image they decode, the engines' batches are timed as they run beside the model,
+  and the CPU share is the workers' rate over the sum of both (it starts from expected rates). docs/loader.md.
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
@@ -300,10 +299,10 @@ def collate_encoded(batch):
 
 
 class HybridSplit:
-    """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here) when its
-    place in a fixed low-discrepancy sequence falls under the current share, else its bytes go to the engines.
-    ``share`` is a shared ``multiprocessing`` value the main process steers; the workers, handed it when they
-    start, see its changes."""
+    """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here, the
+    seconds it took recorded) when its place in a fixed low-discrepancy sequence falls under the current share,
+    else its bytes go to the engines. ``share`` is a shared ``multiprocessing`` value the main process sets; the
+    workers, handed it when they start, see its changes."""
 
     def __init__(self, cpu: CpuDecode, share):
         self.cpu, self.share = cpu, share
@@ -311,14 +310,16 @@ class HybridSplit:
     def __call__(self, sample):
         # The golden-ratio sequence spreads any share evenly over consecutive indices.
         if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
-            return "px", self.cpu.pixels(sample), int(sample.labels[0]), int(sample.index)
+            t0 = time.perf_counter()
+            pixels = self.cpu.pixels(sample)
+            return "px", pixels, int(sample.labels[0]), int(sample.index), time.perf_counter() - t0
         return ("jpeg", *EncodedBytes(self.cpu.train, self.cpu.seed)(sample))
 
 
 def collate_hybrid(batch):
-    """``[("px", pixels, label, index) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels, their
-    batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels, their
-    indices and crops)."""
+    """``[("px", pixels, label, index, seconds) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels,
+    their batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels,
+    their indices and crops, the seconds the worker spent decoding the pixels)."""
     import torch
 
     px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
@@ -327,7 +328,8 @@ def collate_hybrid(batch):
     flat, sizes, _, indices, crops = collate_encoded([item[1:] for _, item in enc])
     return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
             torch.tensor([i for i, _ in enc], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops)
+            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops,
+            torch.tensor([sum(item[4] for item in batch if item[0] == "px")], dtype=torch.float64))
 
 
 # ------------------------------------------------------------------------------------------------- on the GPU
@@ -503,8 +505,8 @@ def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | 
     each on its decoder's own stream (``decoder.stream``), up to ``depth`` batches in flight (default: one more
     than the decoders), delivered in order. Two decoders let one batch's engine work overlap the next one's host
     work (bitstream parsing, launches), which one synchronous decode call cannot. The consumer's stream waits
-    for each batch on the GPU (an event), never on the host. ``timing(wait_s, decode_s)`` gets, per batch, how
-    long the main thread waited for the DataLoader and how long the decode took (the hybrid controller)."""
+    for each batch on the GPU (an event), never on the host. ``timing(batch, decode_s)`` gets, per batch, the
+    batch as the DataLoader gave it and how long its decode took to the end of its GPU work (the hybrid split)."""
     import queue
 
     import torch
@@ -534,18 +536,17 @@ def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | 
     try:
         while True:
             while len(pending) < depth:
-                t0 = time.perf_counter()
                 try:
                     batch = next(batches)
                 except StopIteration:
                     break
-                pending.append((pool.submit(run, batch), time.perf_counter() - t0))
+                pending.append((pool.submit(run, batch), batch))
             if not pending:
                 return
-            future, waited = pending.popleft()
+            future, batch = pending.popleft()
             x, y, done, took = future.result()
             if timing is not None:
-                timing(waited, took)
+                timing(batch, took)
             main.wait_event(done)
             x.record_stream(main)
             y.record_stream(main)
@@ -555,15 +556,12 @@ def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | 
 
 
 class HybridDecoder:
-    """Assembles a hybrid batch: the CPU-decoded part copied in, the rest decoded by the engines; and steers
-    the CPU share from the waits :func:`decoded_batches` reports."""
+    """Assembles a hybrid batch: the CPU-decoded part copied in, the rest decoded by the engines."""
 
-    STEP = 0.02
+    def __init__(self, hw: HwJpegDecoder):
+        self.hw, self.stream = hw, hw.stream
 
-    def __init__(self, hw: HwJpegDecoder, share):
-        self.hw, self.share, self.stream = hw, share, hw.stream
-
-    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops=None):
+    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops=None, cpu_seconds=None):
         torch, device = self.hw.torch, self.hw.device
         x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
         if pixels is not None:
@@ -572,15 +570,38 @@ class HybridDecoder:
             x.index_copy_(0, enc_pos.to(device), self.hw.decoded(flat, sizes, indices, crops))
         return x, labels.to(device, non_blocking=True)
 
-    def timing(self, waited: float, decoded: float) -> None:
-        if max(waited, decoded) < 1e-3:
-            return  # neither side holds the loop back: the model does
-        share = self.share.value
-        if waited > 1.2 * decoded:
-            share -= self.STEP  # the main loop waits for the CPU workers: the engines take more
-        elif decoded > 1.2 * waited:
-            share += self.STEP
-        self.share.value = min(0.95, max(0.0, share))
+
+class HybridRates:
+    """Sets the CPU share of hybrid batches from both sides' measured rates: the workers' from the seconds they
+    spent decoding a batch's CPU images (``collate_hybrid``), the engines' from each batch's decode time to the
+    end of its GPU work, beside the model. The share is the workers' rate over the sum, so both sides finish a
+    batch's part at once. Per-image rates do not depend on the share, so the split holds its mark even though
+    the workers prepare batches far ahead of it (a DataLoader holds two per worker: steering by the loop's
+    waits, one step per batch, ran into its bound before those batches reached the loop).
+
+    ``cpu_rate`` and ``hw_rate`` (images/s of all workers, of all decoder threads) are the starting guesses;
+    each batch's figures move them by :attr:`SMOOTHING`."""
+
+    SMOOTHING = 0.3
+    #: The engines always keep a share: with none, their rate would never be measured again.
+    CAP = 0.95
+
+    def __init__(self, share, workers: int, decoders: int, cpu_rate: float, hw_rate: float):
+        self.share, self.workers, self.decoders = share, max(1, workers), max(1, decoders)
+        self.cpu_rate, self.hw_rate = cpu_rate, hw_rate
+        self.share.value = self.target()
+
+    def target(self) -> float:
+        return min(self.CAP, self.cpu_rate / (self.cpu_rate + self.hw_rate))
+
+    def timing(self, batch, decode_s: float) -> None:
+        cpu_images, hw_images, cpu_s = len(batch[1]), len(batch[4]), float(batch[8])
+        a = self.SMOOTHING
+        if cpu_images and cpu_s > 0:
+            self.cpu_rate += a * (self.workers * cpu_images / cpu_s - self.cpu_rate)
+        if hw_images and decode_s > 0:
+            self.hw_rate += a * (self.decoders * hw_images / decode_s - self.hw_rate)
+        self.share.value = self.target()
 
 
 # ------------------------------------------------------------------------------------------------- the loader
@@ -599,9 +620,11 @@ def format_of(path: str) -> str:
 class Loader:
     """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
 
-    ``read_ahead`` (default on): each DataLoader worker asks the kernel for every record of its batch before
-    reading the first (:meth:`~gpufeed.formats.base.Reader.prefetch`), so a cold batch is read at the disk's
-    queue depth, not one record at a time; off reads record by record, as a plain map-style dataset does.
+    ``read_ahead``: each DataLoader worker asks the kernel for every record of its batch before reading the
+    first (:meth:`~gpufeed.formats.base.Reader.prefetch`), so a cold batch is read at the disk's queue depth,
+    not one record at a time. Off by default: on the H200 machine's local NVMe it fed no better (16 workers
+    reading one record each already keep that disk busy); for a higher-latency mount, measure it there with
+    ``gpufeed bench train --read-ahead on,off``.
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
@@ -614,7 +637,7 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool = True):
+                 read_ahead: bool = False):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -667,9 +690,9 @@ class Loader:
         elif decode == "hybrid":
             import multiprocessing
 
-            rate = self.workers * CPU_WORKER_RATE
-            self._share = multiprocessing.get_context(self._start_method()).Value("d", rate / (rate + HW_RATE),
-                                                                                 lock=False)
+            self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
+            self._rates = HybridRates(self._share, self.workers, decode_threads, self.workers * CPU_WORKER_RATE,
+                                      HW_RATE)
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
@@ -728,7 +751,7 @@ class Loader:
             elif self.decode == "hw":
                 make = lambda: HwJpegDecoder(*args)  # noqa: E731
             else:
-                make = lambda: HybridDecoder(HwJpegDecoder(*args), self._share)  # noqa: E731
+                make = lambda: HybridDecoder(HwJpegDecoder(*args))  # noqa: E731
             self._decoder = [make() for _ in range(self.decode_threads)]
         return self._decoder
 
@@ -738,7 +761,7 @@ class Loader:
         if self.decode != "cpu":
             decoders = self._gpu_decoders()
             gen = decoded_batches(batches, decoders, self.device,
-                                  timing=decoders[0].timing if self.decode == "hybrid" else None)
+                                  timing=self._rates.timing if self.decode == "hybrid" else None)
         else:
             if self.augment == "tokens":
                 batches, finish = ((ids,) for ids in batches), _shifted

@@ -216,12 +216,37 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     items = [split(reader[i]) for i in range(6)]
     assert {item[0] for item in items} == {"jpeg"}
     share.value = 0.5
-    pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops = L.collate_hybrid(
+    pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops, cpu_s = L.collate_hybrid(
         [split(reader[i]) for i in range(8)])
-    assert crops.shape == (len(enc_pos), L.CROP_COLUMNS)
+    assert crops.shape == (len(enc_pos), L.CROP_COLUMNS) and 0 < float(cpu_s) < 5  # the workers' decode seconds
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
+
+
+def test_hybrid_split_comes_from_both_sides_measured_rates():
+    """The CPU share settles where both sides finish their part of a batch at once: the workers' rate (16
+    workers at 2 ms an image: 8,000/s) over the sum with the engines' (2 decoder threads, 512 images in 0.16 s
+    each: 6,400/s), whatever the share the batches were made with; a batch with no CPU images leaves the workers'
+    rate as it was, and the engines always keep a share."""
+    share = multiprocessing.Value("d", 0.0, lock=False)
+    rates = L.HybridRates(share, workers=16, decoders=2, cpu_rate=16 * L.CPU_WORKER_RATE, hw_rate=L.HW_RATE)
+    assert share.value == pytest.approx(4800 / (4800 + 13000))
+
+    def batch(cpu_images: int, size: int = 512):
+        pos = torch.arange(cpu_images)
+        return (None, pos, None, None, torch.arange(size - cpu_images), None, None, None,
+                torch.tensor([cpu_images * 0.002], dtype=torch.float64))
+
+    for lagging_share in [0.1, 0.9, 0.3, 0.7] * 10:  # batches made long before, with other shares
+        n = int(512 * lagging_share)
+        rates.timing(batch(n), (512 - n) / 6400 * 2)
+    assert share.value == pytest.approx(8000 / (8000 + 6400), abs=0.01)
+    rates.timing(batch(0), 512 / 6400 * 2)
+    assert rates.cpu_rate == pytest.approx(8000, rel=0.01)
+    rates.hw_rate = 1.0
+    rates.timing(batch(512), 0.0)
+    assert share.value == L.HybridRates.CAP
 
 
 @pytest.mark.parametrize("decode", ["gpu", "hw", "hybrid"])
