@@ -43,7 +43,7 @@ from gpufeed.errors import ConfigError
 from gpufeed.pipelines.loader import DECODES
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
-#: first (``on``, the loader's default), or reads record by record (``off``).
+#: first (``on``), or reads record by record (``off``, the loader's default).
 READ_AHEADS = ("on", "off")
 
 TASKS = ("train", "infer")
@@ -434,7 +434,7 @@ class TrainOptions:
     augment_ons: tuple[str, ...] = ("cpu",)
     decode_threads: int = 2
     decode_priority: int = 0
-    read_aheads: tuple[str, ...] = ("on",)
+    read_aheads: tuple[str, ...] = ("off",)
     cuda_graph: bool = False
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
@@ -512,7 +512,7 @@ def _collective_device():
 
 
 def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions, accel,
-                augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "on"):
+                augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "off"):
     """The same :class:`gpufeed.pipelines.loader.Loader` users train from, for this task and decode path
     (CIFAR models: CIFAR's augmentation, in the workers or on the GPU as ``augment_on`` says), reading this
     rank's share of the records."""
@@ -555,7 +555,7 @@ def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks
 
 
 def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
-                   augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "on") -> list[LoopRun]:
+                   augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "off") -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
     page cache first (the previous run's workers and readers are gone by then: mapped pages would stay; with
     several ranks, every rank's are gone before rank 0 evicts)."""
@@ -912,9 +912,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank's under `ranks`")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
-    parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="on",
+    parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="off",
                         help="on: each DataLoader worker starts reading every record of its batch before it uses the "
-                             "first (the loader's default); off: record by record; on,off measures both")
+                             "first; off: record by record (the loader's default); on,off measures both")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
                              "inference servers do; the loop's thread then launches one graph per batch")

@@ -90,10 +90,10 @@ def _make_map_dataset_class():
         indexed dataset. With DDP, rank ``r`` of ``w`` sees global records ``r, r + w, ...``; ``even=True``
         trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no rank waits
         on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
-        which with ``read_ahead`` (the default) starts every record's read before the first is used."""
+        which with ``read_ahead`` starts every record's read before the first is used."""
 
         def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
-                     world_size: int | None = None, even: bool = False, read_ahead: bool = True,
+                     world_size: int | None = None, even: bool = False, read_ahead: bool = False,
                      **reader_options):
             self._readers = _Readers(format_name, _as_paths(paths), reader_options)
             if not self._readers.format.indexed:

@@ -56,7 +56,7 @@ fi
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
 train() {  # DATASET FORMATS TASKS DECODES [WORKERS]
   timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
-    --decode "$4" --read-ahead "${READ_AHEAD:-on}" $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
+    --decode "$4" --read-ahead "${READ_AHEAD:-off}" $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
     ${5:+--workers "$5"} --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
     || stamp "step ended with rc $?"
 }

@@ -6,8 +6,9 @@
 #  train     training as captured from every format: cpu and hw decoding, read-ahead on;
 #  recipe    the inference recipe (224x224 centre crops, JPEG): cpu and hw, tfrecord and recordio;
 #  infer2    inference as captured, tfrecord and lmdb, hybrid;
-#  train-off training from lmdb with hw decoding and read-ahead off (against the train pass's on).
-# PASSES picks some of them, in order (default: all of them in the order above).
+#  train-off training from lmdb with hw decoding and read-ahead off (against the train pass's on);
+#  hybrid    hybrid against hw, inference (recordio, tfrecord) and training (recordio), the loader's defaults.
+# PASSES picks some of them, in order (default: the first five, as run on 2026-11-25).
 #
 #   device run, carry .whl-decode:  OUT=$OUT bash scripts/gpu_feed.sh
 set -euo pipefail
@@ -23,5 +24,7 @@ for pass in ${PASSES:-infer train recipe infer2 train-off}; do
     recipe) DECODES= RECIPES=1 RECIPE_ENCODES=jpeg RECIPE_DECODES=cpu,hw READ_AHEAD=on bash scripts/gpu_decode.sh ;;
     infer2) TASKS=infer DECODES=hybrid FORMATS=tfrecord,lmdb READ_AHEAD=on bash scripts/gpu_decode.sh ;;
     train-off) TASKS=train DECODES=hw FORMATS=lmdb READ_AHEAD=off bash scripts/gpu_decode.sh ;;
+    hybrid) TASKS=infer DECODES=hw,hybrid FORMATS=recordio,tfrecord bash scripts/gpu_decode.sh
+            TASKS=train DECODES=hw,hybrid FORMATS=recordio bash scripts/gpu_decode.sh ;;
   esac
 done

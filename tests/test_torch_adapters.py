@@ -64,8 +64,8 @@ def test_a_batch_is_read_ahead_across_outputs_and_ranks(tmp_path, fmt_name):
     and a rank's share."""
     paths, total = make_outputs(tmp_path, fmt_name, [23, 17])
     for rank in (0, 1):
-        ds = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2)
-        off = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2, read_ahead=False)
+        ds = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2, read_ahead=True)
+        off = MapDataset(fmt_name, paths, transform=label_of, rank=rank, world_size=2)
         order = [7, 0, 19, 3, -1, 11, 12]
         assert ds.__getitems__(order) == off.__getitems__(order) == [ds[i] for i in order]
         batches = [DataLoader(d, batch_size=6, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(4))
