@@ -406,8 +406,11 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
         step(x, y)
     synchronize()
     wall = time.perf_counter() - start
+    # The CPU reading closes the window; the workers' memory is read after it (reading every worker's smaps
+    # takes long enough for 16 busy workers to add over a core to a reading taken after it).
+    cpu = cpu_seconds() - cpu0
     held = children_private_bytes()
-    return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=(cpu_seconds() - cpu0) / wall,
+    return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=cpu / wall,
                    loader_mem_mb=None if held is None else held / 1e6)
 
 
