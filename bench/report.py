@@ -115,6 +115,26 @@ def is_synthetic(row: dict) -> bool:
     return row.get("tier") == MEMORY_TIER or row.get("format") == "synthetic"
 
 
+def accelerator(row: dict) -> str | None:
+    """The accelerator a train row measured, with how its model ran where that changes the demand (inference as
+    one CUDA graph, ``bench train --cuda-graph``): rows of one accelerator name are compared only like with
+    like."""
+    name = params(row).get("accelerator")
+    return f"{name} (model as a CUDA graph)" if name and params(row).get("cuda_graph") else name
+
+
+def loader_label(row: dict) -> str:
+    """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
+    read-ahead, and the child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
+    p = params(row)
+    label = str(p.get("decode") or "-")
+    if p.get("read_ahead"):
+        label += ", read-ahead"
+    if p.get("feed") == "process":
+        label += ", child process"
+    return label
+
+
 def side_dataset(row: dict) -> str | None:
     """``"ranks"`` for a run on several GPUs at once (``bench train --gpus N``), ``"cifar"`` for a row of the
     CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn Treebank language model, None for
@@ -451,14 +471,14 @@ def demands(rows: Sequence[dict]) -> list[Demand]:
     found: dict[tuple, list[dict]] = defaultdict(list)
     for r in of_bench(rows, "train"):
         if is_synthetic(r) and r.get("median") is not None:
-            found[(params(r).get("accelerator"), params(r).get("task"))].append(r)
+            found[(accelerator(r), params(r).get("task"))].append(r)
     return [Demand(str(acc), accelerator_emulated(rs[0]), str(task), statistics.median(r["median"] for r in rs),
                    params(rs[0]).get("batch_size")) for (acc, task), rs in found.items()]
 
 
 def train_rows_for(rows: Sequence[dict], demand: Demand) -> list[dict]:
     return [r for r in of_bench(rows, "train") if not is_synthetic(r)
-            and params(r).get("accelerator") == demand.accelerator and params(r).get("task") == demand.task]
+            and accelerator(r) == demand.accelerator and params(r).get("task") == demand.task]
 
 
 def _describe_config(row: dict) -> str:
@@ -826,7 +846,7 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
     """One line per training row on resized images that has an as-captured twin."""
     def key(r):
         p = params(r)
-        return p.get("task"), r.get("format"), p.get("decode"), r.get("tier"), p.get("cold"), p.get("accelerator")
+        return p.get("task"), r.get("format"), loader_label(r), r.get("tier"), p.get("cold"), accelerator(r)
 
     full = {key(r): r for r in of_bench(rows, "train") if not is_synthetic(r) and not stored(r)}
     lines = []
@@ -969,7 +989,7 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     synthetic: dict[tuple, list[dict]] = defaultdict(list)
     for r in train:
         if is_synthetic(r):
-            synthetic[(params(r).get("task"), params(r).get("accelerator"))].append(r)
+            synthetic[(params(r).get("task"), accelerator(r))].append(r)
     for (task, _acc), rs in sorted(synthetic.items(), key=lambda kv: str(kv[0])):
         p, across = params(rs[0]), stat([r["median"] for r in rs])
         t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]),
@@ -978,12 +998,12 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
                        "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
     for r in sorted((r for r in train if not is_synthetic(r)),
                     key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored(r)),
-                                   str(r.get("tier")), str(params(r).get("cold")), str(params(r).get("decode")))):
+                                   str(r.get("tier")), str(params(r).get("cold")), loader_label(r))):
         p = params(r)
         au = figure(r, "au")
         t.rows.append([str(p.get("task")), str(r.get("format")),
                        stored(r) or "as captured", tier_label(r),
-                       "warm" if p.get("cold") is False else "cold", str(p.get("decode") or "-"),
+                       "warm" if p.get("cold") is False else "cold", loader_label(r),
                        _accelerator_cell(r), fmt_num(r.get("median")), fmt_spread(r),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
                        fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
@@ -995,7 +1015,7 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
 
 
 def _accelerator_cell(row: dict) -> str:
-    return f"{params(row).get('accelerator')}{' (emulated)' if accelerator_emulated(row) else ''}"
+    return f"{accelerator(row)}{' (emulated)' if accelerator_emulated(row) else ''}"
 
 
 def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | None,
