@@ -124,9 +124,9 @@ def _make_map_dataset_class():
             return self.transform(sample) if self.transform is not None else sample
 
         def __getitems__(self, indices) -> list:
-            """A whole batch, as a DataLoader worker asks for it: every record's read started first
-            (:meth:`~gpufeed.formats.base.Reader.prefetch`), then each read and transformed in order. A
-            batch of cold records then costs about one disk round trip, not one per record."""
+            """A whole batch, as a DataLoader worker asks for it, each record read and transformed in order;
+            with ``read_ahead``, every record's read is started first
+            (:meth:`~gpufeed.formats.base.Reader.prefetch`), so the disk serves the batch at its queue depth."""
             located = [self._locate(i) for i in indices]
             if self.read_ahead:
                 by_reader: dict[int, list[int]] = {}

@@ -556,7 +556,8 @@ def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | 
 
 
 class HybridDecoder:
-    """Assembles a hybrid batch: the CPU-decoded part copied in, the rest decoded by the engines."""
+    """Assembles a hybrid batch (:func:`collate_hybrid`'s tuple): the CPU-decoded part copied in, the rest decoded
+    by the engines. The workers' decode seconds, the tuple's last element, are :class:`HybridRates`' to read."""
 
     def __init__(self, hw: HwJpegDecoder):
         self.hw, self.stream = hw, hw.stream
