@@ -133,9 +133,11 @@ def advise_will_need(fd: int, extents) -> int:
     them at once, and return without waiting (``posix_fadvise(POSIX_FADV_WILLNEED)``). A reader that then reads
     the ranges one at a time finds them in the page cache or on their way: a DataLoader worker reading a
     batch of cold records keeps the disk's queue full instead of waiting for one record at a time. Touching
-    ranges are merged first. Returns the number of hints given (0 where the platform has no such call)."""
+    ranges are merged first. Nothing under an emulated tier: it charges and paces every read as it comes, and a
+    read-ahead behind its back would serve them from the page cache. Returns the number of hints given (0 there,
+    and where the platform has no such call)."""
     advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
+    if advise is None or io.throttle() is not None:
         return 0
     hints = 0
     start = end = None
@@ -263,9 +265,8 @@ class ByteSource:
 
     def will_need(self, extents) -> int:
         """Read-ahead of these ``(offset, size)`` ranges (:func:`advise_will_need`) where this source is a plain
-        local file; nothing where reads go through a file object (an emulated tier charges and paces every read
-        itself, an fsspec URL, a gzip stream). Returns the hints given."""
-        if self.compression is not None or not io.is_local(self.path) or io.throttle() is not None:
+        local file; nothing for an fsspec URL or a gzip stream. Returns the hints given."""
+        if self.compression is not None or not io.is_local(self.path):
             return 0
         self._open()
         return advise_will_need(self._f.fileno(), extents)

@@ -1002,10 +1002,9 @@ class LMDBReader(Reader):
 
     def prefetch(self, indices) -> int:
         """Read-ahead of the values' byte ranges where the output lists them (:data:`OFFSETS`); the B-tree pages
-        that lead to them are still read as each lookup touches them. Nothing under an emulated tier, which
-        charges each value's read as it comes."""
+        that lead to them are still read as each lookup touches them."""
         self._open()
-        if self._offsets is None or gio.throttle() is not None:
+        if self._offsets is None:
             return 0
         return advise_will_need(self._fd, ((self._offsets[i], self._sizes[i])
                                            for i in (position(i, self._len, self.path) for i in indices)))
