@@ -429,6 +429,14 @@ class HwJpegDecoder(GpuCrop):
         self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
                                               sample_format=nvimgcodec.SampleFormat.I_RGB)
         self.fallbacks = 0  # images the engines did not take, so far
+        #: Host seconds per stage of this decoder's batches so far: ``parse`` (code streams made), ``barrier``
+        #: (waiting for this stream's earlier work, :attr:`barrier`), ``engines`` (nvImageCodec's decode call,
+        #: fallbacks included), ``wrap`` (the images as tensors), ``crop`` (the crop's launches).
+        self.stage_s: collections.Counter = collections.Counter()
+        #: Wait on the host for this decoder's stream before each decode call. nvJPEG's hardware path writes
+        #: an image when the call is made, not when the stream reaches it; the memory nvImageCodec takes for
+        #: it (stream-ordered, from the device's pool) may be what a crop still queued on this stream reads.
+        self.barrier = False
         # Evaluation: decode only each image's centre box (decoded()). Off: on an H200 with nvImageCodec 0.9 the
         # engines refuse region decoding, every image fell back to the CUDA decoder, and the evaluation step ran
         # at 4,306 img/s against 9,368 decoding whole images (bench.decode_rates, which measures both).
@@ -438,6 +446,7 @@ class HwJpegDecoder(GpuCrop):
         """The batch's images decoded (CHW uint8 on the device); ``regions[i]``, where given, a ``(top, left,
         h, w)`` box of image ``i`` (as stored) decoded alone."""
         torch = self.torch
+        t0 = time.perf_counter()
         host = flat.numpy()
         bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
         streams = [self.nv.CodeStream(host[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -446,7 +455,12 @@ class HwJpegDecoder(GpuCrop):
                 if box is not None:
                     top, left, h, w = box
                     streams[i] = streams[i].get_sub_code_stream(region=self.nv.Region(top, left, top + h, left + w))
-        stream = self.torch.cuda.current_stream(self.device).cuda_stream
+        current = torch.cuda.current_stream(self.device)
+        t1 = time.perf_counter()
+        if self.barrier:
+            current.synchronize()
+        t2 = time.perf_counter()
+        stream = current.cuda_stream
         decoded = self.hw.decode(streams, params=self.params, cuda_stream=stream)
         missing = [i for i, img in enumerate(decoded) if img is None]
         if missing:
@@ -457,7 +471,14 @@ class HwJpegDecoder(GpuCrop):
                     raise ConfigError(f"image {i} of a batch could not be decoded by nvImageCodec (corrupt?); "
                                       "check the dataset with `gpufeed verify`")
                 decoded[i] = img
-        return [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
+        t3 = time.perf_counter()
+        images = [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
+        clock = self.stage_s
+        clock["parse"] += t1 - t0
+        clock["barrier"] += t2 - t1
+        clock["engines"] += t3 - t2
+        clock["wrap"] += time.perf_counter() - t3
+        return images
 
     def decode(self, flat, sizes, labels, indices, crops=None):
         return self.decoded(flat, sizes, indices, crops), labels.to(self.device, non_blocking=True)
@@ -473,7 +494,10 @@ class HwJpegDecoder(GpuCrop):
                 if box is not None:
                     h, w = box[2], box[3]
                     crops[i, :7] = self.torch.tensor([h, w, 0, 0, h, w, 0])
-        return self.crop(images, indices, crops)
+        t0 = time.perf_counter()
+        out = self.crop(images, indices, crops)
+        self.stage_s["crop"] += time.perf_counter() - t0
+        return out
 
     @staticmethod
     def centre_regions(crops) -> list:
@@ -484,6 +508,35 @@ class HwJpegDecoder(GpuCrop):
             whole = (top, left, h, w) == (0, 0, height, width)
             regions.append((top, left, h, w) if height > 0 and orientation == 1 and not whole else None)
         return regions
+
+
+#: CUmemPool_attribute values (cuda.h) of the settings :func:`set_image_pool` changes.
+_POOL_INTERNAL_DEPENDENCIES, _POOL_RELEASE_THRESHOLD = 3, 4
+
+
+def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies: bool | None = None) -> None:
+    """Settings of ``device``'s default CUDA memory pool, from which nvImageCodec takes every decoded image
+    (``cudaMallocAsync`` on the decoder's stream; PyTorch's own allocator does not use it).
+
+    ``keep_bytes``: memory the pool keeps across synchronisations instead of returning it to the driver at
+    each one (CUDA's default keeps none, so each batch's images are mapped anew). ``internal_dependencies``:
+    whether the pool may hand one stream memory freed on another by making the new stream wait for the old
+    one on the GPU; the engines do not honour such a wait (they write at the call), so off is the safe setting
+    with several decoder streams. Through the driver API (``libcuda``), which every CUDA process has loaded."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, pool = ctypes.c_int(), ctypes.c_void_p()
+    for status in (cuda.cuDeviceGet(ctypes.byref(dev), device.index or 0),
+                   cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)):
+        if status:
+            raise ConfigError(f"CUDA driver error {status} while reaching the memory pool of {device}")
+    if keep_bytes is not None:
+        value = ctypes.c_uint64(keep_bytes)
+        cuda.cuMemPoolSetAttribute(pool, _POOL_RELEASE_THRESHOLD, ctypes.byref(value))
+    if internal_dependencies is not None:
+        flag = ctypes.c_int(int(internal_dependencies))
+        cuda.cuMemPoolSetAttribute(pool, _POOL_INTERNAL_DEPENDENCIES, ctypes.byref(flag))
 
 
 def import_nvimgcodec():
