@@ -15,7 +15,9 @@ In one process, on in-memory batches of the dataset's RecordIO (no disk, no Data
 
 Each under the variants in ``--variants``: ``base`` (the loader's defaults), ``priority`` (the decoders'
 streams at the GPU's highest priority), ``barrier`` (each decode call waits on the host for its stream's earlier
-work), ``pool`` (nvImageCodec's image pool kept across batches, and no cross-stream reuse through GPU-side
+work), ``switch`` (the interpreter's thread switch interval at 0.2 ms instead of 5: a thread that gives up the
+GIL around each image's C++ call waits less to take it back), ``graph`` (the model run as one CUDA graph, so
+this thread launches once per batch instead of once per layer), ``pool`` (nvImageCodec's image pool kept across batches, and no cross-stream reuse through GPU-side
 waits; it stays set for later variants, so it runs last). Per row: the rates, each decoder stage's host
 milliseconds per batch, and how many of the pipeline's images differ from the same images decoded alone
 (nvJPEG's hardware path writes at the call, not in stream order: a pipeline that reuses memory too early shows
@@ -31,7 +33,9 @@ import sys
 import threading
 import time
 
-VARIANTS = ("base", "priority", "barrier", "pool")
+VARIANTS = ("base", "priority", "barrier", "switch", "graph", "pool")
+#: The interpreter's thread switch interval under the ``switch`` variant (Python's default is 5 ms).
+SWITCH_S = 0.0002
 
 
 class Bench:
@@ -56,7 +60,16 @@ class Bench:
         self.x = torch.randint(0, 256, (b, 224, 224, 3), dtype=torch.uint8, device=self.device, generator=gen)
         self.y = torch.zeros(b, dtype=torch.int64, device=self.device)
         self.reference = None
+        self.eager = self.model
         self.rows = []
+
+    def graph(self) -> None:
+        """The model as one CUDA graph from here on (:class:`CudaResNet`'s ``--cuda-graph``), its own rate a row."""
+        from gpufeed.bench.train import CudaResNet
+
+        self.eager = self.model
+        self.model = CudaResNet("infer", graph=True)
+        self.model_alone("graph")
 
     # ------------------------------------------------------------------------------------------- pieces
     def decoders(self, variant: str) -> list:
@@ -207,6 +220,11 @@ def main(argv=None) -> int:
     for variant in variants:
         if variant == "pool":
             set_image_pool(bench.device, keep_bytes=1 << 62, internal_dependencies=False)
+        switch = sys.getswitchinterval()
+        if variant == "switch":
+            sys.setswitchinterval(SWITCH_S)
+        if variant == "graph":
+            bench.graph()
         for mode in modes:
             if mode == "decode":
                 bench.decode_alone(variant)
@@ -214,6 +232,9 @@ def main(argv=None) -> int:
                 bench.pipeline(variant, model_rate)
             elif mode == "beside":
                 bench.beside(variant, model_rate)
+        sys.setswitchinterval(switch)
+        if variant == "graph":
+            bench.model = bench.eager
     bench.model_alone("last")
     append_rows(args.results, bench.rows)
     return 0

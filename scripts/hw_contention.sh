@@ -3,7 +3,8 @@
 # on a small ImageNet-like dataset held in memory (no disk, no DataLoader). It tells whether the GPU side of the
 # loader (engines, crop, the model's stream waiting for each batch) or its host side limits inference, which
 # variants of the decoders change that, and whether the pipeline's pixels equal the same images decoded alone.
-# THREADS_LIST: decoder-thread counts, the first with every variant, the others with `base` only.
+# THREADS_LIST: decoder-thread counts, the first with VARIANTS (default: all), the others with VARIANTS_REST
+# (default: base).
 #
 #   device run, carry .whl-decode:  OUT=$OUT bash scripts/hw_contention.sh
 set -euo pipefail
@@ -21,8 +22,8 @@ nproc
   --workers "$(nproc)" --formats recordio
 first=1
 for threads in ${THREADS_LIST:-2 1 4}; do
-  variants=${VARIANTS:-base,priority,barrier,pool}
-  [ $first = 1 ] || variants=base
+  variants=${VARIANTS:-base,priority,barrier,switch,graph,pool}
+  [ $first = 1 ] || variants=${VARIANTS_REST:-base}
   first=0
   echo "[$(date -u +%H:%M:%S)] decode contention: $threads decoder threads, variants $variants"
   timeout -k 10 "${STEP_S:-200}" python3 -m gpufeed.bench.decode_contention "$DATA" --threads "$threads" \
