@@ -17,7 +17,9 @@ Each under the variants in ``--variants``: ``base`` (the loader's defaults), ``p
 streams at the GPU's highest priority), ``barrier`` (each decode call waits on the host for its stream's earlier
 work), ``switch`` (the interpreter's thread switch interval at 0.2 ms instead of 5: a thread that gives up the
 GIL around each image's C++ call waits less to take it back), ``graph`` (the model run as one CUDA graph, so
-this thread launches once per batch instead of once per layer), ``pool`` (nvImageCodec's image pool kept across batches, and no cross-stream reuse through GPU-side
+this thread launches once per batch instead of once per layer), ``sidestream`` (the model on a stream of its own
+instead of CUDA's legacy default stream, which every blocking stream and every legacy-stream operation waits
+for), ``prealloc`` (the engines' working memory allocated up front for a batch of 1600x1600 images), ``pool`` (nvImageCodec's image pool kept across batches, and no cross-stream reuse through GPU-side
 waits; it stays set for later variants, so it runs last). Per row: the rates, each decoder stage's host
 milliseconds per batch, and how many of the pipeline's images differ from the same images decoded alone
 (nvJPEG's hardware path writes at the call, not in stream order: a pipeline that reuses memory too early shows
@@ -33,7 +35,11 @@ import sys
 import threading
 import time
 
-VARIANTS = ("base", "priority", "barrier", "switch", "graph", "pool")
+VARIANTS = ("base", "priority", "barrier", "switch", "graph", "sidestream", "prealloc", "pool")
+#: The ``prealloc`` variant's nvImageCodec options: the engines' working memory sized up front for a batch of the
+#: largest images of the benchmark dataset (nvImageCodec's default sizes it for one 1x1 image).
+PREALLOC = ("nvjpeg_hw_decoder:preallocate_width_hint=1600 nvjpeg_hw_decoder:preallocate_height_hint=1600 "
+            "nvjpeg_hw_decoder:preallocate_batch_size={batch}")
 #: The interpreter's thread switch interval under the ``switch`` variant (Python's default is 5 ms).
 SWITCH_S = 0.0002
 
@@ -75,7 +81,8 @@ class Bench:
     def decoders(self, variant: str) -> list:
         from gpufeed.pipelines.loader import HwJpegDecoder
 
-        made = [HwJpegDecoder(self.device, train=False, priority=-3 if variant == "priority" else 0)
+        options = PREALLOC.format(batch=self.args.batch) if variant == "prealloc" else ""
+        made = [HwJpegDecoder(self.device, train=False, priority=-3 if variant == "priority" else 0, options=options)
                 for _ in range(self.args.threads)]
         for d in made:
             d.barrier = variant == "barrier"
@@ -120,6 +127,16 @@ class Bench:
         return {k: round(v * 1e3 / max(1, batches), 2) for k, v in sorted(total.items())}
 
     # ------------------------------------------------------------------------------------------- modes
+    def run(self, mode: str, variant: str, model_rate: float) -> None:
+        if mode == "decode":
+            self.decode_alone(variant)
+        elif mode == "pipeline":
+            self.pipeline(variant, model_rate)
+        elif mode == "beside":
+            self.beside(variant, model_rate)
+        else:
+            raise SystemExit(f"--modes: unknown {mode!r}; choose from decode, pipeline, beside")
+
     def model_alone(self, label: str) -> float:
         torch, b = self.torch, self.args.batch
         for _ in range(3):
@@ -225,13 +242,12 @@ def main(argv=None) -> int:
             sys.setswitchinterval(SWITCH_S)
         if variant == "graph":
             bench.graph()
+        side = bench.torch.cuda.Stream(bench.device) if variant == "sidestream" else None
         for mode in modes:
-            if mode == "decode":
-                bench.decode_alone(variant)
-            elif mode == "pipeline":
-                bench.pipeline(variant, model_rate)
-            elif mode == "beside":
-                bench.beside(variant, model_rate)
+            if side is not None:
+                side.wait_stream(bench.torch.cuda.current_stream(bench.device))
+            with bench.torch.cuda.stream(side):  # None: the current stream
+                bench.run(mode, variant, model_rate)
         sys.setswitchinterval(switch)
         if variant == "graph":
             bench.model = bench.eager

@@ -418,12 +418,17 @@ class HwJpegDecoder(GpuCrop):
     """The GPU's JPEG engines through nvImageCodec (``HW_GPU_ONLY``); what they refuse goes to nvImageCodec's
     CUDA decoder in one more batch call. Decoding runs on this object's stream."""
 
-    def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0):
+    #: nvImageCodec's decoder options (its own default: no fancy upsampling, which the CPU path matches).
+    OPTIONS = ":fancy_upsampling=0"
+
+    def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0,
+                 options: str = ""):
         super().__init__(device, train, size, seed, priority)
         nvimgcodec = import_nvimgcodec()
         index = self.device.index  # resolved by GpuCrop: the engines of the model's GPU
         self.nv = nvimgcodec
-        self.hw = nvimgcodec.Decoder(device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+        self.hw = nvimgcodec.Decoder(device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)],
+                                     options=" ".join(filter(None, (self.OPTIONS, options))))
         self.fallback = nvimgcodec.Decoder(device_id=index, backends=[
             nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY), nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
         self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
