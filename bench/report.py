@@ -125,13 +125,16 @@ def accelerator(row: dict) -> str | None:
 
 def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
-    read-ahead, and the child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
+    read-ahead, a fixed hybrid CPU share, and the child-process loader measured on 2026-11-25 (since taken out of
+    gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
     if p.get("read_ahead"):
         label += ", read-ahead"
     if p.get("feed") == "process":
         label += ", child process"
+    if p.get("cpu_share_fixed") is not None:
+        label += f", CPU share {p['cpu_share_fixed']:.2f}"
     return label
 
 

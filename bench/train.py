@@ -439,6 +439,7 @@ class TrainOptions:
     decode_priority: int = 0
     read_aheads: tuple[str, ...] = ("off",)
     cuda_graph: bool = False
+    cpu_share: float | None = None  # hybrid: a fixed CPU share (None: the loader's measured-rate split)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -469,6 +470,7 @@ class TrainOptions:
                 **({"augment": "cifar" if task == "train" else "eval"} if self.cifar else {}),
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
+                **({"cpu_share_fixed": self.cpu_share} if decode == "hybrid" and self.cpu_share is not None else {}),
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **described}
@@ -533,7 +535,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     seed=opts.seed, shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
-                    read_ahead=read_ahead == "on")
+                    read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -923,6 +925,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "inference servers do; the loop's thread then launches one graph per batch")
     parser.add_argument("--decode-priority", type=int, default=0,
                         help="GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)")
+    parser.add_argument("--cpu-share", type=float, default=None,
+                        help="hybrid: a fixed share (0-1) of each batch decoded by the CPU workers, instead of the "
+                             "split the loader sets from both sides' measured rates")
 
 
 def options_from_args(args) -> TrainOptions:
@@ -936,6 +941,8 @@ def options_from_args(args) -> TrainOptions:
     if args.gpus > 1 and args.accelerator == "emulated":
         raise ConfigError("--gpus runs real GPUs; for several emulated accelerators sharing the disk use "
                           "`gpufeed bench feed`")
+    if args.cpu_share is not None and (not 0.0 <= args.cpu_share <= 1.0 or "hybrid" not in args.decode):
+        raise ConfigError(f"--cpu-share {args.cpu_share}: a share between 0 and 1, for --decode hybrid")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
     if args.cuda_graph and (args.accelerator == "emulated" or args.model in PTB_MODELS
@@ -975,7 +982,7 @@ def options_from_args(args) -> TrainOptions:
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=tuple(args.read_ahead),
-                        cuda_graph=args.cuda_graph)
+                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share)
 
 
 def run(args) -> int:

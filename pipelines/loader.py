@@ -685,6 +685,10 @@ class Loader:
     reading one record each already keep that disk busy); for a higher-latency mount, measure it there with
     ``gpufeed bench train --read-ahead on,off``.
 
+    ``cpu_share``: ``hybrid`` only, a fixed share of each batch for the CPU workers instead of the split set from
+    both sides' measured rates (:class:`HybridRates`). Where the engines' work serialises with the model's (the
+    H200's inference, docs/loader.md), the rates' split leaves cores idle that a larger fixed share uses.
+
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
     ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`). ``augment="tokens"``: ``window`` is
@@ -696,7 +700,7 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool = False):
+                 read_ahead: bool = False, cpu_share: float | None = None):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -714,6 +718,9 @@ class Loader:
             raise ConfigError(f"augment='tokens' reads token ids, which need no decoding: use decode='cpu' (not "
                               f"{decode!r})")
         self.augment_on = augment_on
+        if cpu_share is not None and (decode != "hybrid" or not 0.0 <= cpu_share <= 1.0):
+            raise ConfigError(f"cpu_share={cpu_share!r}: a fixed share of each batch for the CPU workers, between 0 "
+                              "and 1, with decode='hybrid' (None: set from both sides' measured rates)")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
         paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
@@ -751,7 +758,9 @@ class Loader:
 
             self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
             self._rates = HybridRates(self._share, self.workers, decode_threads, self.workers * CPU_WORKER_RATE,
-                                      HW_RATE)
+                                      HW_RATE) if cpu_share is None else None
+            if cpu_share is not None:
+                self._share.value = cpu_share
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
@@ -820,7 +829,7 @@ class Loader:
         if self.decode != "cpu":
             decoders = self._gpu_decoders()
             gen = decoded_batches(batches, decoders, self.device,
-                                  timing=self._rates.timing if self.decode == "hybrid" else None)
+                                  timing=self._rates.timing if self.decode == "hybrid" and self._rates else None)
         else:
             if self.augment == "tokens":
                 batches, finish = ((ids,) for ids in batches), _shifted

@@ -123,7 +123,9 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--model", "cifar-resnet18", "--decode", "hw"], "reads CIFAR's stored pixels"),
                        (["--augment-on", "gpu"], "is for the CIFAR models"),
                        (["--cuda-graph", "--task", "train"], "captures a CUDA image model's inference step"),
-                       (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference")):
+                       (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference"),
+                       (["--cpu-share", "0.7"], "for --decode hybrid"),
+                       (["--cpu-share", "1.2", "--decode", "hybrid"], "between 0 and 1")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([dataset, "--results", results, *argv]))
 

@@ -271,7 +271,9 @@ def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
 
 @pytest.mark.parametrize("kwargs, text", [({"decode": "nvdec"}, "decode='nvdec'"),
                                           ({"augment": "test"}, "augment='test'"),
-                                          ({"batch_size": 0}, "batch_size")])
+                                          ({"batch_size": 0}, "batch_size"),
+                                          ({"cpu_share": 0.5}, "cpu_share=0.5: .* decode='hybrid'"),
+                                          ({"decode": "hybrid", "cpu_share": 1.5}, "cpu_share=1.5")])
 def test_bad_arguments(dataset, kwargs, text):
     with pytest.raises(ConfigError, match=text):
         gpufeed.loader(dataset["recordio"]["paths"], **kwargs)
