@@ -8,7 +8,7 @@
 #  infer2    inference as captured, tfrecord and lmdb, hybrid;
 #  train-off training from lmdb with hw decoding and read-ahead off (against the train pass's on);
 #  hybrid    hybrid against hw, inference (recordio, tfrecord) and training (recordio), the loader's defaults;
-#  share     hybrid from recordio with the split from measured rates against fixed CPU shares (SHARES), inference
+#  share     hybrid from SHARE_FORMATS (default recordio) with the split from measured rates against fixed CPU shares (SHARES), inference
 #            and training (the engines' work serialises with the inference model's: bench.decode_contention).
 # PASSES picks some of them, in order (default: the first five, as run on 2026-11-25).
 #
@@ -30,7 +30,7 @@ for pass in ${PASSES:-infer train recipe infer2 train-off}; do
             TASKS=train DECODES=hw,hybrid FORMATS=recordio bash scripts/gpu_decode.sh ;;
     share) for task in ${SHARE_TASKS:-infer train}; do
              for share in ${SHARES:-auto 0.6 0.7 0.8}; do
-               CPU_SHARE=$([ "$share" = auto ] || echo "$share") TASKS=$task DECODES=hybrid FORMATS=recordio \
+               CPU_SHARE=$([ "$share" = auto ] || echo "$share") TASKS=$task DECODES=hybrid FORMATS=${SHARE_FORMATS:-recordio} \
                  bash scripts/gpu_decode.sh
              done
            done ;;
