@@ -530,7 +530,10 @@ def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies:
     with several decoder streams. Through the driver API (``libcuda``), which every CUDA process has loaded."""
     import ctypes
 
-    cuda = ctypes.CDLL("libcuda.so.1")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise ConfigError("set_image_pool needs the NVIDIA driver's libcuda.so.1, which this machine lacks") from None
     dev, pool = ctypes.c_int(), ctypes.c_void_p()
     for status in (cuda.cuDeviceGet(ctypes.byref(dev), device.index or 0),
                    cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)):

@@ -316,3 +316,19 @@ def test_nvimagecodec_log_lines_are_off_unless_the_user_sets_them(monkeypatch):
         except ConfigError:
             pass  # not installed here: the setting is made before the import is tried
         assert os.environ["PYNVIMGCODEC_VERBOSITY"] == expected
+
+
+def test_decode_contention_refuses_unknown_variants_before_it_needs_a_gpu(tmp_path):
+    from gpufeed.bench import decode_contention
+
+    with pytest.raises(SystemExit, match="unknown nope"):
+        decode_contention.main([str(tmp_path), "--variants", "base,nope"])
+
+
+def test_image_pool_settings_need_the_nvidia_driver():
+    import ctypes.util
+
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("this machine has the NVIDIA driver")
+    with pytest.raises(ConfigError, match="libcuda.so.1"):
+        L.set_image_pool(torch.device("cpu"), keep_bytes=1)
