@@ -526,8 +526,9 @@ def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies:
     ``keep_bytes``: memory the pool keeps across synchronisations instead of returning it to the driver at
     each one (CUDA's default keeps none, so each batch's images are mapped anew). ``internal_dependencies``:
     whether the pool may hand one stream memory freed on another by making the new stream wait for the old
-    one on the GPU; the engines do not honour such a wait (they write at the call), so off is the safe setting
-    with several decoder streams. Through the driver API (``libcuda``), which every CUDA process has loaded."""
+    one on the GPU; nvJPEG's hardware path is reported to write at the call, before such a wait (no mismatch
+    showed on the H200: results/decode-contention-h200.txt), so off is the cautious setting with several
+    decoder streams. Through the driver API (``libcuda``), which every CUDA process has loaded."""
     import ctypes
 
     try:
@@ -539,12 +540,16 @@ def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies:
                    cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)):
         if status:
             raise ConfigError(f"CUDA driver error {status} while reaching the memory pool of {device}")
+    settings = []
     if keep_bytes is not None:
-        value = ctypes.c_uint64(keep_bytes)
-        cuda.cuMemPoolSetAttribute(pool, _POOL_RELEASE_THRESHOLD, ctypes.byref(value))
+        settings.append((_POOL_RELEASE_THRESHOLD, ctypes.c_uint64(keep_bytes)))
     if internal_dependencies is not None:
-        flag = ctypes.c_int(int(internal_dependencies))
-        cuda.cuMemPoolSetAttribute(pool, _POOL_INTERNAL_DEPENDENCIES, ctypes.byref(flag))
+        settings.append((_POOL_INTERNAL_DEPENDENCIES, ctypes.c_int(int(internal_dependencies))))
+    for attribute, value in settings:
+        status = cuda.cuMemPoolSetAttribute(pool, attribute, ctypes.byref(value))
+        if status:
+            raise ConfigError(f"CUDA driver error {status} while setting attribute {attribute} of the memory pool "
+                              f"of {device}")
 
 
 def import_nvimgcodec():
