@@ -753,6 +753,7 @@ class Loader:
         self.workers = max(1, min(16, usable_cores())) if workers is None else workers
         train = augment == "train"
         self._share = None
+        self._rates = None  # hybrid with the split from measured rates: its HybridRates
         if augment == "tokens":
             transform, self._collate = TokenWindow(window, vocab), collate_tokens
         elif augment == "cifar":
@@ -765,9 +766,10 @@ class Loader:
             import multiprocessing
 
             self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
-            self._rates = HybridRates(self._share, self.workers, decode_threads, self.workers * CPU_WORKER_RATE,
-                                      HW_RATE) if cpu_share is None else None
-            if cpu_share is not None:
+            if cpu_share is None:
+                self._rates = HybridRates(self._share, self.workers, decode_threads,
+                                          self.workers * CPU_WORKER_RATE, HW_RATE)
+            else:
                 self._share.value = cpu_share
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
@@ -837,7 +839,7 @@ class Loader:
         if self.decode != "cpu":
             decoders = self._gpu_decoders()
             gen = decoded_batches(batches, decoders, self.device,
-                                  timing=self._rates.timing if self.decode == "hybrid" and self._rates else None)
+                                  timing=self._rates.timing if self._rates else None)
         else:
             if self.augment == "tokens":
                 batches, finish = ((ids,) for ids in batches), _shifted
