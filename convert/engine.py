@@ -554,8 +554,18 @@ class _LocalStart:
         except (RuntimeError, AttributeError):
             pass  # closed already (the run needed no workers)
 
-    def submit(self, job, items) -> None:
-        self.futures[self.pool.submit(self.fn, job, items)] = job
+    def submit(self, job, items) -> bool:
+        """Start ``job`` here; false (and unusable from now on) where the pool cannot take it: a process of
+        it died before its future said so (the pool is broken then), or it was closed."""
+        if not self.usable or self.pool is None:
+            return False
+        try:
+            future = self.pool.submit(self.fn, job, items)
+        except RuntimeError:  # BrokenProcessPool, or "cannot schedule new futures after shutdown"
+            self.usable = False
+            return False
+        self.futures[future] = job
+        return True
 
     def done(self, timeout: float | None):
         """One future finished within ``timeout`` seconds, ``(future, job)``, or ``None``."""
@@ -630,10 +640,9 @@ class _Tasks:
                 return
             job = self.pending[0]
             if self._ray(block=False) is None:
-                if self.local is None or not self.local.usable:
-                    return  # next() waits for Ray
+                if self.local is None or not self.local.submit(job, self.items_of(job.plan)):
+                    return  # next() waits for Ray (the job stays first in line)
                 self.pending.popleft()
-                self.local.submit(job, self.items_of(job.plan))
                 continue
             self.pending.popleft()
             self.inflight[self.task.remote(job, self.items_of(job.plan))] = job

@@ -90,3 +90,35 @@ def test_a_local_process_crash_hands_the_shard_to_ray_which_finds_the_input(src,
     assert sorted(map(tuple, got["skipped"])) == sorted([*map(tuple, want["skipped"]), (bad, CRASH_REASON)])
     assert got["splits"]["train"]["written"] == want["splits"]["train"]["written"] - 1
     verify(out)
+
+
+def _die(job, items):
+    os._exit(3)
+
+
+def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray():
+    """A local process dies, and the driver submits again before it has read that shard's failure: the pool
+    is broken by then, so the shards wait for Ray, in order, instead of the submit raising out of the run."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from gpufeed.convert.engine import _LocalStart, _Tasks
+
+    def job(start):
+        return SimpleNamespace(plan=SimpleNamespace(start=start))
+
+    local = _LocalStart(2, _die)
+    try:
+        assert local.submit(job(0), [])
+        concurrent.futures.wait(list(local.futures))  # broken now; nobody asked done() yet
+        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail")
+        tasks = _Tasks(lambda block: None, _die, opts, lambda plan: [], local=local)
+        later = [job(1), job(2)]
+        tasks.pending.extend(later)
+        tasks.submit()
+        assert list(tasks.pending) == later and not local.usable
+        assert tasks._local_result(5) is None  # the dead one's failure: back to the front of the line
+        assert [j.plan.start for j in tasks.pending] == [0, 1, 2]
+    finally:
+        local.close(kill=True)
+    assert not local.submit(job(3), [])  # closed: refused, not raised
