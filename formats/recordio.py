@@ -43,6 +43,7 @@ from gpufeed.formats.base import PER_SHARD, PER_SPLIT, EncodedRecord, Format, Re
 #: dmlc's ``RecordIOWriter::kMagic``; little-endian on disk like every other field.
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
+_MAGIC_WORD = np.dtype("<u4")
 #: A part header: magic, then ``lrec`` = continuation flag in the top 3 bits and the length in the low 29.
 _PART = struct.Struct("<II")
 _LENGTH_BITS = 29
@@ -101,15 +102,13 @@ def frame_parts(value: bytes) -> list:
     view = memoryview(value)
     out = []
     start = 0
-    hit = value.find(_MAGIC_BYTES)
-    while hit != -1:
-        if hit & 3:
-            hit = value.find(_MAGIC_BYTES, hit + 1)
-            continue
+    # dmlc splits a record only where the magic word sits at a 4-byte-aligned offset: one vectorised compare
+    # of the aligned words (~10x bytes.find, which also stops at every unaligned match).
+    for hit in np.flatnonzero(np.frombuffer(value, _MAGIC_WORD, n >> 2) == MAGIC).tolist():
+        hit <<= 2
         out.append(_PART.pack(MAGIC, (_FIRST if start == 0 else _MIDDLE) << _LENGTH_BITS | (hit - start)))
         out.append(view[start:hit])
         start = hit + 4
-        hit = value.find(_MAGIC_BYTES, start)
     out.append(_PART.pack(MAGIC, (_LAST if start else _WHOLE) << _LENGTH_BITS | (n - start)))
     out.append(view[start:])
     if n & 3:
