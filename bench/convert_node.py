@@ -212,6 +212,80 @@ class _RssSampler(threading.Thread):
         return peak_halves(self.samples, self.samples[-1][0]) if self.samples else (0, 0)
 
 
+class _CpuByRole(threading.Thread):
+    """The CPU every process on the machine uses while a conversion runs, summed by role (the driver, the
+    local processes, Ray's workers, its raylet and GCS, its other services, kernel threads, the rest), from
+    ``/proc/<pid>/stat`` read every ``period`` s: where the CPU the machine spends beyond the workers' goes.
+    A process that starts and ends between two readings is missed, and so is the last part of one that
+    ends; with interrupt time, that is the machine's busy time no role holds (``unattributed`` in a row)."""
+
+    ROLES = ("driver", "local processes", "ray workers", "raylet", "gcs", "ray services", "kernel threads",
+             "other")
+
+    def __init__(self, period: float = 0.5):
+        super().__init__(daemon=True)
+        self.driver, self.period = None, period  # the driver's pid: set before start()
+        self.done = threading.Event()
+        self.roles: dict = {}  # (pid, start time) -> role
+        self.base = self._sweep()  # what processes there already had used: not this run's
+        self.last = dict(self.base)
+
+    def _role(self, pid: int) -> str:
+        if pid == self.driver:
+            return "driver"
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return "other"
+        if not cmd:
+            return "kernel threads"
+        if cmd.startswith("ray::") or "default_worker.py" in cmd:
+            return "ray workers"
+        if "multiprocessing.forkserver" in cmd:
+            return "local processes"
+        for needle, role in (("raylet", "raylet"), ("gcs_server", "gcs")):
+            if needle in cmd.split(" ", 1)[0]:
+                return role
+        if "/ray/" in cmd or "ray." in cmd:
+            return "ray services"  # the dashboard and runtime-env agents, the log monitor, ...
+        return "other"
+
+    def _sweep(self) -> dict:
+        seen = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone already
+            fields = stat[stat.rindex(b")") + 2:].split()
+            key = (int(name), fields[19])  # pid and start time: a reused pid is another process
+            seen[key] = int(fields[11]) + int(fields[12])  # utime + stime of all its threads
+            if key not in self.roles:  # named while alive: a Ray worker's command line goes with it
+                self.roles[key] = self._role(key[0])
+        return seen
+
+    def run(self) -> None:
+        while not self.done.wait(self.period):
+            self.last.update(self._sweep())
+
+    def stop(self) -> dict:
+        """Seconds of CPU by role since this sampler was made."""
+        self.done.set()
+        self.join()
+        self.last.update(self._sweep())
+        used = dict.fromkeys(self.ROLES, 0.0)
+        for key, ticks in self.last.items():
+            delta = ticks - self.base.get(key, 0)
+            if delta > 0 and key[0] != os.getpid():  # this benchmark's own process: not the conversion's
+                used[self.roles[key]] += delta / _HZ
+        return used
+
+
+
 def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, path: str | None = None) -> dict:
     """One ``gpufeed convert`` process, timed from start to exit; its summary figures. ``path``: a folder
     whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
@@ -219,15 +293,19 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
 
     cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
+    roles = _CpuByRole()
     cpu0 = cpu_times()
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
     rss = _RssSampler(proc.pid)
     rss.start()
+    roles.driver = proc.pid
+    roles.start()
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     cpu1 = cpu_times()
+    by_role = roles.stop()
     rss.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stderr.decode()[-3000:]}")
@@ -260,6 +338,8 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             "cpu_ms_per_image": round((used("total") - used("idle") - used("iowait")) / _HZ / max(written, 1) * 1e3,
                                       3),
             **shares,
+            # the same by process role; unattributed: interrupts, and processes too short-lived to be seen
+            "cpu_ms_per_image_by_role": _per_image(by_role, used("total") - used("idle") - used("iowait"), written),
             "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
@@ -269,6 +349,13 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             "workers_busy": round(line["worker_seconds"] / (workers * span), 3)
             if span > 0 and line.get("worker_seconds") else None,
             "stderr": stderr.decode()[-2000:]}
+
+
+def _per_image(by_role: dict, busy_ticks: int, images: int) -> dict:
+    """CPU ms per image by role, and the machine's busy time no role holds."""
+    out = {role: round(seconds / max(images, 1) * 1e3, 3) for role, seconds in by_role.items()}
+    out["unattributed"] = round((busy_ticks / _HZ - sum(by_role.values())) / max(images, 1) * 1e3, 3)
+    return out
 
 
 def _env(path: str | None) -> dict | None:
@@ -447,6 +534,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def roles_table(rows: list[dict]) -> str:
+    """The machine's CPU ms per image by process role, for the conversions that recorded it, next to the
+    limit loop's whole-machine figure."""
+    limit = next((r.get("cpu_ms_per_image") for r in rows if r["run"] == "limit"), None)
+    roles = [*_CpuByRole.ROLES, "unattributed"]
+    lines = [f"| run (limit loop: {limit} CPU ms/img) | machine | " + " | ".join(roles) + " |",
+             "|---|---|" + "---|" * len(roles)]
+    for r in rows:
+        by = r.get("cpu_ms_per_image_by_role")
+        if not by:
+            continue
+        what = f"({r['build']} build) {r['formats']}" if r.get("build") else r["formats"]
+        lines.append(f"| {what} | {r['cpu_ms_per_image']} | " + " | ".join(str(by.get(k, "")) for k in roles) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m gpufeed.bench.convert_node", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=120_000, help="files in the corpus")
@@ -463,7 +566,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.table:
         with open(args.table) as f:
-            print(table([json.loads(line) for line in f if line.strip()]))
+            rows = [json.loads(line) for line in f if line.strip()]
+        print(table(rows))
+        print(roles_table(rows))
         return
     if not args.work:
         p.error("--work is required to run the benchmark")
@@ -473,6 +578,7 @@ def main(argv=None) -> None:
         p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
     rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results, compare=args.compare)
     print(table(rows))
+    print(roles_table(rows))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpufeed.bench.convert_node import main, run, table
+from gpufeed.bench.convert_node import main, roles_table, run, table
 
 
 def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
@@ -24,6 +24,11 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     line = conv["timeline"]
     ran = {w: line[f"{w}_shards"] for w in ("local", "ray") if f"{w}_shards" in line}
     assert sum(ran.values()) == 1 and all(line[f"{w}_cpu_ms_per_sample"] > 0 for w in ran)
+    # The machine's CPU by process role: the driver's and the role that ran the shard are there, and the
+    # roles with what no role holds add up to the machine's figure.
+    by_role = conv["cpu_ms_per_image_by_role"]
+    assert by_role["driver"] > 0 and by_role["local processes" if "local" in ran else "ray workers"] > 0
+    assert abs(sum(by_role.values()) - conv["cpu_ms_per_image"]) < 0.01 * conv["cpu_ms_per_image"] + 0.01
     assert conv["images"] == 60 and 0 < conv["of_limit"] and conv["target"] == 0.90
     tl = conv["timeline"]
     # Ray is ready before the last shard, or every shard ran in the local processes while it started.
@@ -44,7 +49,8 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert "| convert (standing Ray) recordio |" in text
     capsys.readouterr()
     main(["--table", str(results)])
-    assert capsys.readouterr().out.strip() == text
+    assert capsys.readouterr().out.strip() == f"{text}\n{roles_table(rows)}"
+    assert "| tfrecord |" in roles_table(rows)
 
 
 def test_a_conversion_between_two_limit_runs_is_compared_with_their_mean():
