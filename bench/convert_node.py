@@ -235,20 +235,23 @@ class _CpuByRole(threading.Thread):
             return "driver"
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                argv = f.read().decode(errors="replace").split("\0")
         except OSError:
             return "other"
-        if not cmd:
+        if not argv[0]:
             return "kernel threads"
-        if cmd.startswith("ray::") or "default_worker.py" in cmd:
+        program = argv[0].split(" ")[0]  # a retitled process: one string
+        script = next((a for a in argv[1:] if not a.startswith("-")), "")  # python [-u] script ...
+        if program.endswith(("/raylet", "/gcs_server")):  # (the raylet's arguments name the workers' script)
+            return "raylet" if program.endswith("raylet") else "gcs"
+        if program.startswith("ray::"):  # retitled: a worker (IDLE, or the task it runs), or an agent
+            return "ray services" if program.endswith("Agent") else "ray workers"
+        if script.endswith("default_worker.py"):
             return "ray workers"
-        if "multiprocessing.forkserver" in cmd:
+        if "multiprocessing.forkserver" in " ".join(argv):
             return "local processes"
-        for needle, role in (("raylet", "raylet"), ("gcs_server", "gcs")):
-            if needle in cmd.split(" ", 1)[0]:
-                return role
-        if "/ray/" in cmd or "ray." in cmd:
-            return "ray services"  # the dashboard and runtime-env agents, the log monitor, ...
+        if "/ray/" in script:
+            return "ray services"  # the minimal dashboard, the log monitor, the autoscaler's monitor, ...
         return "other"
 
     def _sweep(self) -> dict:
