@@ -20,10 +20,20 @@ if [ -n "${COMPARE:-}" ]; then
     --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
   COMPARE_ARGS=(--compare /tmp/site-compare)
 fi
+REPO=$PWD
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
 python3 -m gpufeed.bench.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
   --pass-n "${PASS_N:-40000}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
   --work "${WORK:-/tmp/gpufeed-node}" "${COMPARE_ARGS[@]}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
+# WORKER_COST=1: then one process's CPU per image per format against the limit loop (scripts/worker_cost.py),
+# for this build and, with COMPARE, the other one.
+if [ "${WORKER_COST:-0}" = 1 ]; then
+  for build in current ${COMPARE:+compare}; do
+    site=/tmp/site; [ "$build" = compare ] && site=/tmp/site-compare:/tmp/site
+    echo "== worker cost, $build build"
+    PYTHONPATH=$site python3 "$REPO/scripts/worker_cost.py" --n 600 --repeats 3 --profile ""
+  done 2>&1 | tee "$OUT/worker-cost.txt"
+fi
 echo "[$(date -u +%H:%M:%S)] done"
