@@ -85,10 +85,15 @@ def _plain(row: dict) -> bool:
 
 
 def figure(row: dict, name: str) -> float | None:
-    """The median of ``name``: the row's primary metric or one of its ``metrics``; None when absent."""
+    """The median of ``name``: the row's primary metric or one of its ``metrics``; None when absent.
+    ``device_mb_per_s`` is derived where a row has the emulated disk's byte counts: the MB/s it served, reads
+    and writes together (to set against the profile's cap)."""
     if row.get("metric") == name:
         return row.get("median")
     block = (row.get("metrics") or {}).get(name)
+    if name == "device_mb_per_s" and block is None:
+        read, written, wall = (figure(row, k) for k in ("device_read_bytes", "device_written_bytes", "wall_s"))
+        return (read + written) / wall / MB if read is not None and written is not None and wall else None
     return block.get("median") if isinstance(block, dict) else None
 
 
@@ -594,11 +599,37 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
             continue
         blocks.append(head + " " + _recommendation(rows, tr))
         blocks.append(au_matrix(tr, d))
+        blocks.extend(_gpus_fed_line(rows, d))
         blocks.extend(_cores_answer(rows, d, resize_to))
     blocks.extend(_gpus_fed(rows))
     blocks.extend(_bandwidth_answer(rows, ds, resize_to))
     blocks.extend(sized_disks(rows, ds, resize_to)[0])
     return blocks
+
+
+def _gpus_fed_line(rows: Sequence[dict], d: Demand) -> list[Block]:
+    """One sentence under a task's AU matrix: how many of its accelerators each disk keeps at >= 90% AU
+    (`gpufeed bench feed` rows of that task and accelerator), per stored record size; nothing without them."""
+    acc = d.accelerator.lower()
+    feed = [r for r in of_bench(rows, "feed") if params(r).get("task") == d.task and r.get("valid", True)
+            and str(params(r).get("accelerator") or "").lower() in acc]
+    if not feed:
+        return []
+    by_size: dict[float, list[dict]] = defaultdict(list)
+    for r in feed:
+        by_size[r.get("record_bytes") or 0].append(r)
+    parts = []
+    for size in sorted(by_size, reverse=True):
+        cells = []
+        for r in sorted(by_size[size], key=lambda r: (-(r.get("gpus_fed") or 0), str(r.get("tier")))):
+            lim = r.get("tier_limits") or {}
+            disk = f" {fmt_num(lim['size_gib'])} GiB" if lim.get("size_gib") else ""
+            fed = f">= {r.get('gpus_fed')}" if r.get("capped_at_max") else str(r.get("gpus_fed"))
+            cells.append(f"{tier_label(r)}{disk} **{fed}**")
+        fmts = "/".join(sorted({str(r.get("format")) for r in by_size[size]}))
+        parts.append(f"{fmts} records of {fmt_bytes(size)}: " + ", ".join(cells))
+    return [f"**GPUs fed per disk** at AU >= {AU_TARGET:.0%} ({d.accelerator} {d.task}, emulated accelerators "
+            f"reading cold, `gpufeed bench feed`): " + "; ".join(parts) + ". Details under 'Accelerators fed per disk'."]
 
 
 def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
@@ -939,8 +970,9 @@ def finding_checks(rows: Sequence[dict]) -> list[Check]:
         if not gaps:
             have = sorted({r.get("tier") for r in of_bench(rows, bench)
                            if task is None or params(r).get("task") == task} - {MEMORY_TIER, None})
-            hint = (" (conversion runs on Ray, which the GPU machine lacks: run it on a CPU machine and pass both "
-                    "results files to `gpufeed report`)" if bench == "convert" else "")
+            hint = (f" (`gpufeed bench convert SRC --tier {fast}=MOUNT --tier {slow}` makes them: NAME=MOUNT measures "
+                    "a mount, a name alone emulates that profile on this disk; pass its results file to "
+                    "`gpufeed report` with the others)" if bench == "convert" else "")
             checks.append(Check(claim, "no data", "n/a",
                                 f"needs `gpufeed bench {bench}` rows on both {fast} and {slow}"
                                 + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"
@@ -1325,7 +1357,8 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
     for bench, title, extra, maker, plot_title in (
             ("read", "Reading", ("mb_per_s", "read_p50_ms", "read_p99_ms", "iops", "device_fraction"),
              plot_read_throughput, "Read throughput per format and tier"),
-            ("convert", "Conversion", ("wall_s", "cpu_user_s", "cpu_sys_s", "machine_iowait_share", "write_mb_per_s"),
+            ("convert", "Conversion", ("wall_s", "cpu_user_s", "cpu_sys_s", "machine_iowait_share",
+                                       "emulated_wait_share", "write_mb_per_s", "device_mb_per_s"),
              plot_convert_time, "Conversion time per tier")):
         section = Section(title)
         if of_bench(rows, bench):

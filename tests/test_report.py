@@ -98,6 +98,24 @@ def test_published_finding_verdicts(results):
     assert [c.verdict for c in report.finding_checks(noisy)[:2]] == ["inconclusive", "inconclusive"]
     empty = report.finding_checks([r for r in load_results(results) if r["bench"] != "convert"])
     assert [c.verdict for c in empty[:2]] == ["no data", "no data"]
+    # the advice names the command that makes the missing rows, not a machine the user may not have
+    assert "`gpufeed bench convert SRC --tier nvme=MOUNT --tier ssd`" in empty[0].detail, empty[0].detail
+
+
+def test_conversion_on_an_emulated_tier_shows_what_the_disk_served():
+    def block(v):
+        return {"unit": "", "median": v, "spread": 0, "values": [v]}
+
+    row = {"bench": "convert", "tier": "ultra", "mode": "emulated", "profile": "ultra", "format": "lmdb",
+           "params": {"workers": 16}, **summarize("images_per_s", "images/s", [430.0]),
+           "metrics": {"wall_s": block(40.0), "device_read_bytes": block(3.4e9), "device_written_bytes": block(1.8e9),
+                       "emulated_wait_share": block(0.8)}}
+    assert report.figure(row, "device_mb_per_s") == pytest.approx(130.0)  # reads and writes, against 140 MB/s
+    assert report.figure({**row, "metrics": {"wall_s": block(40.0)}}, "device_mb_per_s") is None
+    table = report.generic_table([row], "convert", "Conversion", None,
+                                 extra=("machine_iowait_share", "emulated_wait_share", "device_mb_per_s"))
+    assert table.columns[-3:] == ["emulated_wait_share", "device_mb_per_s", "vs baseline"]
+    assert table.rows[0][-3:-1] == ["0.800", "130"]
 
 
 def test_baseline_and_ratios(results):
@@ -375,3 +393,31 @@ def test_loader_variants_and_graph_models_are_told_apart():
                                                           "hybrid, CPU share 0.70"]
     assert sorted(d.accelerator for d in report.demands(rows)) == ["NVIDIA H200", "NVIDIA H200 (model as a CUDA graph)"]
     assert len(report.train_table(rows).rows) == 6
+
+
+def test_each_task_says_how_many_gpus_each_disk_feeds_under_its_au_matrix(results, tmp_path):
+    """The first screen's GPUs-fed figure per tier: from `bench feed` rows of the same task and accelerator,
+    per record size, most-fed disk first, a search stopped at its cap written as a floor."""
+    path = str(tmp_path / "feed.jsonl")
+    w = ResultWriter(path)
+    for task, tier, record, fed, capped in (("train", "local", 118_000, 3, False), ("train", "ultra", 118_000, 0, False),
+                                            ("train", "essd-pl1", 17_900, 4, False), ("train", "local", 17_900, 10, True),
+                                            ("infer", "local", 118_000, 0, False)):
+        emulated = tier != "local"
+        w.write({"bench": "feed", "tier": tier, "mode": "emulated" if emulated else "measured",
+                 "profile": tier if emulated else None, "format": "tfrecord",
+                 "tier_limits": {"size_gib": 2000.0, "mb_per_s": 350.0, "iops": 50000} if emulated else {},
+                 "record_bytes": record, "gpus_fed": fed, "capped_at_max": capped, "first_failing": fed + 1,
+                 "params": {"task": task, "accelerator": "h200", "max_gpus": 10},
+                 **summarize("gpus_fed", "accelerators", [fed])})
+    rows = load_results([results, path])
+    blocks = report.answer(rows)
+    lines = [b for b in blocks if isinstance(b, str) and b.startswith("**GPUs fed per disk**")]
+    train, infer = lines
+    assert "NVIDIA H200 train" in train and "NVIDIA H200 infer" in infer
+    assert ("tfrecord records of 118.0 KB: local **3**, ultra* 2,000 GiB **0**; tfrecord records of 17.9 KB: "
+            "local **>= 10**, essd-pl1* 2,000 GiB **4**") in train, train
+    # right under its task's AU matrix, before the cores and the long tables
+    i = blocks.index(train)
+    assert isinstance(blocks[i - 1], report.Table) and blocks[i - 1].title.startswith("AU of ResNet-50 train")
+    assert report.answer([r for r in rows if r["bench"] != "feed"]).count(train) == 0
