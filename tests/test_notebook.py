@@ -51,4 +51,4 @@ def test_notebook_runs_from_any_directory_on_the_committed_results(tmp_path):
     with open(tmp_path / "storage_tiers.ipynb") as f:
         nb = json.load(f)
     text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"])
-    assert "gpu-h200.jsonl" in text and "cpu-convert.jsonl" in text and "'convert'" in text
+    assert "gpu-h200.jsonl" in text and "convert-tiers-h100.jsonl" in text and "'convert'" in text
