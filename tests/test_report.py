@@ -165,7 +165,7 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     if chromium is None:
         pytest.skip("chromium is not installed (scripts/test.sh installs it with apt-get)")
     out = tmp_path / "report.html"
-    report.write_report(load_results(results), str(out))
+    report.write_report(load_results([results, _feed_rows(str(tmp_path / "feed.jsonl"))]), str(out))
     shot = tmp_path / "shot.png"
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -176,7 +176,8 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     # The first screen answers: the recommendation and the AU matrix come before any long list or table.
     page = dom.stdout
     first = min(page.index("Recommendation:"), page.index("AU of ResNet-50 train"))
-    assert first < page.index("Storage bandwidth") < page.index("Every configuration measured</h2>")
+    assert first < page.index("GPUs fed per disk") < page.index("Storage bandwidth")
+    assert page.index("Storage bandwidth") < page.index("Every configuration measured</h2>")
     subprocess.run([*base, "--window-size=1200,3000", f"--screenshot={shot}", f"file://{out}"],
                    capture_output=True, timeout=90, check=True)
     from PIL import Image
@@ -395,10 +396,8 @@ def test_loader_variants_and_graph_models_are_told_apart():
     assert len(report.train_table(rows).rows) == 6
 
 
-def test_each_task_says_how_many_gpus_each_disk_feeds_under_its_au_matrix(results, tmp_path):
-    """The first screen's GPUs-fed figure per tier: from `bench feed` rows of the same task and accelerator,
-    per record size, most-fed disk first, a search stopped at its cap written as a floor."""
-    path = str(tmp_path / "feed.jsonl")
+def _feed_rows(path: str) -> str:
+    """`bench feed` rows for the H200 of the ``results`` fixture: train at two record sizes, infer at one."""
     w = ResultWriter(path)
     for task, tier, record, fed, capped in (("train", "local", 118_000, 3, False), ("train", "ultra", 118_000, 0, False),
                                             ("train", "essd-pl1", 17_900, 4, False), ("train", "local", 17_900, 10, True),
@@ -410,7 +409,13 @@ def test_each_task_says_how_many_gpus_each_disk_feeds_under_its_au_matrix(result
                  "record_bytes": record, "gpus_fed": fed, "capped_at_max": capped, "first_failing": fed + 1,
                  "params": {"task": task, "accelerator": "h200", "max_gpus": 10},
                  **summarize("gpus_fed", "accelerators", [fed])})
-    rows = load_results([results, path])
+    return path
+
+
+def test_each_task_says_how_many_gpus_each_disk_feeds_under_its_au_matrix(results, tmp_path):
+    """The first screen's GPUs-fed figure per tier: from `bench feed` rows of the same task and accelerator,
+    per record size, most-fed disk first, a search stopped at its cap written as a floor."""
+    rows = load_results([results, _feed_rows(str(tmp_path / "feed.jsonl"))])
     blocks = report.answer(rows)
     lines = [b for b in blocks if isinstance(b, str) and b.startswith("**GPUs fed per disk**")]
     train, infer = lines
