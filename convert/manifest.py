@@ -76,17 +76,21 @@ def remove(out: str) -> None:
     sinks.remove(path(out))
 
 
-def remove_temporaries(out: str, formats) -> None:
-    """Delete temporary files that a killed run left next to the outputs (never under a final name)."""
+def _entries(out: str, formats):
+    """Every entry of each format's folder under ``out`` (a folder not there yet has none)."""
     for fmt in formats:
         try:
-            names = io.listdir(sinks.join(out, fmt))
+            yield from io.listdir(sinks.join(out, fmt))
         except FileNotFoundError:
             continue
-        for name in names:
-            if is_temp_name(name):
-                # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
-                io.remove_entry(name)
+
+
+def remove_temporaries(out: str, formats) -> None:
+    """Delete temporary files that a killed run left next to the outputs (never under a final name)."""
+    for name in _entries(out, formats):
+        if is_temp_name(name):
+            # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
+            io.remove_entry(name)
 
 
 def remove_stale_outputs(out: str, formats, splits) -> list[str]:
@@ -97,18 +101,13 @@ def remove_stale_outputs(out: str, formats, splits) -> list[str]:
     from gpufeed.formats.naming import parse_shard_name
 
     removed = []
-    for fmt in formats:
-        try:
-            names = io.listdir(sinks.join(out, fmt))
-        except FileNotFoundError:
-            continue
-        for name in names:
-            base = name.rstrip("/").rsplit("/", 1)[-1]
-            shard = parse_shard_name(base)
-            stem = base.split(".", 1)[0]
-            if (shard and shard[0] in splits) or stem in splits or base in {f"{s}_lmdb" for s in splits}:
-                io.remove_entry(name)
-                removed.append(name)
+    for name in _entries(out, formats):
+        base = name.rstrip("/").rsplit("/", 1)[-1]
+        shard = parse_shard_name(base)
+        stem = base.split(".", 1)[0]
+        if (shard and shard[0] in splits) or stem in splits or base in {f"{s}_lmdb" for s in splits}:
+            io.remove_entry(name)
+            removed.append(name)
     return removed
 
 
