@@ -27,14 +27,14 @@ def run(args) -> int:
     from gpufeed.convert.engine import convert
     from gpufeed.convert.progress import Progress, format_summary
     from gpufeed.convert.verify import verify
-    from gpufeed.pipelines.synth import synth_imagenet
+    from gpufeed.pipelines.synth import describe_planted, synth_imagenet
 
     src = os.path.join(args.out, "src")
     dst = os.path.join(args.out, "out")
     made = synth_imagenet(src, classes=args.classes, per_class=args.per_class,
                           val_per_class=max(1, args.per_class // 4), layout="archives", bad_files=True)
-    print(f"synthesised {made['images']} ImageNet-like images ({made['image_bytes'] / 1e6:.1f} MB, "
-          f"{len(made['bad_files'])} planted bad files) in {src}")
+    print(f"synthesised {made['images']} ImageNet-like images ({made['image_bytes'] / 1e6:.1f} MB; "
+          f"{describe_planted(made['bad_files'])}) in {src}")
     # The command printed is the command run: parsed as `gpufeed convert` parses it.
     argv = ["imagenet", src, "--to", "lmdb,recordio,tfrecord", "--out", dst, "--resize", "256", "--shard-size", "50",
             "--workers", str(args.workers), "--on-error", "skip", "--no-resume"]

@@ -150,6 +150,22 @@ def _bad_file(kind: str, rng: np.random.Generator, texture: np.ndarray) -> bytes
 
 
 BAD_KINDS = ("cmyk", "png", "truncated", "gray")
+#: What each planted file is, and whether a conversion can keep it (ILSVRC2012 train holds CMYK JPEGs, a PNG
+#: named .JPEG and grayscale JPEGs, which a converter must read; a truncated JPEG cannot be converted whole).
+_BAD_WORDS = {"cmyk": ("a CMYK JPEG", True), "png": ("a PNG named .JPEG", True), "gray": ("a grayscale JPEG", True),
+              "truncated": ("a truncated JPEG", False)}
+
+
+def describe_planted(planted: dict) -> str:
+    """``synth_imagenet``'s ``bad_files`` in words: which will be converted and which skipped."""
+    kinds = [_BAD_WORDS[k] for k in sorted(set(planted.values()), key=BAD_KINDS.index)]
+    kept = [w for w, ok in kinds if ok]
+    lost = [w for w, ok in kinds if not ok]
+    parts = [f"{', '.join(kept)} (converted)"] if kept else []
+    parts += [f"{', '.join(lost)} (skipped under --on-error skip)"] if lost else []
+    if not planted:
+        return "no awkward files planted"
+    return f"{len(planted)} awkward file{'s' * (len(planted) > 1)} planted: " + "; ".join(parts)
 
 
 # -- ImageNet ---------------------------------------------------------------------------------------------------
@@ -532,7 +548,7 @@ def run(args) -> int:
     if args.dataset == "imagenet":
         s = synth_imagenet(args.out, args.classes, opt(args.per_class, 20), opt(args.val_per_class, 5), args.seed,
                            args.layout, not args.no_bad_files)
-        print(f"wrote {s['images']} images ({s['image_bytes'] / 1e6:.1f} MB, {len(s['bad_files'])} known bad files) "
+        print(f"wrote {s['images']} images ({s['image_bytes'] / 1e6:.1f} MB; {describe_planted(s['bad_files'])}) "
               f"in the {args.layout} layout to {args.out}")
     elif args.dataset in ("cifar10", "cifar100"):
         fn = synth_cifar10 if args.dataset == "cifar10" else synth_cifar100

@@ -283,3 +283,19 @@ def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
     p.update(100, 1)
     p.close()
     assert "\r" in term.getvalue() and "100/100" in term.getvalue()
+
+
+def test_the_readme_main_job_gpufeed_demo(tmp_path, ray_local, capsys):
+    """`gpufeed demo` (the README's first command, small): synthesises ImageNet's real layout with its awkward
+    files, converts to every format, verifies; what it prints is what happened."""
+    out = tmp_path / "demo"
+    assert main(["demo", str(out), "--classes", "4", "--per-class", "4", "--workers", "2"]) == 0
+    text = capsys.readouterr().out
+    assert ("4 awkward files planted: a CMYK JPEG, a PNG named .JPEG, a grayscale JPEG (converted); a truncated "
+            "JPEG (skipped under --on-error skip)") in text
+    assert "train: 15 of 16 images written" in text and "(lmdb 15, recordio 15, tfrecord 15); 1 skipped" in text
+    assert "val: 4 of 4 images written" in text
+    assert "truncated JPEG" in text.split("skipped inputs (1):", 1)[1]
+    assert "OK:" in text and "records read back: train/lmdb 15, train/recordio 15, train/tfrecord 15" in text
+    for fmt in ("lmdb", "recordio", "tfrecord"):
+        assert (out / "out" / fmt).is_dir()

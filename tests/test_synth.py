@@ -83,6 +83,13 @@ def test_imagenet_planted_bad_files_are_the_real_oddities(inet):
     assert truncated[:2] == b"\xff\xd8" and not truncated.endswith(b"\xff\xd9")
     with pytest.raises(OSError):
         Image.open(io.BytesIO(truncated)).load()
+    # What `gpufeed synth` and `gpufeed demo` print of them: which a conversion keeps, which it skips
+    from gpufeed.pipelines.synth import describe_planted
+
+    assert describe_planted(summary["bad_files"]) == (
+        "4 awkward files planted: a CMYK JPEG, a PNG named .JPEG, a grayscale JPEG (converted); a truncated JPEG "
+        "(skipped under --on-error skip)")
+    assert describe_planted({}) == "no awkward files planted"
 
 
 def test_imagenet_sizes_and_photo_like_compression(inet):
