@@ -629,7 +629,8 @@ def _gpus_fed_line(rows: Sequence[dict], d: Demand) -> list[Block]:
         fmts = "/".join(sorted({str(r.get("format")) for r in by_size[size]}))
         parts.append(f"{fmts} records of {fmt_bytes(size)}: " + ", ".join(cells))
     return [f"**GPUs fed per disk** at AU >= {AU_TARGET:.0%} ({d.accelerator} {d.task}, emulated accelerators "
-            f"reading cold, `gpufeed bench feed`): " + "; ".join(parts) + ". Details under 'Accelerators fed per disk'."]
+            f"reading cold, `gpufeed bench feed`): " + "; ".join(parts)
+            + ". Details under 'Accelerators fed per disk'."]
 
 
 def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
