@@ -158,13 +158,13 @@ _BAD_WORDS = {"cmyk": ("a CMYK JPEG", True), "png": ("a PNG named .JPEG", True),
 
 def describe_planted(planted: dict) -> str:
     """``synth_imagenet``'s ``bad_files`` in words: which will be converted and which skipped."""
+    if not planted:
+        return "no awkward files planted"
     kinds = [_BAD_WORDS[k] for k in sorted(set(planted.values()), key=BAD_KINDS.index)]
     kept = [w for w, ok in kinds if ok]
     lost = [w for w, ok in kinds if not ok]
     parts = [f"{', '.join(kept)} (converted)"] if kept else []
     parts += [f"{', '.join(lost)} (skipped under --on-error skip)"] if lost else []
-    if not planted:
-        return "no awkward files planted"
     return f"{len(planted)} awkward file{'s' * (len(planted) > 1)} planted: " + "; ".join(parts)
 
 
