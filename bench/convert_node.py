@@ -377,10 +377,18 @@ def copy_run(src: str, dst: str) -> float:
 
 
 def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | None = None,
-        results: str | None = None, keep_corpus: bool = True, compare: str | None = None) -> list[dict]:
+        results: str | None = None, keep_corpus: bool = True, compare: str | None = None,
+        executors: tuple[str, ...] = ()) -> list[dict]:
     """``compare``: a folder holding another gpufeed build; each conversion then runs with it and with this
     one, back to back on the same cold files (rows tagged ``build`` and ``pair_position``, the build going
-    first alternating from one conversion to the next), so a change is measured side by side."""
+    first alternating from one conversion to the next), so a change is measured side by side.
+    ``executors`` (``convert --executor`` values, this build): each conversion runs with each of them, the
+    same way (rows tagged ``executor`` and ``pair_position``)."""
+    if compare and executors:
+        raise ValueError("compare builds or executors side by side, not both")
+    variants = ([{"build": "compare", "path": compare, "extra": ()}, {"build": "current", "path": None, "extra": ()}]
+                if compare else [{"executor": e, "path": None, "extra": ("--executor", e)} for e in executors]
+                or [{"path": None, "extra": ()}])
     from gpufeed.bench.results import machine_info
 
     os.makedirs(work, exist_ok=True)
@@ -439,17 +447,20 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         else:
             # Which build goes first alternates from pair to pair: a machine that drifts over a call (the
             # first minutes after a burst of work ran faster on the GPU machine) then favours neither.
-            order = ("compare", "current") if pairs % 2 == 0 else ("current", "compare")
-            pairs += bool(compare)
-            for k, build in enumerate(order if compare else ("current",)):
+            order = variants if pairs % 2 == 0 else variants[::-1]
+            if name == "recordio-cluster" and executors:
+                order = [{"path": None, "extra": ()}]  # a cluster runs every shard on Ray: no executor to pick
+            pairs += len(order) > 1
+            for k, variant in enumerate(order):
                 if k:
                     shutil.rmtree(out, ignore_errors=True)
                     cache = drop_caches(src)
-                tag = {"build": build, "pair_position": k} if compare else {}
-                path = compare if build == "compare" else None
+                tag = ({key: variant[key] for key in ("build", "executor") if key in variant} | {"pair_position": k}
+                       if len(order) > 1 else {})
+                path, extra = variant["path"], variant["extra"]
                 if name in ("pass", "pass-recordio"):
                     row = convert_run(pass_src, out, ALL if name == "pass" else "recordio", workers, "--encode",
-                                      "pass", path=path)
+                                      "pass", *extra, path=path)
                     row["input_bytes"] = pass_bytes
                     row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
                 elif name == "recordio-cluster":
@@ -458,7 +469,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                         row = convert_run(src, out, "recordio", workers, "--resize", "256", "--address", address,
                                           path=path)
                 else:
-                    row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256",
+                    row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256", *extra,
                                       path=path)
                 if not name.startswith("pass"):
                     if limit:
@@ -473,7 +484,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
     copy = next((r for r in rows if r["run"] == "cp"), None)
     for passed in [r for r in rows if r["run"] in ("pass", "pass-recordio")]:
         if copy:
-            tag = {"build": passed["build"]} if "build" in passed else {}
+            tag = {key: passed[key] for key in ("build", "executor") if key in passed}
             emit({"run": f"{passed['run']}/cp", **tag, "formats": passed["formats"], "target": TARGETS[passed["run"]],
                   "ratio": round(passed["input_mb_per_second"] / copy["input_mb_per_second"], 3)})
     return rows
@@ -510,7 +521,7 @@ def table(rows: list[dict]) -> str:
         elif r["run"] == "cp":
             lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | | | |")
         elif r["run"].endswith("/cp"):
-            built = f"({r['build']} build) " if r.get("build") else ""
+            built = _variant(r)
             lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | | | |")
         else:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
@@ -518,9 +529,7 @@ def table(rows: list[dict]) -> str:
                 of += f"; {r['of_limit_bracketed']} of the limit runs either side"
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
-            what = "pass-through to" if r["run"].startswith("pass") else "convert"
-            if r.get("build"):
-                what = f"({r['build']} build) {what}"
+            what = _variant(r) + ("pass-through to" if r["run"].startswith("pass") else "convert")
             line = r.get("timeline") or {}
             marks = " / ".join(str(line.get(k, "?")) for k in ("listed", "shards_done", "sinks_done"))
             busy = f"{r['workers_busy']:.0%}" if r.get("workers_busy") else ""
@@ -537,6 +546,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _variant(row: dict) -> str:
+    """``(compare build) `` / ``(--executor ray) `` for a row run side by side with another, else nothing."""
+    if row.get("build"):
+        return f"({row['build']} build) "
+    return f"(--executor {row['executor']}) " if row.get("executor") else ""
+
+
 def roles_table(rows: list[dict]) -> str:
     """The machine's CPU ms per image by process role, for the conversions that recorded it, next to the
     limit loop's whole-machine figure."""
@@ -548,7 +564,7 @@ def roles_table(rows: list[dict]) -> str:
         by = r.get("cpu_ms_per_image_by_role")
         if not by:
             continue
-        what = f"({r['build']} build) {r['formats']}" if r.get("build") else r["formats"]
+        what = _variant(r) + r["formats"]
         lines.append(f"| {what} | {r['cpu_ms_per_image']} | " + " | ".join(str(by.get(k, "")) for k in roles) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
@@ -566,6 +582,9 @@ def main(argv=None) -> None:
     p.add_argument("--compare", metavar="DIR", help="a folder holding another gpufeed build (pip install --target "
                    "DIR --no-deps): each conversion runs with it and with this one on the same cold files, the "
                    "build going first alternating from one conversion to the next")
+    p.add_argument("--executors", default="", metavar="E[,E...]",
+                   help="convert --executor values (pool, ray) to run each conversion with, side by side on the "
+                        "same cold files, the first alternating")
     args = p.parse_args(argv)
     if args.table:
         with open(args.table) as f:
@@ -579,7 +598,11 @@ def main(argv=None) -> None:
     unknown = set(runs) - set(RUNS)
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
-    rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results, compare=args.compare)
+    executors = tuple(e for e in args.executors.split(",") if e)
+    if executors and args.compare:
+        p.error("--compare and --executors each run conversions side by side; give one")
+    rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results, compare=args.compare,
+               executors=executors)
     print(table(rows))
     print(roles_table(rows))
 

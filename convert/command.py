@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gpufeed.convert.options import (DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ENCODINGS, ON_ERROR, PTB_MODES,
+from gpufeed.convert.options import (DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ENCODINGS, EXECUTORS, ON_ERROR, PTB_MODES,
                                      SAMPLES_PER_SHARD, STORE_DTYPES, TASK_RETRIES)
 
 
@@ -98,6 +98,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-writes", action="store_true",
                    help="workers return finished shards through Ray's object store and the driver writes them "
                         "to DST, for a destination the workers cannot reach (always on for memory://)")
+    p.add_argument("--executor", choices=EXECUTORS, default="auto",
+                   help="without --address: pool (auto) converts in local processes forked from a warm server, a "
+                        "local Ray runtime starting beside them to retry and bisect any shard they fail; ray hands "
+                        "every shard to Ray's workers once Ray is up. With --address every shard runs on Ray")
     p.add_argument("--task-retries", type=int, default=TASK_RETRIES, metavar="N",
                    help="retries of a shard whose worker dies; then its inputs are bisected to find the one that "
                         "kills the worker (named, or skipped with --on-error skip)")
@@ -143,7 +147,7 @@ def options_from_args(args):
         allow_incomplete=args.allow_incomplete, strict=args.strict,
         dry_run=args.dry_run,
         seq_len=args.seq_len, ptb_mode=args.ptb_mode, progress=args.progress, driver_writes=args.driver_writes,
-        task_retries=args.task_retries, local_start=True)
+        task_retries=args.task_retries, local_start=True, executor=args.executor)
 
 
 def run(args) -> int:

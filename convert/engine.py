@@ -513,8 +513,12 @@ def _open_ray(options: ConvertOptions):
             os.environ.update(env)
             # address="local": a new runtime even when `ray start` left a cluster address behind in /tmp/ray
             # or RAY_ADDRESS, which ray.init would otherwise join (and refuse num_cpus for).
+            # Where the local processes convert (pool_converts), Ray's workers start only for a shard they
+            # fail: none is started ahead (each costs ~1-2 CPU seconds to import Ray and the engine).
+            idle = {"_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False}}
             ray.init(address="local", num_cpus=options.workers, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20)
+                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20,
+                     **(idle if options.pool_converts else {}))
     except ConnectionError as e:
         if _auth_refused(e):
             raise ConfigError(f"the Ray cluster at {options.address} refused this client's authentication token "
@@ -575,14 +579,15 @@ def _crashed(err) -> bool:
 
 
 class _LocalStart:
-    """Shards converted by local processes while the local Ray runtime starts (~4-7 s on a 16-core machine),
-    so the cores convert from the moment the plan exists instead of waiting for Ray.
+    """Shards converted by local processes: from the moment the plan exists, not once the local Ray runtime
+    has started (~4-7 s on an idle 16-core machine, 13-22 s beside 16 busy processes).
 
     The processes come from a fork server that has imported the engine already (each starts in milliseconds)
     and run :func:`run_shard` itself: the same bytes as a Ray worker writes, journalled and committed alike.
-    Nothing is submitted here once Ray is up; the pool ends when its last shard is back. Any failure (an input
-    error, a crashed process breaking the pool) hands the shard back to Ray, whose retries, bisection and
-    error messages then deal with it as with any other shard."""
+    With ``--executor ray`` nothing is submitted here once Ray is up, and the pool ends when its last shard is
+    back; with ``pool`` (the default) it converts every shard. Any failure (an input error, a crashed process
+    breaking the pool) hands the shard back to Ray, whose retries, bisection and error messages then deal with
+    it as with any other shard, and Ray takes the rest of the run."""
 
     def __init__(self, workers: int, fn):
         import concurrent.futures
@@ -647,7 +652,8 @@ class _Tasks:
     """Shard tasks on Ray: at most ``workers`` running, more only while ``admit(in flight)`` allows.
 
     ``ray_ready(block)`` gives the Ray module once its runtime is up (``None`` while it starts and ``block``
-    is false); until then shards run in ``local`` (a :class:`_LocalStart`), when given.
+    is false); until then shards run in ``local`` (a :class:`_LocalStart`), when given, and for the whole run
+    where ``options.pool_converts``: Ray then takes only the shards the local processes fail.
 
     A shard whose worker dies on every retry is bisected with probe tasks (no retries) down to the one
     input that kills the worker: ``--on-error fail`` stops naming it, ``skip`` reruns the shard without it.
@@ -656,6 +662,8 @@ class _Tasks:
     def __init__(self, ray_ready, fn, options, items_of, admit=None, local: _LocalStart | None = None):
         self.ray_ready, self.fn, self.ray = ray_ready, fn, None
         self.local = local
+        # The pool converts for the whole run (ConvertOptions.pool_converts), Ray only what it fails.
+        self.pool_converts = local is not None and options.pool_converts
         self.retries = options.task_retries
         self.workers = options.workers
         self.on_error = options.on_error
@@ -672,7 +680,7 @@ class _Tasks:
             self.ray = ray
             self.task = ray.remote(self.fn).options(num_cpus=1, max_retries=self.retries, retry_exceptions=False)
             self.probe = ray.remote(probe_items).options(num_cpus=1, max_retries=0, retry_exceptions=False)
-            if self.local is not None:
+            if self.local is not None and not self.pool_converts:
                 self.local.usable = False  # Ray takes every shard from now on
         return self.ray
 
@@ -688,11 +696,12 @@ class _Tasks:
             if running >= self.workers or (running and not self.admit(running)):
                 return
             job = self.pending[0]
+            if (self.pool_converts or self._ray(block=False) is None) and self.local is not None:
+                if self.local.submit(job, self.items_of(job.plan)):
+                    self.pending.popleft()
+                    continue
             if self._ray(block=False) is None:
-                if self.local is None or not self.local.submit(job, self.items_of(job.plan)):
-                    return  # next() waits for Ray (the job stays first in line)
-                self.pending.popleft()
-                continue
+                return  # next() waits for Ray (the job stays first in line)
             self.pending.popleft()
             self.inflight[self.task.remote(job, self.items_of(job.plan))] = job
 
@@ -853,7 +862,8 @@ class _RayStart:
     The thread lives until :meth:`shutdown`: the processes Ray starts (GCS, raylet) die with the thread that
     started them. A run that turns out to need no
     workers (already complete) shuts down what it started. When the runtime is started here, ``local`` is a
-    :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up."""
+    :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up, or
+    every shard it can (``options.pool_converts``)."""
 
     def __init__(self, options: ConvertOptions):
         self.options = options
@@ -882,7 +892,7 @@ class _RayStart:
         try:
             self._result = _open_ray(self.options)
             ray, started = self._result
-            if started:  # a runtime of our own: its workers are ours to warm up
+            if started and not self.options.pool_converts:  # a runtime of our own: its workers are ours to warm up
                 warm = ray.remote(_warm_worker).options(num_cpus=1, max_retries=0)
                 self._warm = [warm.remote() for _ in range(self.options.workers)]
         except BaseException as e:  # handed to the caller of get()
@@ -1305,7 +1315,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         for st in splits.values():
             committer.ready(st)
         if todo:
-            local = ray_start.local if ray is None and not ray_start.ready() else None
+            local = (ray_start.local if options.pool_converts or (ray is None and not ray_start.ready())
+                     else None)
             tasks = _Tasks(ray_ready, run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
                            lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers,
                            local=local)
@@ -1337,7 +1348,9 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 committer.ready(st)
             if local is not None:
                 local.close()
-                t0.marks["shards_converted_before_ray"] = local.shards
+                t0.marks["shards_converted_locally"] = local.shards
+                if not options.pool_converts:
+                    t0.marks["shards_converted_before_ray"] = local.shards
         t0.mark("shards_done")
         committer.close()
     except BaseException:

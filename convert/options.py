@@ -32,9 +32,11 @@ SAMPLES_PER_SHARD = 1250
 #: ``on_error`` is one: a shard finished under ``fail`` skipped nothing, one finished under ``skip`` lists
 #: its skipped inputs in the journal, and either stays as it is when the run goes on under the other.
 _RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "strict", "dry_run",
-                 "progress", "driver_writes", "task_retries", "on_error", "local_start")
+                 "progress", "driver_writes", "task_retries", "on_error", "local_start", "executor")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
+#: ``--executor`` choices (ConvertOptions.executor).
+EXECUTORS = ("auto", "pool", "ray")
 
 
 def _choice(name: str, value, valid) -> None:
@@ -90,6 +92,16 @@ class ConvertOptions:
     #: from a fork server, which a library should not start in a process it does not own (a script without
     #: a ``__main__`` guard would be run again in each of them).
     local_start: bool = False
+    #: What converts the shards on a runtime started here (``local_start`` on, no ``address``): ``pool``, the
+    #: local processes, for the whole run, with Ray taking only a shard they fail (its retries and bisection
+    #: then deal with it) and starting no worker before one is needed; ``ray``, Ray's workers once Ray is up;
+    #: ``auto``, the pool. A cluster (``address``) and a runtime this process already runs always use Ray.
+    executor: str = "auto"
+
+    @property
+    def pool_converts(self) -> bool:
+        """Whether local processes convert every shard they can (``executor`` resolved for this run)."""
+        return self.local_start and not self.address and self.executor in ("auto", "pool")
 
     def __post_init__(self):
         _choice("dataset", self.dataset, DATASETS)
@@ -106,6 +118,10 @@ class ConvertOptions:
         if self.encode is not None:
             _choice("--encode", self.encode, ENCODINGS)
         _choice("--on-error", self.on_error, ON_ERROR)
+        _choice("--executor", self.executor, EXECUTORS)
+        if self.executor == "pool" and self.address:
+            raise ConfigError(f"--executor pool converts on this machine; --address {self.address} runs every shard "
+                              "on that Ray cluster: give one of them")
         _choice("--ptb-mode", self.ptb_mode, PTB_MODES)
         if self.label_offset not in (0, 1):
             raise ConfigError(f"--label-offset must be 0 (0-based labels) or 1 (TensorFlow's 1..1000 with 0 = "

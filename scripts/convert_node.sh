@@ -20,6 +20,8 @@ if [ -n "${COMPARE:-}" ]; then
     --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
   COMPARE_ARGS=(--compare /tmp/site-compare)
 fi
+# EXECUTORS=pool,ray: each conversion runs with each `convert --executor`, side by side (not with COMPARE).
+[ -n "${EXECUTORS:-}" ] && COMPARE_ARGS+=(--executors "$EXECUTORS")
 REPO=$PWD
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"

@@ -45,6 +45,20 @@ def test_options_name_the_valid_values():
         ConvertOptions("imagenet", "s", ("lmdb",), "o", on_error="ignore")
     with pytest.raises(ConfigError, match="--encode pass"):
         ConvertOptions("imagenet", "s", ("lmdb",), "o", encode="pass", resize=256)
+    with pytest.raises(ConfigError, match="auto, pool, ray"):
+        ConvertOptions("imagenet", "s", ("lmdb",), "o", executor="threads")
+    with pytest.raises(ConfigError, match="--executor pool .* --address ray://h:10001"):
+        ConvertOptions("imagenet", "s", ("lmdb",), "o", executor="pool", address="ray://h:10001")
+
+
+def test_the_pool_converts_only_where_the_runtime_is_started_here():
+    def opts(**kw):
+        return ConvertOptions("imagenet", "s", ("lmdb",), "o", **kw)
+
+    assert opts(local_start=True).pool_converts and opts(local_start=True, executor="pool").pool_converts
+    assert not opts(local_start=True, executor="ray").pool_converts
+    assert not opts(local_start=True, address="h:6379").pool_converts  # a cluster: every shard on Ray
+    assert not opts().pool_converts  # the Python API starts no local processes
 
 
 def test_help_explains_every_option_without_importing_ray():
@@ -54,7 +68,7 @@ def test_help_explains_every_option_without_importing_ray():
     text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     for opt in ("--to", "--out", "--workers", "--split", "--resize", "--size", "--max-size", "--center-crop",
                 "--encode", "--quality", "--gray", "--normalize", "--shards", "--shuffle", "--seed",
-                "--on-error", "--address", "--resume", "--dry-run"):
+                "--on-error", "--address", "--executor", "--resume", "--dry-run"):
         assert opt in text, opt
     assert "(default: 95)" in text and "(default: fail)" in text
 

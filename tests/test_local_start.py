@@ -37,7 +37,10 @@ def test_shards_run_locally_while_ray_starts_give_the_same_bytes(src, ray_local,
     out = str(tmp_path / "out")
     stdout, stderr = _run(cli_args(src, out))
     timeline = _manifest(out)["timings"]["timeline"]
-    assert timeline["shards_converted_before_ray"] >= 1, timeline
+    # --executor pool (the default): the local processes convert every shard, Ray none.
+    shards = sum(p["shards"] for p in _manifest(out)["splits"].values())
+    assert timeline["shards_converted_locally"] == timeline["local_shards"] == shards, timeline
+    assert "ray_shards" not in timeline and "shards_converted_before_ray" not in timeline
     assert tree_bytes(out) == tree_bytes(ref)
     verify(out)
     assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines
@@ -66,7 +69,7 @@ def test_shards_split_between_local_processes_and_ray_are_all_there(src, ray_loc
     out = str(tmp_path / "out")
     ray_tmp = tempfile.mkdtemp(prefix="gf-ray-", dir="/tmp")  # short: Ray's socket paths live under it
     env = {**os.environ, TEST_FAULTS_ENV: json.dumps({"delay_s": 0.5}), "RAY_TMPDIR": ray_tmp}
-    _run(cli_args(src, out, "--shard-size", "1"), env=env)
+    _run(cli_args(src, out, "--shard-size", "1", "--executor", "ray"), env=env)
     assert tree_bytes(out) == tree_bytes(ref)
     verify(out)
     assert _manifest(out)["timings"]["timeline"].get("ray_ready"), "Ray never came up: nothing was shut down"
@@ -111,7 +114,7 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
     try:
         assert local.submit(job(0), [])
         concurrent.futures.wait(list(local.futures))  # broken now; nobody asked done() yet
-        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail")
+        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail", pool_converts=True)
         tasks = _Tasks(lambda block: None, _die, opts, lambda plan: [], local=local)
         later = [job(1), job(2)]
         tasks.pending.extend(later)
