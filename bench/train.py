@@ -440,6 +440,7 @@ class TrainOptions:
     read_aheads: tuple[str, ...] = ("off",)
     cuda_graph: bool = False
     cpu_share: float | None = None  # hybrid: a fixed CPU share (None: the loader's measured-rate split)
+    worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -473,7 +474,15 @@ class TrainOptions:
                 **({"cpu_share_fixed": self.cpu_share} if decode == "hybrid" and self.cpu_share is not None else {}),
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
+                **({"worker_nice": self.nice} if decode else {}),
                 **described}
+
+    @property
+    def nice(self) -> int:
+        """The niceness the loader's workers run at."""
+        from gpufeed.pipelines.loader import WORKER_NICE
+
+        return WORKER_NICE if self.worker_nice is None else self.worker_nice
 
 
 def default_workers() -> int:
@@ -535,7 +544,8 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     seed=opts.seed, shuffle=task == "train", decode_threads=opts.decode_threads,
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
-                    read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None)
+                    read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
+                    worker_nice=opts.nice)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -856,7 +866,8 @@ def _one_line(row: dict) -> str:
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
             + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
             + ("graph " if p.get("cuda_graph") else "")
-            + (f"augment={p['augment_on']} " if p.get("augment_on") else "") +
+            + (f"augment={p['augment_on']} " if p.get("augment_on") else "")
+            + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -925,6 +936,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "inference servers do; the loop's thread then launches one graph per batch")
     parser.add_argument("--decode-priority", type=int, default=0,
                         help="GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)")
+    parser.add_argument("--worker-nice", type=int, default=None, metavar="N",
+                        help="niceness the DataLoader workers add to their own (0-19), so the training loop's "
+                             "process gets a core first when it needs one (default: the loader's, "
+                             "gpufeed.pipelines.loader.WORKER_NICE)")
     parser.add_argument("--cpu-share", type=float, default=None,
                         help="hybrid: a fixed share (0-1) of each batch decoded by the CPU workers, instead of the "
                              "split the loader sets from both sides' measured rates")
@@ -945,6 +960,8 @@ def options_from_args(args) -> TrainOptions:
         raise ConfigError(f"--cpu-share {args.cpu_share}: a share between 0 and 1, for --decode hybrid")
     if args.decode_threads < 1:
         raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
+    if args.worker_nice is not None and not 0 <= args.worker_nice <= 19:
+        raise ConfigError(f"--worker-nice must be within 0..19, not {args.worker_nice}")
     if args.cuda_graph and (args.accelerator == "emulated" or args.model in PTB_MODELS
                             or "infer" not in args.task):
         raise ConfigError("--cuda-graph captures a CUDA image model's inference step: use it with --task infer (or "
@@ -982,7 +999,7 @@ def options_from_args(args) -> TrainOptions:
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=tuple(args.read_ahead),
-                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share)
+                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice)
 
 
 def run(args) -> int:

@@ -48,6 +48,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -73,6 +74,8 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 #: Expected rates for the first hybrid split, before measured waits steer it: one CPU worker decoding and
 #: cropping a ~500x375 JPEG, and the H100/H200 JPEG engines together (nvImageCodec, ~140 KB photos).
 CPU_WORKER_RATE = 300.0
+#: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's.
+WORKER_NICE = 0
 HW_RATE = 13_000.0
 _INSTALL = "pip install 'gpufeed[gpu]'"
 
@@ -708,7 +711,7 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool = False, cpu_share: float | None = None):
+                 read_ahead: bool = False, cpu_share: float | None = None, worker_nice: int = WORKER_NICE):
         torch = _import_torch()
         if decode not in DECODES:
             raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
@@ -731,6 +734,9 @@ class Loader:
                               "and 1, with decode='hybrid' (None: set from both sides' measured rates)")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
+        if not 0 <= worker_nice <= 19:
+            raise ConfigError(f"worker_nice={worker_nice}: a niceness from 0 (the training loop's own priority) to 19")
+        self.worker_nice = worker_nice
         paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         if not paths:
             raise ConfigError("no input paths given to the loader")
@@ -817,7 +823,8 @@ class Loader:
                 self.dataset, batch_size=self.batch_size, sampler=self._order, num_workers=self.workers,
                 drop_last=self.drop_last, collate_fn=self._collate,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
-                persistent_workers=self.workers > 0, worker_init_fn=_one_thread_per_worker,
+                persistent_workers=self.workers > 0,
+                worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice),
                 multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
@@ -853,6 +860,15 @@ class Loader:
                 gen = (finish(*(t.to(self.device) for t in batch)) for batch in batches)
         for x, y in gen:
             yield (normalise(x) if self.normalize else x), y
+
+
+def _init_worker(worker_id: int, nice: int = 0) -> None:
+    """A DataLoader worker's start: one OpenCV thread (:func:`_one_thread_per_worker`), then ``nice`` added to
+    its niceness, so that the training loop's process, which launches the model's kernels, takes a core the
+    moment it needs one instead of waiting behind busy workers (they still use every core it leaves idle)."""
+    _one_thread_per_worker(worker_id)
+    if nice:
+        os.nice(nice)
 
 
 def _one_thread_per_worker(_worker_id: int) -> None:

@@ -12,6 +12,7 @@
 #     uint8), inference fed from tfrecord and recordio with RECIPE_DECODES (raw: cpu only, it is not decoded).
 # READ_AHEAD=on,off measures each loader configuration with and without the workers' batch read-ahead;
 # GRAPH=1 runs the inference model as one CUDA graph (--cuda-graph); CPU_SHARE fixes hybrid's CPU share (--cpu-share);
+# WORKER_NICE sets the DataLoader workers' niceness (--worker-nice);
 # RATES=0 skips step 2; DATASET_FORMATS / RECIPE_FORMATS narrow the formats built and fed in 1 and 4.
 # Every bench step runs under `timeout STEP_S` (default 240 s) so one stuck step cannot eat the call.
 #
@@ -56,7 +57,7 @@ fi
 stamp "bench train: cold, decode ${DECODES:-cpu,hw,hybrid}, formats ${FORMATS:-tfrecord,recordio,lmdb}"
 train() {  # DATASET FORMATS TASKS DECODES [WORKERS]
   timeout -k 10 "${STEP_S:-240}" python3 -m gpufeed bench train "$1" --tier "local=$1" --formats "$2" --task "$3" \
-    --decode "$4" --read-ahead "${READ_AHEAD:-off}" $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
+    --decode "$4" --read-ahead "${READ_AHEAD:-off}" $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} --decode-threads "${DECODE_THREADS:-2}" --accelerator cuda --repeats 1 --steps "${STEPS:-40}" --warmup-steps "${WARMUP_STEPS:-12}" \
     ${5:+--workers "$5"} --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000\|UserWarning\|return collate" \
     || stamp "step ended with rc $?"
 }

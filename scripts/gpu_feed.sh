@@ -10,6 +10,11 @@
 #  hybrid    hybrid against hw, inference (recordio, tfrecord) and training (recordio), the loader's defaults;
 #  share     hybrid from SHARE_FORMATS (default recordio) with the split from measured rates against fixed CPU shares (SHARES), inference
 #            and training (the engines' work serialises with the inference model's: bench.decode_contention).
+#  nice      training from NICE_FORMATS (default every format) with the DataLoader workers at each niceness of
+#            NICES (default "0 10"), decode cpu and hybrid at a fixed CPU share of NICE_SHARE (default 0.8), the
+#            niceness alternating first from format to format: does the training loop's process lose its cores
+#            to the workers (the step's time rose from the model's ~55 ms to 58-70 ms with the loop barely
+#            waiting for data)?
 # PASSES picks some of them, in order (default: the first five, as run on 2026-11-25).
 #
 #   device run, carry .whl-decode:  OUT=$OUT bash scripts/gpu_feed.sh
@@ -34,5 +39,15 @@ for pass in ${PASSES:-infer train recipe infer2 train-off}; do
                  bash scripts/gpu_decode.sh
              done
            done ;;
+    nice) k=0
+          for fmt in $(echo "${NICE_FORMATS:-recordio,tfrecord,lmdb}" | tr , ' '); do
+            nices=${NICES:-0 10}
+            [ $((k % 2)) = 1 ] && nices=$(echo "$nices" | tr ' ' '\n' | tac | tr '\n' ' ')
+            for nice in $nices; do
+              WORKER_NICE=$nice CPU_SHARE=${NICE_SHARE:-0.8} TASKS=train DECODES=${NICE_DECODES:-cpu,hybrid} \
+                FORMATS=$fmt bash scripts/gpu_decode.sh
+            done
+            k=$((k + 1))
+          done ;;
   esac
 done

@@ -173,6 +173,23 @@ def test_forked_workers_start_after_the_parents_opencv_pool_ran(dataset):
     ld.close()
 
 
+def test_workers_run_at_the_niceness_asked_and_the_loop_at_its_own(dataset):
+    """The workers yield the CPU to the loop's process, which launches the model's kernels: their niceness is
+    this process's plus ``worker_nice``, and this process's is unchanged."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.nice()
+    for nice in (0, 7):
+        before = {p.pid for p in me.children(recursive=True)}
+        ld = gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=2, worker_nice=nice)
+        next(iter(ld))
+        workers = [p for p in me.children(recursive=True) if p.pid not in before]
+        assert len(workers) == 2 and {p.nice() for p in workers} == {min(own + nice, 19)}
+        assert me.nice() == own
+        ld.close()
+
+
 def test_normalize_gives_nchw_float(dataset):
     x, _ = next(iter(gpufeed.loader(dataset["lmdb"]["paths"], batch_size=4, workers=0, normalize=True)))
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
@@ -273,7 +290,8 @@ def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
                                           ({"augment": "test"}, "augment='test'"),
                                           ({"batch_size": 0}, "batch_size"),
                                           ({"cpu_share": 0.5}, "cpu_share=0.5: .* decode='hybrid'"),
-                                          ({"decode": "hybrid", "cpu_share": 1.5}, "cpu_share=1.5")])
+                                          ({"decode": "hybrid", "cpu_share": 1.5}, "cpu_share=1.5"),
+                                          ({"worker_nice": 20}, "worker_nice=20: .* 0 .* to 19")])
 def test_bad_arguments(dataset, kwargs, text):
     with pytest.raises(ConfigError, match=text):
         gpufeed.loader(dataset["recordio"]["paths"], **kwargs)
