@@ -370,7 +370,8 @@ def _scan_in_place(data_path: str, psize: int, fsync: bool = False) -> tuple[np.
     """Page CRCs and ``[bytes, sha256]`` of each :data:`_HASH_PART` range of a ``data.mdb`` written in
     place (fsync'd first with ``fsync``: the commits synced their pages, this covers the meta pages). The
     page walk reads only the headers of overflow runs and the tree pages (and free pages, which are checked
-    like tree pages); the ranges are hashed by a thread each (hashlib releases the GIL)."""
+    like tree pages); the ranges are hashed by a thread each, one per usable core: the workers are done by
+    then (hashlib releases the GIL)."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
@@ -406,7 +407,7 @@ def _scan_in_place(data_path: str, psize: int, fsync: bool = False) -> tuple[np.
                 pos += len(chunk)
             return [end - start, h.hexdigest()]
 
-        with ThreadPoolExecutor(max_workers=max(1, min(8, usable_cores()))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, usable_cores())) as pool:
             parts = list(pool.map(part, range(0, size, _HASH_PART)))
     return np.array(out, _PAGE_DTYPE), parts
 
