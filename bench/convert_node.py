@@ -540,6 +540,10 @@ def table(rows: list[dict]) -> str:
                    if f"{where}_cpu_ms_per_sample" in line]
             if per:
                 split += f" (CPU ms/img: {', '.join(per)})"
+            waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
+                     for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
+            if waits:
+                split += f"; reading / closing outputs, ms/img: {', '.join(waits)}"
             lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")

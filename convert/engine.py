@@ -395,6 +395,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
     skipped, converted, written, out_bytes = [], [], 0, 0
     counts = [0] * len(outputs)
     ahead = _ReadAhead(items, lambda i: sp.start + i in job.exclude)
+    read_s = 0.0  # in reads (the bytes of an input not read ahead yet: waits for the disk, or its CPU)
     try:
         for index, item in zip(range(sp.start, sp.stop), items):
             if index in job.exclude:
@@ -404,7 +405,9 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             # its pixels were seen (an encode that fails) is not counted.
             one = ChannelStats() if stats is not None else None
             try:
+                t = time.perf_counter()
                 data = ahead.take(index - sp.start, item)
+                read_s += time.perf_counter() - t
                 records, change = _records(job, fmts, item, index, one, data)
             except _INPUT_ERRORS as e:
                 if job.on_error == "fail":
@@ -424,12 +427,14 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                 converted.append((item.origin, change))
             written += 1
         files = []
+        t = time.perf_counter()
         for _, writer, path in outputs:
             try:
                 closed = writer.close()
             except OSError as e:
                 raise sinks.output_error(path, e) from e
             files.extend(closed if isinstance(closed, list) else [closed])
+        close_s = time.perf_counter() - t  # the outputs' last writes, fsyncs and renames
     except BaseException:
         for _, w, _ in outputs:
             w.abort()
@@ -438,7 +443,8 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
         ahead.close()
     return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped, "converted": converted,
             "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
-            "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats}
+            "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats,
+            "read_seconds": read_s, "close_seconds": close_s}
 
 
 def file_entry(f) -> dict:
@@ -1465,8 +1471,9 @@ def _is_spool(f: dict, spool_dir: str) -> bool:
 
 
 def _per_sample_costs(events: list) -> dict:
-    """The shards' wall, CPU and core-wait milliseconds per sample, for those the local processes ran and
-    those Ray's workers ran apart (``local_`` / ``ray_`` keys; a resumed run's earlier shards say neither)."""
+    """The shards' wall, CPU, core-wait, read and output-closing milliseconds per sample, for those the local
+    processes ran and those Ray's workers ran apart (``local_`` / ``ray_`` keys; a resumed run's earlier shards
+    say neither)."""
     out = {}
     for where in ("local", "ray"):
         group = [ev for ev in events if "seconds" in ev and (ev.get("ran") == "local") == (where == "local")]
@@ -1474,7 +1481,8 @@ def _per_sample_costs(events: list) -> dict:
         if not samples:
             continue
         out[f"{where}_shards"] = len(group)
-        for key, name in (("seconds", "wall"), ("cpu_seconds", "cpu"), ("run_queue_seconds", "run_queue")):
+        for key, name in (("seconds", "wall"), ("cpu_seconds", "cpu"), ("run_queue_seconds", "run_queue"),
+                          ("read_seconds", "read"), ("close_seconds", "close")):
             if all(key in ev for ev in group):
                 out[f"{where}_{name}_ms_per_sample"] = round(sum(ev[key] for ev in group) / samples * 1e3, 3)
     return out

@@ -24,6 +24,10 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     line = conv["timeline"]
     ran = {w: line[f"{w}_shards"] for w in ("local", "ray") if f"{w}_shards" in line}
     assert sum(ran.values()) == 1 and all(line[f"{w}_cpu_ms_per_sample"] > 0 for w in ran)
+    # Of the shard's wall time: reading the inputs, and closing the outputs (the TFRecord shard's fsync).
+    w = next(iter(ran))
+    assert 0 < line[f"{w}_read_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
+    assert 0 < line[f"{w}_close_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
     # The machine's CPU by process role: the driver's and the role that ran the shard are there, and the
     # roles with what no role holds add up to the machine's figure.
     by_role = conv["cpu_ms_per_image_by_role"]
