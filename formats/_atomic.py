@@ -4,53 +4,18 @@ Writers of every file-based format (RecordIO, TFRecord) write data, index and si
 :class:`AtomicFile`: bytes go to a hidden temporary name beside the target (:func:`gpufeed.formats.naming.temp_name`)
 through :func:`gpufeed.io.open_file`, so tier emulation sees them; :meth:`AtomicFile.commit` fsyncs and renames,
 :meth:`AtomicFile.discard` removes. The SHA-256 and size are computed on the way, so a manifest never has to
-read a file back, and a durable file's bytes go to the kernel's writeback as they are written (every
-:data:`WRITEBACK_BYTES`), so that its closing fsync does not wait for all of them at once.
+read a file back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import sys
 
 from gpufeed import io
 from gpufeed.errors import OutputError
 from gpufeed.formats.base import WrittenFile
 from gpufeed.formats.naming import temp_name
-
-
-#: A durable file's bytes are handed to the kernel's writeback every this many bytes as they are written
-#: (:func:`start_writeback`), so that its fsync at :meth:`AtomicFile.commit` waits for the last few MiB
-#: rather than the whole file.
-WRITEBACK_BYTES = 8 << 20
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _sync_file_range():
-    """libc's ``sync_file_range`` (Linux), or ``None`` (Python's os module has no binding for it)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_SFR = _sync_file_range()
-
-
-def start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Ask the kernel to start writing ``nbytes`` at ``offset`` of ``fd`` to the disk now, without waiting
-    (``sync_file_range(SYNC_FILE_RANGE_WRITE)``): a hint, so nothing is raised, and durability still comes
-    from the fsync. Where it is missing this does nothing."""
-    if _SFR is not None and nbytes > 0:
-        _SFR(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 class AtomicFile:
@@ -74,8 +39,6 @@ class AtomicFile:
         self._sha = hashlib.sha256() if hashed else None
         self.size = 0
         self.records = 0
-        # Durable local files hand their bytes to the kernel's writeback as they go (WRITEBACK_BYTES).
-        self._written_back = 0 if durable and io.is_local(self.tmp) and _SFR is not None else None
 
     def write(self, data) -> int:
         self._f.write(data)
@@ -83,19 +46,7 @@ class AtomicFile:
             self._sha.update(data)
         n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
         self.size += n
-        if self._written_back is not None and self.size - self._written_back >= WRITEBACK_BYTES:
-            self._writeback()
         return n
-
-    def _writeback(self) -> None:
-        try:
-            self._f.flush()
-            fd = self._f.fileno()
-        except (AttributeError, ValueError, OSError):
-            self._written_back = None  # a wrapper without a descriptor (tier emulation's): no hints
-            return
-        start_writeback(fd, self._written_back, self.size - self._written_back)
-        self._written_back = self.size
 
     @property
     def sha256(self) -> str:

@@ -144,37 +144,3 @@ def test_rec_fragments_committed_in_one_batch_equal_one_at_a_time(tmp_path):
     assert [f["records"] for f in fields_many] == [4, 4, 9, 12]
     assert fields_many[-1]["lengths"][".rec"] == len(many["train.rec"])
 
-
-def test_a_durable_files_bytes_go_to_writeback_as_they_are_written(tmp_path, monkeypatch):
-    """Every WRITEBACK_BYTES of a durable local file, the kernel is asked to start writing them out (Linux's
-    sync_file_range, found in libc), range after range with nothing left out, so the closing fsync waits only
-    for the tail; a file that need not be durable (a spool) is never pushed to the disk. The bytes are intact."""
-    import hashlib
-    import sys
-
-    from gpufeed.formats import _atomic
-
-    if sys.platform.startswith("linux"):
-        assert _atomic._SFR is not None  # the real libc function, not a stand-in
-    asked = []
-    real = _atomic._SFR
-
-    def record(fd, offset, nbytes, flags):
-        asked.append((offset, nbytes, flags))
-        return real(fd, offset, nbytes, flags) if real is not None else 0
-
-    monkeypatch.setattr(_atomic, "_SFR", record)
-    monkeypatch.setattr(_atomic, "WRITEBACK_BYTES", 1 << 20)
-    chunk = os.urandom(300_000)
-    durable = _atomic.AtomicFile(str(tmp_path / "shard.tfrecord"))
-    spool = _atomic.AtomicFile(str(tmp_path / "spool"), durable=False)
-    for _ in range(12):  # 3.6 MB
-        durable.write(chunk)
-        spool.write(chunk)
-    written = durable.commit()
-    spool.commit()
-    assert [a[0] for a in asked] == [0] + [sum(n for _, n, _ in asked[:k]) for k in range(1, len(asked))]
-    assert len(asked) == 3 and all(n >= 1 << 20 for _, n, _ in asked) and {f for *_, f in asked} == {2}
-    assert sum(n for _, n, _ in asked) <= written.bytes == 12 * len(chunk)
-    with open(tmp_path / "shard.tfrecord", "rb") as f:
-        assert hashlib.sha256(f.read()).hexdigest() == written.sha256 == hashlib.sha256(chunk * 12).hexdigest()
