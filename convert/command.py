@@ -99,9 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workers return finished shards through Ray's object store and the driver writes them "
                         "to DST, for a destination the workers cannot reach (always on for memory://)")
     p.add_argument("--executor", choices=EXECUTORS, default="auto",
-                   help="without --address: pool (auto) converts in local processes forked from a warm server, a "
-                        "local Ray runtime starting beside them to retry and bisect any shard they fail; ray hands "
-                        "every shard to Ray's workers once Ray is up. With --address every shard runs on Ray")
+                   help="without --address: pool (auto) converts in local processes forked from a warm server, and "
+                        "starts a local Ray runtime only for a shard they fail (Ray retries and bisects it, then "
+                        "takes the rest); ray hands every shard to Ray's workers once Ray is up. With --address "
+                        "every shard runs on Ray")
     p.add_argument("--task-retries", type=int, default=TASK_RETRIES, metavar="N",
                    help="retries of a shard whose worker dies; then its inputs are bisected to find the one that "
                         "kills the worker (named, or skipped with --on-error skip)")

@@ -519,12 +519,8 @@ def _open_ray(options: ConvertOptions):
             os.environ.update(env)
             # address="local": a new runtime even when `ray start` left a cluster address behind in /tmp/ray
             # or RAY_ADDRESS, which ray.init would otherwise join (and refuse num_cpus for).
-            # Where the local processes convert (pool_converts), Ray's workers start only for a shard they
-            # fail: none is started ahead (each costs ~1-2 CPU seconds to import Ray and the engine).
-            idle = {"_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False}}
             ray.init(address="local", num_cpus=options.workers, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20,
-                     **(idle if options.pool_converts else {}))
+                     logging_level=logging.ERROR, log_to_driver=False, object_store_memory=512 << 20)
     except ConnectionError as e:
         if _auth_refused(e):
             raise ConfigError(f"the Ray cluster at {options.address} refused this client's authentication token "
@@ -591,9 +587,9 @@ class _LocalStart:
     The processes come from a fork server that has imported the engine already (each starts in milliseconds)
     and run :func:`run_shard` itself: the same bytes as a Ray worker writes, journalled and committed alike.
     With ``--executor ray`` nothing is submitted here once Ray is up, and the pool ends when its last shard is
-    back; with ``pool`` (the default) it converts every shard. Any failure (an input error, a crashed process
-    breaking the pool) hands the shard back to Ray, whose retries, bisection and error messages then deal with
-    it as with any other shard, and Ray takes the rest of the run."""
+    back; with ``pool`` (the default) it converts every shard, and Ray is started only if one fails. Any failure
+    (an input error, a crashed process breaking the pool) hands the shard back to Ray, whose retries, bisection
+    and error messages then deal with it as with any other shard, and Ray takes the rest of the run."""
 
     def __init__(self, workers: int, fn):
         import concurrent.futures
@@ -659,7 +655,8 @@ class _Tasks:
 
     ``ray_ready(block)`` gives the Ray module once its runtime is up (``None`` while it starts and ``block``
     is false); until then shards run in ``local`` (a :class:`_LocalStart`), when given, and for the whole run
-    where ``options.pool_converts``: Ray then takes only the shards the local processes fail.
+    where ``options.pool_converts``: Ray then takes only the shards the local processes fail (asking
+    ``ray_ready`` for it starts it).
 
     A shard whose worker dies on every retry is bisected with probe tasks (no retries) down to the one
     input that kills the worker: ``--on-error fail`` stops naming it, ``skip`` reruns the shard without it.
@@ -869,7 +866,8 @@ class _RayStart:
     started them. A run that turns out to need no
     workers (already complete) shuts down what it started. When the runtime is started here, ``local`` is a
     :class:`_LocalStart` warming up at the same time, which converts the first shards until Ray is up, or
-    every shard it can (``options.pool_converts``)."""
+    every shard it can (``options.pool_converts``): Ray is then begun only when a shard needs it (one the
+    pool failed), and a run that needs none never starts it."""
 
     def __init__(self, options: ConvertOptions):
         self.options = options
@@ -898,7 +896,7 @@ class _RayStart:
         try:
             self._result = _open_ray(self.options)
             ray, started = self._result
-            if started and not self.options.pool_converts:  # a runtime of our own: its workers are ours to warm up
+            if started:  # a runtime of our own: its workers are ours to warm up
                 warm = ray.remote(_warm_worker).options(num_cpus=1, max_retries=0)
                 self._warm = [warm.remote() for _ in range(self.options.workers)]
         except BaseException as e:  # handed to the caller of get()
@@ -1037,8 +1035,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
                               shards, options.shard_size, identities=identities)
         items_by_split[s] = items
     t0.mark("listed")
-    if ray_start is not None:
-        ray_start.begin()
+    if ray_start is not None and not options.pool_converts:
+        ray_start.begin()  # (where the local processes convert, Ray starts only once a shard needs it)
     if progress is not None:
         limited = "" if options.limit is None else (
             f"; converting {', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())} of them (--limit)")
@@ -1291,6 +1289,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
     def ray_ready(block: bool):
         if not block and not ray_start.ready():
+            ray_start.begin()  # asked for, so needed: a runtime the local pool deferred starts now
             return None
         return ray_once()
 

@@ -1,4 +1,5 @@
-"""Shards converted by local processes while a fresh local Ray runtime starts (engine._LocalStart).
+"""Shards converted by local processes (engine._LocalStart): every shard (``--executor pool``, Ray started
+only for a shard they fail), or those before a fresh local Ray runtime is up (``--executor ray``).
 
 Every other conversion test joins the session's Ray runtime, which is up already, so nothing runs locally
 there; these runs start their own runtime in a child process (``gpufeed convert`` without ``--address``),
@@ -31,11 +32,15 @@ def _run(args, **kw):
     return stdout.decode(), stderr.decode()
 
 
-def test_shards_run_locally_while_ray_starts_give_the_same_bytes(src, ray_local, tmp_path):
+def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local, tmp_path):
     ref = tmp_path / "ref"
     convert(options(src, ref))  # the session's runtime: every shard on Ray
     out = str(tmp_path / "out")
-    stdout, stderr = _run(cli_args(src, out))
+    ray_tmp = tempfile.mkdtemp(prefix="gf-ray-", dir="/tmp")  # where a Ray started by the run would live
+    stdout, stderr = _run(cli_args(src, out), env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    # No shard failed, so no Ray runtime was started for one.
+    assert not os.listdir(ray_tmp) and "ray_ready" not in _manifest(out)["timings"]["timeline"]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     timeline = _manifest(out)["timings"]["timeline"]
     # --executor pool (the default): the local processes convert every shard, Ray none.
     shards = sum(p["shards"] for p in _manifest(out)["splits"].values())
