@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DST",
                    help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt%(default).0s")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="parallel Ray workers (one CPU each); without --address a local Ray of this size")
+                   help="parallel workers (one CPU each): local processes without --address (--executor), Ray tasks on a "
+                        "cluster")
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
                    help="splits to convert, e.g. train,val (default: every split SRC holds%(default).0s)")
     geo = p.add_mutually_exclusive_group()
@@ -94,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and manifest.json")
     p.add_argument("--address", default=None,
                    help="run on an existing Ray cluster: auto or ray://host:port (SRC and DST must then be "
-                        "reachable from every node). Default: start a local Ray for this run%(default).0s")
+                        "reachable from every node). Default: this machine (see --executor)%(default).0s")
     p.add_argument("--driver-writes", action="store_true",
                    help="workers return finished shards through Ray's object store and the driver writes them "
                         "to DST, for a destination the workers cannot reach (always on for memory://)")
