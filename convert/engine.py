@@ -587,9 +587,11 @@ class _LocalStart:
     The processes come from a fork server that has imported the engine already (each starts in milliseconds)
     and run :func:`run_shard` itself: the same bytes as a Ray worker writes, journalled and committed alike.
     With ``--executor ray`` nothing is submitted here once Ray is up, and the pool ends when its last shard is
-    back; with ``pool`` (the default) it converts every shard, and Ray is started only if one fails. Any failure
-    (an input error, a crashed process breaking the pool) hands the shard back to Ray, whose retries, bisection
-    and error messages then deal with it as with any other shard, and Ray takes the rest of the run."""
+    back; with ``pool`` (the default) it converts every shard, and Ray is started only if one fails. A shard's
+    own gpufeed error (a bad input under ``--on-error fail``, a full disk) ends the run as Ray would end it,
+    with that error; any other failure (a crashed process breaking the pool) hands the shard back to Ray, whose
+    retries, bisection and error messages then deal with it as with any other shard, and Ray takes the rest
+    of the run."""
 
     def __init__(self, workers: int, fn):
         import concurrent.futures
@@ -714,9 +716,14 @@ class _Tasks:
         if got is None:
             return None
         future, job = got
-        if future.exception() is not None:
-            # An input error or a dead process (the pool is broken then): from here on Ray takes every shard,
-            # and its retries, bisection and messages deal with this one as with any other.
+        error = future.exception()
+        if isinstance(error, GpufeedError):
+            # The shard's own error (a bad input under --on-error fail, a full disk): Ray would end the run
+            # with this same error (_unwrap), so it ends here, without starting Ray to be told it again.
+            raise error
+        if error is not None:
+            # A dead process (the pool is broken then) or an unexpected error: from here on Ray takes every
+            # shard, and its retries, bisection and messages deal with this one as with any other.
             self.local.usable = False
             self.pending.appendleft(job)
             return None

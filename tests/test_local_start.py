@@ -130,3 +130,19 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
     finally:
         local.close(kill=True)
     assert not local.submit(job(3), [])  # closed: refused, not raised
+
+
+def test_a_bad_input_under_fail_ends_the_run_from_the_pool_without_starting_ray(src, tmp_path):
+    """A local shard's own error (a truncated JPEG under --on-error fail) is the error Ray would end the run
+    with: it ends the run at once, naming the input, and no Ray runtime is started to be told it again."""
+    out = str(tmp_path / "out")
+    ray_tmp = tempfile.mkdtemp(prefix="gf-ray-", dir="/tmp")
+    args = [a for a in cli_args(src, out) if a not in ("--on-error", "skip")] + ["--on-error", "fail"]
+    proc = cli(args, env={**os.environ, "RAY_TMPDIR": ray_tmp})
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode != 0
+    text = stderr.decode()
+    assert "truncated" in text and ".JPEG" in text and "Traceback" not in text, text[-2000:]
+    assert not os.listdir(ray_tmp)
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    shutil.rmtree(ray_tmp, ignore_errors=True)
