@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DST",
                    help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt%(default).0s")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="parallel workers (one CPU each): local processes without --address (--executor), Ray tasks on a "
-                        "cluster")
+                   help="parallel workers (one CPU each): local processes without --address (--executor), Ray "
+                        "tasks on a cluster")
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
                    help="splits to convert, e.g. train,val (default: every split SRC holds%(default).0s)")
     geo = p.add_mutually_exclusive_group()
@@ -100,10 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="workers return finished shards through Ray's object store and the driver writes them "
                         "to DST, for a destination the workers cannot reach (always on for memory://)")
     p.add_argument("--executor", choices=EXECUTORS, default="auto",
-                   help="without --address: pool (auto) converts in local processes forked from a warm server, and "
-                        "starts a local Ray runtime only for a shard they fail (Ray retries and bisects it, then "
-                        "takes the rest); ray hands every shard to Ray's workers once Ray is up. With --address "
-                        "every shard runs on Ray")
+                   help="without --address: pool (auto) converts in local processes forked from a warm server, "
+                        "and starts a local Ray runtime only for a shard whose process died (Ray retries and "
+                        "bisects it, then takes the rest); ray hands every shard to Ray's workers once Ray is up. "
+                        "With --address every shard runs on Ray")
     p.add_argument("--task-retries", type=int, default=TASK_RETRIES, metavar="N",
                    help="retries of a shard whose worker dies; then its inputs are bisected to find the one that "
                         "kills the worker (named, or skipped with --on-error skip)")

@@ -93,8 +93,8 @@ class ConvertOptions:
     #: a ``__main__`` guard would be run again in each of them).
     local_start: bool = False
     #: What converts the shards on a runtime started here (``local_start`` on, no ``address``): ``pool``, the
-    #: local processes, for the whole run, with a local Ray runtime started only for a shard they fail (its
-    #: retries and bisection then deal with it, and Ray takes the rest of the run); ``ray``, Ray's workers
+    #: local processes, for the whole run, with a local Ray runtime started only for a shard whose process
+    #: died (its retries and bisection then deal with it, and Ray takes the rest of the run); ``ray``, Ray's workers
     #: once Ray is up; ``auto``, the pool. A cluster (``address``) and a runtime this process already runs
     #: always use Ray.
     executor: str = "auto"

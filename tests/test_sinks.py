@@ -143,4 +143,3 @@ def test_rec_fragments_committed_in_one_batch_equal_one_at_a_time(tmp_path):
     assert fields_one == fields_many
     assert [f["records"] for f in fields_many] == [4, 4, 9, 12]
     assert fields_many[-1]["lengths"][".rec"] == len(many["train.rec"])
-
