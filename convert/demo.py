@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
                    help="directory for the synthetic source (OUT/src) and the converted output (OUT/out)")
     p.add_argument("--classes", type=int, default=10, help="synthetic ImageNet classes")
     p.add_argument("--per-class", type=int, default=20, help="train images per class")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel Ray workers")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel workers (local processes)")
 
 
 def run(args) -> int:
