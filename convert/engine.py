@@ -701,7 +701,7 @@ class _Tasks:
             if running >= self.workers or (running and not self.admit(running)):
                 return
             job = self.pending[0]
-            if (self.pool_converts or self._ray(block=False) is None) and self.local is not None:
+            if self.local is not None and (self.pool_converts or self._ray(block=False) is None):
                 if self.local.submit(job, self.items_of(job.plan)):
                     self.pending.popleft()
                     continue

@@ -74,10 +74,10 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 #: Expected rates for the first hybrid split, before measured waits steer it: one CPU worker decoding and
 #: cropping a ~500x375 JPEG, and the H100/H200 JPEG engines together (nvImageCodec, ~140 KB photos).
 CPU_WORKER_RATE = 300.0
+HW_RATE = 13_000.0
 #: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's. At 10
 #: every training run fed less on the GPU machine (results/gpu-nice-h100.txt): the loop is not short of cores.
 WORKER_NICE = 0
-HW_RATE = 13_000.0
 _INSTALL = "pip install 'gpufeed[gpu]'"
 
 
