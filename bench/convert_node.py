@@ -9,6 +9,11 @@ side in one invocation:
   it (DCT-domain downscale decode, cv2 resize of the shorter side to 256, JPEG q95 encode; nothing
   written), timed once its processes are up: what P cores can do with no framework at all. Also one process on a sample, for the hardware's
   own P-way scaling;
+* ``limit-write3`` (``limit-write1``, ...): the limit loop writing what it encodes, as a conversion to three
+  formats (one) must at least: each chunk of :data:`WRITE_CHUNK` images appended to three files (one) that are
+  fsync'd and closed when the chunk ends, as a shard's outputs are. The CPU work is the limit's; what it adds
+  is the disk carrying the run's reads and writes together, so a conversion's ratio to it
+  (``of_limit_write``) is what the machine allows with that disk;
 * ``convert`` at ``--workers P`` for each format alone and all together (``--resize 256``), as a user types
   it: a fresh ``python -m gpufeed convert`` process timed from its start to its exit (Ray's start-up,
   listing, planning, assembling the single-file outputs, the manifest: all counted);
@@ -17,7 +22,8 @@ side in one invocation:
 * ``recordio-cluster``: RecordIO through ``--address`` of a Ray runtime started beforehand (``ray start``):
   the same conversion without the cost of starting Ray and its workers, which the default run pays.
 
-For each conversion it records images/s and the ratio to the limit, how busy the machine's CPUs were
+For every run it records what reached the disk (bytes read and written, from the block device's counters in
+/sys, and the share of the time it was busy). For each conversion it records images/s and the ratio to the limit, how busy the machine's CPUs were
 (``/proc/stat``) and its busy CPU milliseconds per image against the limit loop's, how the workers' shard
 time divides into CPU, waiting for a core (Linux schedstat) and the rest (waiting for reads and writes), when the first shard began converting (from the manifest's timings) and the driver's
 peak anonymous RSS in the first and second half of the run. From the rate per worker it projects ImageNet-1k's
@@ -44,7 +50,12 @@ import time
 #: threads (a test session's Ray): a fork then can copy a lock held by one of them, and hang.
 _POOLS = multiprocessing.get_context("forkserver")
 #: The runs a full invocation makes, in order; ``--runs`` picks a subset.
-RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "pass", "pass-recordio", "cp", "recordio-cluster")
+RUNS = ("limit", "recordio", "tfrecord", "lmdb", "all", "limit-write3", "pass", "pass-recordio", "cp",
+        "recordio-cluster")
+#: ``limit-write<K>``: the limit loop writing K copies of what it encodes (any K >= 1 may be asked for).
+LIMIT_WRITE = "limit-write"
+#: Images per chunk of the writing limit loop: about a conversion shard's count (its files closed at the end).
+WRITE_CHUNK = 256
 ALL = "lmdb,recordio,tfrecord"
 IMAGENET_TRAIN = 1_281_167
 #: The targets of the node-scale issue: each format alone, all three, pass-through against cp.
@@ -102,26 +113,63 @@ def _limit_one(path: str) -> int:
         return limit_one(f.read())
 
 
+def _limit_write(args) -> int:
+    """The limit loop over one chunk of paths, each image's encoded JPEG appended to ``copies`` files in
+    ``out``, fsync'd and closed at the chunk's end."""
+    from gpufeed.bench.transform_speed import limit_encode
+
+    chunk, paths, copies, out = args
+    files = [open(os.path.join(out, f"chunk{chunk:06d}-{k}.bin"), "wb") for k in range(copies)]
+    try:
+        for p in paths:
+            with open(p, "rb") as f:
+                encoded = limit_encode(f.read())
+            for g in files:
+                g.write(encoded)
+        for g in files:
+            g.flush()
+            os.fsync(g.fileno())
+    finally:
+        for g in files:
+            g.close()
+    return len(paths)
+
+
+def write_copies(name: str) -> int | None:
+    """K of a ``limit-write<K>`` run name (``None`` for any other name)."""
+    k = name[len(LIMIT_WRITE):] if name.startswith(LIMIT_WRITE) else ""
+    return int(k) if k.isdigit() and int(k) > 0 else None
+
+
 def _pool_init() -> None:
     import cv2
 
     cv2.setNumThreads(1)
 
 
-def limit_rate(paths: list[str], processes: int) -> tuple[float, float]:
+def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | None = None) -> tuple[float, float, dict]:
     """Images/s of the plain-multiprocessing limit loop over ``paths``, timed from when every process is up
     with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is),
-    and the machine's busy CPU seconds per image meanwhile."""
-    from gpufeed.bench.results import cpu_ticks
+    the machine's busy CPU seconds per image meanwhile, and what the disk holding ``paths`` did
+    (:func:`~gpufeed.bench.results.disk_delta`). With ``copies``, each image's JPEG is written that many
+    times into ``out`` (:func:`_limit_write`)."""
+    from gpufeed.bench.results import cpu_ticks, disk_counters, disk_delta
 
+    if copies:
+        os.makedirs(out, exist_ok=True)
+        tasks = [(i, paths[at:at + WRITE_CHUNK], copies, out) for i, at in enumerate(range(0, len(paths), WRITE_CHUNK))]
     with _POOLS.Pool(processes, initializer=_pool_init) as pool:
         pool.map(_pool_ready, range(processes), chunksize=1)
         busy0, _ = cpu_ticks()
+        disk0 = disk_counters(paths[0])
         t0 = time.perf_counter()
-        n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
+        if copies:
+            n = sum(pool.imap_unordered(_limit_write, tasks, chunksize=1))
+        else:
+            n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
         seconds = time.perf_counter() - t0
         busy1, _ = cpu_ticks()
-        return n / seconds, (busy1 - busy0) / _HZ / n
+        return n / seconds, (busy1 - busy0) / _HZ / n, disk_delta(disk0, disk_counters(paths[0]), seconds)
 
 
 #: Jiffies per second in /proc/stat.
@@ -292,12 +340,13 @@ class _CpuByRole(threading.Thread):
 def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, path: str | None = None) -> dict:
     """One ``gpufeed convert`` process, timed from start to exit; its summary figures. ``path``: a folder
     whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
-    from gpufeed.bench.results import cpu_times
+    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta
 
     cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
     roles = _CpuByRole()
     cpu0 = cpu_times()
+    disk0 = disk_counters(src)
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
@@ -308,6 +357,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     cpu1 = cpu_times()
+    disk = disk_delta(disk0, disk_counters(src), wall)
     by_role = roles.stop()
     rss.join()
     if proc.returncode != 0:
@@ -337,6 +387,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             # where the rest of the machine's time went: waiting on the disk, and in the kernel
             "cpu_iowait": round(used("iowait") / used("total"), 3),
             "cpu_system": round((used("system") + used("irq") + used("softirq")) / used("total"), 3),
+            **disk,
             # the whole machine's busy CPU per image (driver, workers, Ray, the kernel), against the limit's
             "cpu_ms_per_image": round((used("total") - used("idle") - used("iowait")) / _HZ / max(written, 1) * 1e3,
                                       3),
@@ -415,7 +466,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
     pass_bytes = sum(os.path.getsize(p) for p in paths[:pass_n])
     rows = []
     base = {"bench": "convert-node", "n": len(paths), "unique": meta["unique"], "input_bytes": meta["bytes"],
-            "machine": machine_info()}
+            "machine": machine_info(src)}
     limit = None
 
     def emit(row):
@@ -433,13 +484,19 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         cache = drop_caches(src)
         if name == "limit":
             sample = paths[:: max(len(paths) // 2000, 1)]
-            one, _ = limit_rate(sample, 1)
+            one, _, _ = limit_rate(sample, 1)
             drop_caches(src)
-            limit, limit_cpu = limit_rate(paths, workers)
+            limit, limit_cpu, disk = limit_rate(paths, workers)
             emit({"run": "limit", "workers": workers, "images_per_second": round(limit, 1),
                   "cpu_ms_per_image": round(limit_cpu * 1e3, 3),
                   "one_process_images_per_second": round(one, 1),
-                  "hardware_scaling": round(limit / (workers * one), 3), "cache": cache})
+                  "hardware_scaling": round(limit / (workers * one), 3), **disk, "cache": cache})
+        elif write_copies(name):
+            rate, cpu, disk = limit_rate(paths, workers, write_copies(name), out)
+            written = sum(e.stat().st_size for e in os.scandir(out))
+            emit({"run": name, "workers": workers, "copies": write_copies(name), "images_per_second": round(rate, 1),
+                  "cpu_ms_per_image": round(cpu * 1e3, 3), "bytes_written": written,
+                  **({"of_limit": round(rate / limit, 3)} if limit else {}), **disk, "cache": cache})
         elif name == "cp":
             seconds = copy_run(pass_src, out)
             emit({"run": "cp", "images": pass_n, "seconds": round(seconds, 2), "input_bytes": pass_bytes,
@@ -481,6 +538,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                 emit({"run": name, **tag, **row, "cache": cache})
     shutil.rmtree(out, ignore_errors=True)
     _bracket(rows)
+    _against_writes(rows)
     copy = next((r for r in rows if r["run"] == "cp"), None)
     for passed in [r for r in rows if r["run"] in ("pass", "pass-recordio")]:
         if copy:
@@ -506,27 +564,63 @@ def _bracket(rows: list[dict]) -> None:
             r["of_limit_bracketed"] = round(r["images_per_second"] / mean, 3)
 
 
+def _around(rows: list[dict], i: int, run: str) -> float | None:
+    """The images/s of the ``run`` rows nearest before and after row ``i`` (their mean where both exist)."""
+    before = [r for r in rows[:i] if r["run"] == run][-1:]
+    after = [r for r in rows[i + 1:] if r["run"] == run][:1]
+    near = before + after
+    return sum(r["images_per_second"] for r in near) / len(near) if near else None
+
+
+def _against_writes(rows: list[dict]) -> None:
+    """Each conversion's ratio to the writing limit loop with as many copies as it has formats (the nearest
+    such runs before and after it), ``of_limit_write``, where the run has one: how much of what the CPUs and
+    the disk together allow it reached."""
+    for i, r in enumerate(rows):
+        if "of_limit" not in r or str(r["run"]).startswith(LIMIT_WRITE) or not r.get("formats"):
+            continue
+        ref = _around(rows, i, f"{LIMIT_WRITE}{len(r['formats'].split(','))}")
+        if ref:
+            r["of_limit_write"] = round(r["images_per_second"] / ref, 3)
+
+
+def _disk(r: dict) -> str:
+    """``read / written GB (MB/s, busy %)`` of a row that recorded its disk."""
+    if "disk_read_bytes" not in r:
+        return ""
+    return (f"{r['disk_read_bytes'] / 1e9:.1f} / {r['disk_written_bytes'] / 1e9:.1f} "
+            f"({r['disk_mb_per_second']:,.0f} MB/s, {r['disk_busy']:.0%})")
+
+
 def table(rows: list[dict]) -> str:
     rows = [dict(r) for r in rows]
     _bracket(rows)  # rows read back from a results file were written before the limit run after them
+    _against_writes(rows)
     lines = ["| run | img/s | of limit (target) | CPUs busy | CPU ms/img | first shard at | workers busy | workers' "
-             "time: CPU / core wait (per image, local processes / Ray's) | listed / shards done / outputs done (s) | driver anon. RSS MiB (1st/2nd half) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "time: CPU / core wait (per image, local processes / Ray's) | listed / shards done / outputs done (s) | driver anon. RSS MiB (1st/2nd half) | disk read / written GB (MB/s, busy) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
             lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | "
                          f"{r.get('cpu_ms_per_image', '')} | | | | | "
                          f"(1 process {r['one_process_images_per_second']:,.0f}; "
-                         f"scaling {r['hardware_scaling']}) |")
+                         f"scaling {r['hardware_scaling']}) | {_disk(r)} |")
+        elif write_copies(r["run"]):
+            of = r.get("of_limit", "")
+            lines.append(f"| limit writing {r['copies']} cop{'ies' if r['copies'] > 1 else 'y'}, {r['workers']} "
+                         f"processes | {r['images_per_second']:,.0f} | {of} | | {r.get('cpu_ms_per_image', '')} "
+                         f"| | | | | | {_disk(r)} |")
         elif r["run"] == "cp":
-            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | | | |")
+            lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | | | | |")
         elif r["run"].endswith("/cp"):
             built = _variant(r)
-            lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | | | |")
+            lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | | | | |")
         else:
             of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
             if r.get("of_limit_bracketed") is not None:
                 of += f"; {r['of_limit_bracketed']} of the limit runs either side"
+            if r.get("of_limit_write") is not None:
+                of += f"; {r['of_limit_write']} of the limit writing as many copies"
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
             what = _variant(r) + ("pass-through to" if r["run"].startswith("pass") else "convert")
@@ -546,7 +640,7 @@ def table(rows: list[dict]) -> str:
                 split += f"; reading / closing outputs, ms/img: {', '.join(waits)}"
             lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
-                         f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} |")
+                         f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} | {_disk(r)} |")
     return "\n".join(lines)
 
 
@@ -579,7 +673,8 @@ def main(argv=None) -> None:
     p.add_argument("--unique", type=int, default=3000, help="distinct synthesised JPEGs among them")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes / Ray workers")
     p.add_argument("--pass-n", type=int, default=40_000, help="files for the pass-through and cp runs")
-    p.add_argument("--runs", default=",".join(RUNS), help=f"a subset of {','.join(RUNS)}")
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help=f"a subset of {','.join(RUNS)} (any {LIMIT_WRITE}K: K copies written)")
     p.add_argument("--work", help="a directory on the disk to measure (the corpus stays there); required to run")
     p.add_argument("--results", help="append JSON rows here")
     p.add_argument("--table", metavar="JSONL", help="only print the table of the rows in this results file")
@@ -599,7 +694,7 @@ def main(argv=None) -> None:
     if not args.work:
         p.error("--work is required to run the benchmark")
     runs = tuple(r for r in args.runs.split(",") if r)
-    unknown = set(runs) - set(RUNS)
+    unknown = {r for r in runs if r not in RUNS and not write_copies(r)}
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
     executors = tuple(e for e in args.executors.split(",") if e)

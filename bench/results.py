@@ -207,6 +207,45 @@ def disk_info(path: str) -> dict[str, Any]:
     return info
 
 
+def _stat_file(path: str) -> str | None:
+    """The ``stat`` file in /sys of the block device holding ``path``: its own device number's, else (an
+    overlay or another device-less filesystem) the disk of the mount's device; ``None`` where neither."""
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return None
+    own = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+    if os.path.exists(own):
+        return own
+    mount = _mount_of(path)
+    disk = _block_info(mount["device"]).get("disk") if mount else None
+    return f"/sys/block/{disk}/stat" if disk else None
+
+
+def disk_counters(path: str) -> dict[str, int] | None:
+    """What the block device holding ``path`` has done since boot: bytes read from it and written to it (what
+    reached the device, not what processes asked of the page cache), and the milliseconds it was busy with
+    requests in flight. Two readings give the device's work in between; ``None`` where no device is found."""
+    stat = _stat_file(path)
+    text = _read_sys(stat) if stat else None
+    if not text:
+        return None
+    f = [int(x) for x in text.split()]
+    # Documentation/block/stat.rst: sectors are 512 bytes whatever the device's own sector size.
+    return {"read_bytes": f[2] * 512, "written_bytes": f[6] * 512, "busy_ms": f[9]}
+
+
+def disk_delta(before: dict | None, after: dict | None, seconds: float) -> dict[str, Any]:
+    """Between two :func:`disk_counters` readings ``seconds`` apart: the bytes the device read and wrote, their
+    MB/s together, and the share of the time it was busy (empty where either reading is missing)."""
+    if not before or not after or seconds <= 0:
+        return {}
+    read, written = after["read_bytes"] - before["read_bytes"], after["written_bytes"] - before["written_bytes"]
+    return {"disk_read_bytes": read, "disk_written_bytes": written,
+            "disk_mb_per_second": round((read + written) / seconds / 1e6, 1),
+            "disk_busy": round(min((after["busy_ms"] - before["busy_ms"]) / 1e3 / seconds, 1.0), 3)}
+
+
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 

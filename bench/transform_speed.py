@@ -66,6 +66,12 @@ def _shorter_side(h: int, w: int, size: int) -> tuple[int, int]:
 def limit_one(data: bytes, h: int | None = None, w: int | None = None) -> int:
     """The per-core limit's work on one JPEG (its size read from the header when not given): decode with
     DCT-domain downscale where the image is >= 2x the target, resize the shorter side, encode q95."""
+    limit_encode(data, h, w)
+    return 1
+
+
+def limit_encode(data: bytes, h: int | None = None, w: int | None = None) -> np.ndarray:
+    """:func:`limit_one`'s work, returning the JPEG it encoded (a uint8 array: a buffer to write)."""
     import cv2
 
     if h is None:
@@ -78,8 +84,7 @@ def limit_one(data: bytes, h: int | None = None, w: int | None = None) -> int:
     img = cv2.imdecode(np.frombuffer(data, np.uint8), _reduced()[f])
     oh, ow = _shorter_side(h, w, TARGET)
     img = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
-    cv2.imencode(".jpg", img, (cv2.IMWRITE_JPEG_QUALITY, QUALITY))
-    return 1
+    return cv2.imencode(".jpg", img, (cv2.IMWRITE_JPEG_QUALITY, QUALITY))[1]
 
 
 def loop_limit(corpus) -> int:

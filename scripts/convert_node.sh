@@ -6,6 +6,8 @@
 #   bash scripts/device_wheels.sh                         # here, once: .whl/ with Ray, lmdb, crc32c
 #   device run, carry .whl:  OUT=$OUT bash scripts/convert_node.sh
 #   N=2000 UNIQUE=200 PASS_N=1000 WORKERS=2 OUT=/tmp/o bash scripts/convert_node.sh   # a small dry run
+#   RUNS=limit,limit-write3,all,limit-write3,limit ...   # all three formats against the limit loop writing
+#                                                         # three copies: what the CPUs and the disk allow
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-$PWD/out}")

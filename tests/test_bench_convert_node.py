@@ -10,12 +10,22 @@ from gpufeed.bench.convert_node import main, roles_table, run, table
 def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     results = tmp_path / "rows.jsonl"
     rows = run(60, 6, 1, str(tmp_path / "work"),
-               ("limit", "tfrecord", "limit", "pass-recordio", "cp", "recordio-cluster"), pass_n=20,
+               ("limit", "tfrecord", "limit-write1", "limit", "pass-recordio", "cp", "recordio-cluster"), pass_n=20,
                results=str(results))
     by_run = {r["run"]: r for r in rows}
     assert by_run["tfrecord"]["of_limit_bracketed"] > 0  # against the limit runs either side
     assert by_run["limit"]["images_per_second"] > 0 and by_run["limit"]["hardware_scaling"] > 0
     assert by_run["limit"]["cpu_ms_per_image"] > 0
+    # The limit loop writing what it encodes: one copy of every image, in fsync'd files; the tfrecord
+    # conversion (one format) is set against it.
+    written = by_run["limit-write1"]
+    assert written["copies"] == 1 and written["images_per_second"] > 0 and written["of_limit"] > 0
+    assert 60 * 2000 < written["bytes_written"] < 60 * 200_000  # 60 JPEGs at 256 px
+    assert by_run["tfrecord"]["of_limit_write"] > 0
+    # What reached the disk, where the benchmark's folder has a block device under it (not on tmpfs).
+    if "disk_written_bytes" in written:
+        assert written["disk_written_bytes"] >= written["bytes_written"] * 0.9
+        assert "disk_read_bytes" in by_run["tfrecord"] and 0 <= by_run["tfrecord"]["disk_busy"] <= 1
     conv = by_run["tfrecord"]
     # The machine's CPU per image, and the workers' shard time: CPU, waiting for a core, the rest.
     assert conv["cpu_ms_per_image"] > 0 and 0 < conv["workers_cpu_share"] <= 1.5
@@ -52,6 +62,7 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert "of the limit runs either side" in text
     assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
     assert "| convert (standing Ray) recordio |" in text
+    assert "| limit writing 1 copy, 1 processes |" in text and "of the limit writing as many copies" in text
     capsys.readouterr()
     main(["--table", str(results)])
     assert capsys.readouterr().out.strip() == f"{text}\n{roles_table(rows)}"
