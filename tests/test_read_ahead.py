@@ -103,3 +103,45 @@ def test_under_tier_emulation_threads_read_so_its_delays_overlap_decoding(tmp_pa
         read = t.stats()["bytes_read"]
     assert got == [bytes([i]) * (1000 + i) for i in range(3)] and threaded
     assert read >= sum(1000 + i for i in range(3))  # the threads' reads went through the emulator
+
+
+def test_local_files_are_announced_further_ahead_than_threads_hold(tmp_path):
+    """The kernel's read-ahead holds nothing in the worker: local files are announced kernel_depth items
+    ahead, while reads by threads (remote inputs) are held to depth items and max_bytes."""
+    items = _files(tmp_path, 12)
+    ra = _ReadAhead(items, lambda i: False, depth=2, kernel_depth=6)
+    try:
+        assert ra.take(0, items[0]) == b"\0" * 1000
+        assert len(ra._ahead) == 6 and ra._pool is None and ra._held == 0
+    finally:
+        ra.close()
+    # Remote inputs, read by threads: plain files (sizes unknown before reading: held to depth), and members
+    # of a remote archive (sizes known from their headers: held to max_bytes too).
+    fs = fsspec.filesystem("memory")
+    files = []
+    for i in range(8):
+        fs.pipe(f"/read-ahead-held/{i}.JPEG", bytes([i]) * 100)
+        files.append(Item(f"{i}", i, FileRef(f"memory://read-ahead-held/{i}.JPEG")))
+    (tmp_path / "m").mkdir()
+    tar = tmp_path / "m.tar"
+    with tarfile.open(tar, "w") as t:
+        for it in _files(tmp_path / "m", 8):
+            t.add(it.ref.url, arcname=it.key)
+    fs.pipe("/read-ahead-held/m.tar", tar.read_bytes())
+    with tarfile.open(tar) as t:
+        members = [Item(m.name, 0, TarMemberRef("memory://read-ahead-held/m.tar", m.offset_data, m.size, m.name))
+                   for m in t.getmembers()]
+    try:
+        # (2,500 bytes: reads are submitted while fewer than 2,500 bytes are held, so three of ~1,000)
+        for items, size, kw, most in ((files, lambda i: 100, {"depth": 2, "kernel_depth": 6}, 2),
+                                      (members, lambda i: 1000 + i, {"max_bytes": 2500}, 3)):
+            ra = _ReadAhead(items, lambda i: False, **kw)
+            try:
+                for i, it in enumerate(items):
+                    assert ra.take(i, it) == bytes([i]) * size(i)
+                    assert ra._held == len([f for f in ra._ahead.values() if f is not None])
+                    assert ra._held == min(most, len(items) - i - 1)
+            finally:
+                ra.close()
+    finally:
+        fs.rm("/read-ahead-held", recursive=True)
