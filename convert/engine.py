@@ -43,17 +43,13 @@ from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef, item_size, 
 WINDOW_PER_WORKER = 2
 #: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops the run.
 _INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
-#: Inputs read ahead of the one being converted, inside each worker, by reading threads: enough to keep a cold
-#: disk's latency behind decoding (an ImageNet JPEG decodes in ~4 ms, a cold read takes ~1 ms), and at most
-#: this many bytes of them held in the worker (one large image is always read). They read the inputs the kernel
-#: cannot be asked for (remote, or under tier emulation, whose delays are paid in the reading thread).
+#: Inputs read ahead of the one being converted, inside each worker: enough to keep a cold disk's latency
+#: behind decoding (an ImageNet JPEG decodes in ~4 ms, a cold read takes ~1 ms), and at most this many bytes
+#: of them held (one large image is always read). Local files are left to the kernel's read-ahead; other
+#: inputs (remote, or under tier emulation, whose delays are paid in the reading thread) to this many threads.
 READ_AHEAD = 8
 READ_THREADS = 2
 READ_AHEAD_BYTES = 64 << 20
-#: Local inputs announced to the kernel ahead of the one being converted (their bytes go to the page cache,
-#: not the worker's memory): a deeper horizon, so reads slowed by the outputs' writeback (three formats write
-#: three copies) still land before their turn.
-KERNEL_READ_AHEAD = 32
 #: At most this many shards a split sink commits together (one disk flush for them: see SplitSink.commit_many).
 COMMIT_BATCH = 16
 #: A read of one input that takes longer is an input error (``--on-error`` applies), never a hung job.
@@ -302,30 +298,22 @@ class _ReadAhead:
     only a thread can overlap), are read by threads; a read's error is then raised by :meth:`take` for that
     item, where ``--on-error`` handles it as if the worker had read it itself."""
 
-    def __init__(self, items: list, skip, depth: int = READ_AHEAD, max_bytes: int = READ_AHEAD_BYTES,
-                 kernel_depth: int = KERNEL_READ_AHEAD):
+    def __init__(self, items: list, skip, depth: int = READ_AHEAD, max_bytes: int = READ_AHEAD_BYTES):
         self._items = [(i, it) for i, it in enumerate(items) if not skip(i) and needs_read(it)]
         self._kernel = hasattr(os, "posix_fadvise") and io.throttle() is None
         self._pool = None  # reading threads, started for the first input the kernel cannot be asked for
         self._depth, self._max_bytes = depth, max_bytes
-        # How far ahead any item is announced or submitted; threaded reads are also held to depth and max_bytes.
-        self._horizon = max(kernel_depth, depth) if self._kernel else depth
         self._ahead = {}  # item position -> its read's future, or None where the kernel was asked
         self._stalled = False
         self._next = 0  # the next item (position in self._items) to announce or submit
-        self._held, self._bytes = 0, 0  # threaded reads not taken yet, and their bytes
+        self._bytes = 0
 
     def _fill(self) -> None:
-        while self._next < len(self._items) and len(self._ahead) < self._horizon:
+        while (self._next < len(self._items) and len(self._ahead) < self._depth
+               and (not self._ahead or self._bytes < self._max_bytes)):
             i, item = self._items[self._next]
-            if self._kernel and _advise(item.ref):
-                self._ahead[i] = None
-            elif self._held and (self._held >= self._depth or self._bytes >= self._max_bytes):
-                return  # its read waits for a held one to be taken (_advise asks nothing of a remote input)
-            else:
-                self._ahead[i] = self._submit(item)
-                self._held += 1
-                self._bytes += item_size(item)
+            self._ahead[i] = None if self._kernel and _advise(item.ref) else self._submit(item)
+            self._bytes += item_size(item)
             self._next += 1
 
     def _submit(self, item):
@@ -344,9 +332,7 @@ class _ReadAhead:
         if i not in self._ahead:
             return read_item(item)
         future = self._ahead.pop(i)
-        if future is not None:
-            self._held -= 1
-            self._bytes -= item_size(item)
+        self._bytes -= item_size(item)
         try:
             if future is None:
                 return read_item(item)
