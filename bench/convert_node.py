@@ -553,22 +553,28 @@ def _bracket(rows: list[dict]) -> None:
     ratio to the mean of the two, ``of_limit_bracketed``. The GPU machine's own speed moved by up to 15%
     within minutes (the limit loop gave 3,158-3,697 img/s in one call), so a ratio to one limit run measured
     minutes earlier carries that drift; the rows already written keep ``of_limit``."""
-    limits = [i for i, r in enumerate(rows) if r["run"] == "limit"]
     for i, r in enumerate(rows):
         if "of_limit" not in r:
             continue
-        before = [k for k in limits if k < i]
-        after = [k for k in limits if k > i]
+        before, after = _neighbours(rows, i, "limit")
         if before and after:
-            mean = (rows[before[-1]]["images_per_second"] + rows[after[0]]["images_per_second"]) / 2
+            mean = (before["images_per_second"] + after["images_per_second"]) / 2
             r["of_limit_bracketed"] = round(r["images_per_second"] / mean, 3)
+
+
+def _neighbours(rows: list[dict], i: int, run: str) -> tuple[dict | None, dict | None]:
+    """The ``run`` rows nearest before and after row ``i`` in the same call (rows of a results file that
+    gathers several calls carry their ``call``; a machine's speed in one call says nothing of another's)."""
+    call = rows[i].get("call")
+    same = [(k, r) for k, r in enumerate(rows) if r["run"] == run and r.get("call") == call]
+    before = [r for k, r in same if k < i][-1:]
+    after = [r for k, r in same if k > i][:1]
+    return (before[0] if before else None), (after[0] if after else None)
 
 
 def _around(rows: list[dict], i: int, run: str) -> float | None:
     """The images/s of the ``run`` rows nearest before and after row ``i`` (their mean where both exist)."""
-    before = [r for r in rows[:i] if r["run"] == run][-1:]
-    after = [r for r in rows[i + 1:] if r["run"] == run][:1]
-    near = before + after
+    near = [r for r in _neighbours(rows, i, run) if r]
     return sum(r["images_per_second"] for r in near) / len(near) if near else None
 
 
@@ -606,7 +612,9 @@ def table(rows: list[dict]) -> str:
                          f"(1 process {r['one_process_images_per_second']:,.0f}; "
                          f"scaling {r['hardware_scaling']}) | {_disk(r)} |")
         elif write_copies(r["run"]):
-            of = r.get("of_limit", "")
+            of = str(r.get("of_limit", ""))
+            if r.get("of_limit_bracketed") is not None:
+                of += f"; {r['of_limit_bracketed']} of the limit runs either side"
             lines.append(f"| limit writing {r['copies']} cop{'ies' if r['copies'] > 1 else 'y'}, {r['workers']} "
                          f"processes | {r['images_per_second']:,.0f} | {of} | | {r.get('cpu_ms_per_image', '')} "
                          f"| | | | | | {_disk(r)} |")

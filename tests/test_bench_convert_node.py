@@ -79,6 +79,27 @@ def test_a_conversion_between_two_limit_runs_is_compared_with_their_mean():
     assert rows[1]["of_limit_bracketed"] == 1.0 and "of_limit_bracketed" not in rows[3]
 
 
+def test_rows_of_different_calls_are_not_set_against_each_other():
+    """A results file gathering several calls: a conversion's limit runs either side, and the writing loop it
+    is set against, come from its own call."""
+    from gpufeed.bench.convert_node import _against_writes, _bracket
+
+    rows = [{"call": 1, "run": "limit", "images_per_second": 100.0},
+            {"call": 1, "run": "limit-write3", "images_per_second": 80.0, "of_limit": 0.8},
+            {"call": 1, "run": "limit", "images_per_second": 100.0},
+            {"call": 2, "run": "limit", "images_per_second": 50.0},
+            {"call": 2, "run": "all", "formats": "lmdb,recordio,tfrecord", "images_per_second": 40.0,
+             "of_limit": 0.8},
+            {"call": 2, "run": "limit", "images_per_second": 30.0}]
+    _bracket(rows)
+    _against_writes(rows)
+    assert rows[1]["of_limit_bracketed"] == 0.8 and rows[4]["of_limit_bracketed"] == 1.0
+    assert "of_limit_write" not in rows[4]  # call 1's writing loop is not call 2's
+    rows[1]["call"] = 2  # the same rows as one call: the writing loop before it counts
+    _against_writes(rows)
+    assert rows[4]["of_limit_write"] == 0.5
+
+
 def test_a_comparison_build_runs_each_conversion_beside_this_one(tmp_path):
     """--compare: each conversion runs with another build's gpufeed and with this one, on the same cold files,
     the build going first alternating from pair to pair. Here the other build's folder is empty (the same
