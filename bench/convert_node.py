@@ -240,24 +240,29 @@ def _pool_ready(_) -> None:
 
 class _RssSampler(threading.Thread):
     """Samples a process's anonymous RSS (its heap; an LMDB map's file pages are page cache, not the
-    process's memory) every ``period`` s until it exits: ``[(t, bytes)]``."""
+    process's memory) until it exits: ``[(t, bytes)]``, ``t`` from ``t0`` (the process's start). Every
+    ``fast`` s for the first ``fast_for`` s, so that a run of under a second still has samples in each half,
+    then every ``period`` s."""
 
-    def __init__(self, pid: int, period: float = 0.25):
+    def __init__(self, pid: int, t0: float, period: float = 0.25, fast: float = 0.02, fast_for: float = 2.0):
         super().__init__(daemon=True)
-        self.pid, self.period, self.samples = pid, period, []
+        self.pid, self.t0, self.samples = pid, t0, []
+        self.period, self.fast, self.fast_for = period, fast, fast_for
 
     def run(self) -> None:
         from gpufeed.bench.scale import anon_rss
 
-        t0 = time.perf_counter()
-        while rss := anon_rss(self.pid):  # none once gone, or a zombie (no memory left to report)
-            self.samples.append((time.perf_counter() - t0, rss))
-            time.sleep(self.period)
+        # None once gone, or a zombie (no memory left to report); 0 is a reading (a process just exec'd)
+        while (rss := anon_rss(self.pid)) is not None:
+            t = time.perf_counter() - self.t0
+            self.samples.append((t, rss))
+            time.sleep(self.fast if t < self.fast_for else self.period)
 
-    def halves(self) -> tuple[int, int]:
+    def halves(self, wall: float) -> tuple[int, int]:
+        """The peak in the first and in the second half of the process's ``wall`` seconds."""
         from gpufeed.bench.scale import peak_halves
 
-        return peak_halves(self.samples, self.samples[-1][0]) if self.samples else (0, 0)
+        return peak_halves(self.samples, wall)
 
 
 class _CpuByRole(threading.Thread):
@@ -350,7 +355,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
-    rss = _RssSampler(proc.pid)
+    rss = _RssSampler(proc.pid, t0)
     rss.start()
     roles.driver = proc.pid
     roles.start()
@@ -366,7 +371,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
         doc = json.load(f)
     written = sum(s["written"] for s in doc["splits"].values())
     timings = doc["timings"]
-    first, second = rss.halves()
+    first, second = rss.halves(wall)
     line = timings.get("timeline") or {}
 
     def used(kind: str) -> int:

@@ -115,3 +115,23 @@ def test_a_comparison_build_runs_each_conversion_beside_this_one(tmp_path):
     assert [r.get("pair_position") for r in rows if r["run"] in ("tfrecord", "pass-recordio")] == [0, 1, 0, 1]
     assert all(r["images"] == 40 for r in rows if r["run"] == "tfrecord")
     assert "| (compare build) convert tfrecord |" in table(rows)
+
+
+def test_the_memory_sampler_sees_both_halves_of_a_run_under_a_second():
+    import subprocess
+    import sys
+    import time
+
+    from gpufeed.bench.convert_node import _RssSampler
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(32 << 20); time.sleep(0.4)"])
+    rss = _RssSampler(proc.pid, t0)
+    rss.start()
+    proc.wait()
+    wall = time.perf_counter() - t0
+    rss.join()
+    first, second = rss.halves(wall)
+    # the interpreter's heap from the first half; the 32 MiB buffer by the second
+    assert first > 1 << 20 and second > 32 << 20
+    assert all(t < wall for t, _ in rss.samples)
