@@ -1,6 +1,6 @@
-"""The process server a conversion's local processes fork from (:class:`gpufeed.convert.engine._LocalStart`).
+"""The process server a conversion's local processes fork from (:class:`gpufeed.convert.scheduler._LocalStart`).
 
-It is a separate process that imports the engine, OpenCV and every format's module once, then forks a
+It is a separate process that imports the worker side (:mod:`.worker`), OpenCV and every format's module once, then forks a
 worker in milliseconds for each request. The command line starts it before the driver imports anything
 heavy (:func:`start`), so its imports run while the driver imports, lists and plans: the first shard waits
 for neither. Kept in a module of its own that imports almost nothing, for that reason.
@@ -30,7 +30,7 @@ def context():
 
     os.environ.update(worker_env())
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["gpufeed.convert.engine", "gpufeed.pipelines.transforms", "cv2",
+    ctx.set_forkserver_preload(["gpufeed.convert.worker", "gpufeed.pipelines.transforms", "cv2",
                                 *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
     return ctx
 

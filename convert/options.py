@@ -87,7 +87,7 @@ class ConvertOptions:
     progress: bool = True
     driver_writes: bool = False
     task_retries: int = TASK_RETRIES
-    #: Convert the first shards in local processes while a local Ray runtime starts (engine._LocalStart).
+    #: Convert the first shards in local processes while a local Ray runtime starts (scheduler._LocalStart).
     #: The command line turns it on; it is off for callers of the Python API, because those processes come
     #: from a fork server, which a library should not start in a process it does not own (a script without
     #: a ``__main__`` guard would be run again in each of them).

@@ -71,7 +71,7 @@ def shard_digest(identities) -> str:
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
                shard_size: int = SAMPLES_PER_SHARD, identities: list[bytes] | None = None) -> SplitPlan:
     """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
-    :func:`gpufeed.convert.engine.item_identity`), digested per shard; ``None`` where each shard's worker
+    :func:`gpufeed.convert.identity.item_identity`), digested per shard; ``None`` where each shard's worker
     digests its inputs as it reads them (``shard_digests`` is then empty)."""
     n = len(keys)
     order = split_order(n, split, seed, shuffle)

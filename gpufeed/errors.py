@@ -124,6 +124,10 @@ class RecordTooLargeError(GpufeedError, ValueError):
         return f"{text}; {self.fix}" if self.fix else text
 
 
+#: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops a run.
+INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
+
+
 class OutputError(GpufeedError, OSError):
     """The destination cannot be written (full disk, unreachable remote, permissions)."""
 

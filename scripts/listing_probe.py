@@ -21,7 +21,7 @@ def drop_caches() -> None:
 
 
 def run_once(src: str, dataset: str) -> dict:
-    from gpufeed.convert import engine
+    from gpufeed.convert import identity
     from gpufeed.pipelines import open_source
 
     drop_caches()
@@ -29,7 +29,7 @@ def run_once(src: str, dataset: str) -> dict:
     source = open_source(dataset, src)
     items = source.items(source.splits()[0])
     t1 = time.perf_counter()
-    engine._identities(items, cache={})
+    identity.identities(items, cache={})
     t2 = time.perf_counter()
     return {"bench": "listing-probe", "files": len(items), "list_s": round(t1 - t0, 3),
             "identities_s": round(t2 - t1, 3), "total_s": round(t2 - t0, 3)}

@@ -2,7 +2,7 @@
 
 The node-scale runs (bench/convert_node.py) see each format's worker-seconds but not where they go. This
 converts one shard of ``--n`` ImageNet-like JPEGs (bench.transform_speed.make_corpus, warm page cache) with
-``gpufeed.convert.engine.run_shard`` for each format alone and all three, alternating with the limit loop
+``gpufeed.convert.worker.run_shard`` for each format alone and all three, alternating with the limit loop
 (decode with DCT downscale, resize 256, JPEG q95, nothing written), and prints the CPU milliseconds per image
 of each (best of ``--repeats``), the hash and CRC rates of this CPU, and a profile of the worker's own
 Python-side work for the formats named by ``--profile``. One JSON line per measurement.
@@ -37,7 +37,7 @@ def main() -> None:
 
     cv2.setNumThreads(1)
     from gpufeed.bench.transform_speed import limit_one, make_corpus
-    from gpufeed.convert import engine
+    from gpufeed.convert import worker
     from gpufeed.convert.options import ConvertOptions
     from gpufeed.convert.plan import ShardPlan
     from gpufeed.pipelines import open_source
@@ -67,9 +67,9 @@ def main() -> None:
         os.makedirs(spool)
         for f in fmts:
             os.makedirs(os.path.join(out, f.name))
-        job = engine.ShardJob(ShardPlan(split, 0, 1, 0, len(items)), out, tuple(fmts), opts.image_options(), "fail",
+        job = worker.ShardJob(ShardPlan(split, 0, 1, 0, len(items)), out, tuple(fmts), opts.image_options(), "fail",
                               False, spool, encodes=tuple(opts.encode_for(f.name) for f in fmts), identify="stat")
-        return lambda: engine.run_shard(job, items)
+        return lambda: worker.run_shard(job, items)
 
     def cpu_ms(fn) -> float:
         c = time.process_time()

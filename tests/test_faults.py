@@ -194,7 +194,7 @@ def _val(src, out, **kw):
 def test_disk_full_inside_a_worker_names_the_shard_and_resumes(src, ray_local, tmp_path, monkeypatch):
     import json
 
-    from gpufeed.convert.engine import TEST_FAULTS_ENV
+    from gpufeed.convert.worker import TEST_FAULTS_ENV
     from gpufeed.errors import OutputError
 
     ref = tmp_path / "ref"
@@ -246,7 +246,7 @@ def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_
 def test_the_input_that_crashes_its_worker_is_found_and_skipped(src, ray_local, tmp_path, monkeypatch):
     import json
 
-    from gpufeed.convert.engine import CRASH_REASON, TEST_FAULTS_ENV
+    from gpufeed.convert.worker import CRASH_REASON, TEST_FAULTS_ENV
     from gpufeed.convert.plan import plan_split
     from gpufeed.errors import InputError
     from gpufeed.pipelines import open_source
@@ -274,7 +274,7 @@ def test_losing_the_ray_head_says_so_and_a_rerun_resumes(src, ray_local, tmp_pat
     and that rerunning resumes; the rerun, on a cluster that is back, finishes with the same bytes."""
     from ray.cluster_utils import Cluster
 
-    from gpufeed.convert.engine import EXIT_CLUSTER_LOST
+    from gpufeed.convert.scheduler import EXIT_CLUSTER_LOST
 
     ref = tmp_path / "ref"
     convert(options(src, ref, workers=1, shard_size=1))
@@ -284,7 +284,7 @@ def test_losing_the_ray_head_says_so_and_a_rerun_resumes(src, ray_local, tmp_pat
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
     try:
         address = cluster.address
-        from gpufeed.convert.engine import TEST_FAULTS_ENV
+        from gpufeed.convert.worker import TEST_FAULTS_ENV
 
         # Each input takes 0.1 s longer: the run is still busy when its head is gone.
         proc = cli(args, address, env={**os.environ, "GPUFEED_CLUSTER_LOST_S": "0",

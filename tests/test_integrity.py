@@ -282,16 +282,16 @@ def test_remote_inputs_are_identified_by_their_listing(tmp_path):
     """A remote (fsspec) file's identity comes from its directory's listing: one request per directory."""
     import fsspec
 
-    from gpufeed.convert.engine import _identities
+    from gpufeed.convert.identity import identities
     from gpufeed.pipelines.base import FileRef, Item
 
     fs = fsspec.filesystem("memory")
     fs.pipe({"/gpufeed-test-remote/a/1.JPEG": b"one", "/gpufeed-test-remote/a/2.JPEG": b"two"})
     items = [Item(f"a/{i}.JPEG", 0, FileRef(f"memory://gpufeed-test-remote/a/{i}.JPEG")) for i in (1, 2)]
-    before = _identities(items)
+    before = identities(items)
     assert all(b"size=" in x for x in before)
     fs.pipe({"/gpufeed-test-remote/a/2.JPEG": b"two, longer"})
-    after = _identities(items)
+    after = identities(items)
     assert after[0] == before[0] and after[1] != before[1]
     fs.rm("/gpufeed-test-remote", recursive=True)
 

@@ -1,4 +1,4 @@
-"""Shards converted by local processes (engine._LocalStart): every shard (``--executor pool``, Ray started
+"""Shards converted by local processes (scheduler._LocalStart): every shard (``--executor pool``, Ray started
 only for a shard they fail), or those before a fresh local Ray runtime is up (``--executor ray``).
 
 Every other conversion test joins the session's Ray runtime, which is up already, so nothing runs locally
@@ -16,7 +16,8 @@ import tempfile
 import time
 
 from convert_fixtures import cli, cli_args, options, tree_bytes
-from gpufeed.convert.engine import CRASH_REASON, TEST_FAULTS_ENV, convert
+from gpufeed.convert.engine import convert
+from gpufeed.convert.worker import CRASH_REASON, TEST_FAULTS_ENV
 from gpufeed.convert.verify import verify
 
 
@@ -110,7 +111,7 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
     import concurrent.futures
     from types import SimpleNamespace
 
-    from gpufeed.convert.engine import _LocalStart, _Tasks
+    from gpufeed.convert.scheduler import Tasks, _LocalStart
 
     def job(start):
         return SimpleNamespace(plan=SimpleNamespace(start=start))
@@ -120,7 +121,7 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
         assert local.submit(job(0), [])
         concurrent.futures.wait(list(local.futures))  # broken now; nobody asked done() yet
         opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail", pool_converts=True)
-        tasks = _Tasks(lambda block: None, _die, opts, lambda plan: [], local=local)
+        tasks = Tasks(lambda block: None, _die, opts, lambda plan: [], local=local)
         later = [job(1), job(2)]
         tasks.pending.extend(later)
         tasks.submit()

@@ -1,4 +1,4 @@
-"""A worker's read-ahead (engine._ReadAhead): local files and local archives' members are announced to the
+"""A worker's read-ahead (worker._ReadAhead): local files and local archives' members are announced to the
 kernel and read in the converting thread; remote inputs and every input under tier emulation are read by
 threads. Either way each item's data, or its own error, comes back for that item, in order."""
 
@@ -8,7 +8,7 @@ import os
 import tarfile
 
 import fsspec
-from gpufeed.convert.engine import _ReadAhead
+from gpufeed.convert.worker import _ReadAhead
 from gpufeed.errors import InputError, SourceNotFound
 from gpufeed.pipelines.base import FileRef, Item, TarMemberRef
 

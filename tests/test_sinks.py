@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpufeed.convert.engine import file_entry
+from gpufeed.convert.worker import file_entry
 from gpufeed.convert.sinks import LmdbSink, SpoolWriter, spool_records
 from gpufeed.errors import ConfigError, CorruptRecordError, OutputError
 from gpufeed.formats.base import EncodedRecord

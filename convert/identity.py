@@ -1,0 +1,100 @@
+"""An input's identity: what decides its bytes and label besides its key (:func:`item_identity`).
+
+The plan digests it per shard, and a resumed run compares the digests, so an input replaced between a kill
+and a resume is noticed, never mixed into the output (:meth:`gpufeed.convert.state.Journal.check_plan`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpufeed import io
+from gpufeed.errors import INPUT_ERRORS
+from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef, read_item
+
+
+def item_identity(item, cache: dict, strict: bool = False) -> bytes:
+    """What decides an input's bytes and label besides its key: the label; for a local file its size,
+    modification time and inode (a replaced file has another); for a remote file (fsspec) its size, ETag
+    and modification time as its directory's listing gives them (one request per directory); for a tar
+    member its place in the archive and the archive's identity; for data in memory a checksum of it. With
+    ``strict`` (``--strict``), a checksum of every input's bytes as well, read once more (local files by the
+    worker converting their shard, others by the driver while planning). ``cache`` keeps stats and listings
+    across the items of a split."""
+    import crc32c
+
+    ref = item.ref
+    parts = [repr(item.label)]
+    if isinstance(ref, (FileRef, TarMemberRef)):
+        key = ref.url
+        if key not in cache or isinstance(ref, FileRef):
+            cache[key] = _file_identity(ref.url, cache)
+        parts.append(cache[key])
+        if isinstance(ref, TarMemberRef):
+            parts.append(f"{ref.offset}:{ref.size}")
+        if strict:
+            try:
+                data = read_item(item)
+                parts.append(f"crc32c {crc32c.crc32c(data)}:{len(data)}")
+            except INPUT_ERRORS:
+                parts.append("unreadable")  # converting it will say why
+    elif isinstance(ref, InlineRef):
+        import numpy as np
+
+        data = ref.data.tobytes() if isinstance(ref.data, np.ndarray) else bytes(ref.data)
+        parts.append(f"{crc32c.crc32c(data)}:{len(data)}")
+    return "\t".join(parts).encode("utf-8", "surrogateescape")
+
+
+def _file_identity(url: str, cache: dict) -> str:
+    if io.is_local(url):
+        try:
+            st = os.stat(io.local_path(url))
+            cache[("size", url)] = st.st_size  # for --shard-bytes (input_bytes): one stat per file
+            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+        except OSError:
+            return "unreadable"
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    parent = path.rsplit("/", 1)[0]
+    listing = cache.get(("listing", parent))
+    if listing is None:
+        try:
+            listing = {e["name"].rstrip("/"): e for e in fs.ls(parent, detail=True)}
+        except OSError:
+            listing = {}
+        cache[("listing", parent)] = listing
+    info = listing.get(path.rstrip("/"), {})
+    fields = ("size", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified", "updated", "created")
+    return ":".join(f"{k}={info[k]}" for k in fields if k in info) or "unlisted"
+
+
+def identities(items: list, strict: bool = False, cache: dict | None = None) -> list[bytes]:
+    cache = {} if cache is None else cache
+    return [item_identity(it, cache, strict) for it in items]
+
+
+def input_bytes(items: list, cache: dict) -> int:
+    """The inputs' total size as listed (``--shard-bytes``): a tar member's header, a local file's stat and a
+    remote file's entry in its directory's listing as :func:`item_identity` cached them (nothing is asked of
+    the storage again); data in memory by its length. Inputs whose size is unknown count as the mean of the
+    others."""
+    sizes = []
+    for it in items:
+        ref = it.ref
+        if isinstance(ref, TarMemberRef):
+            sizes.append(ref.size)
+        elif isinstance(ref, InlineRef):
+            sizes.append(getattr(ref.data, "nbytes", None) or len(ref.data))
+        elif io.is_local(ref.url):
+            sizes.append(cache.get(("size", ref.url)))
+        else:
+            import fsspec
+
+            path = fsspec.core.url_to_fs(ref.url)[1].rstrip("/")
+            listing = cache.get(("listing", path.rsplit("/", 1)[0]), {})
+            sizes.append(listing.get(path, {}).get("size"))
+    known = [n for n in sizes if n is not None]
+    mean = sum(known) / len(known) if known else 0
+    return int(sum(known) + mean * (len(sizes) - len(known)))
