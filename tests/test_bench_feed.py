@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufeed.bench import feed, report
+from gpufeed.bench.report_analysis import _gpus_fed
 from gpufeed.bench.results import load_results
 from gpufeed.convert.cli import main
 
@@ -101,7 +102,7 @@ def test_a_failure_under_the_emulated_disks_caps_is_not_blamed_on_the_disk(faili
            "gpus_fed": 0, "tried": [{"gpus": 1, "min_au": 0.66, "mb_per_s": failing_mb, "cpu_busy": 0.08}]}
     said = feed.caps_shortfall(row)
     assert (said is None) if expected is None else (expected in said and "the disk may feed more" in said)
-    text = report.render_markdown(report.Report("t", "s", [report.Section("a", report._gpus_fed([
+    text = report.render_markdown(report.Report("t", "s", [report.Section("a", _gpus_fed([
         dict(row, bench="feed", tier="essd-pl2", format="tfrecord", params={"task": "train"})]))]), "/n", "x")
     assert (expected in text) if expected else "the disk may feed more" not in text
     assert feed.caps_shortfall(dict(row, tier_limits=None)) is None  # a real mount: no caps to compare
