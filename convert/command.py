@@ -6,10 +6,11 @@ Imports nothing heavy: Ray, OpenCV and the formats load only when a conversion r
 from __future__ import annotations
 
 import argparse
-import os
 
-from gpufeed.convert.options import (DEFAULT_MAX_PIXELS, DEFAULT_QUALITY, ENCODINGS, EXECUTORS, ON_ERROR, PTB_MODES,
-                                     SAMPLES_PER_SHARD, STORE_DTYPES, TASK_RETRIES)
+from gpufeed.convert.options import DEFAULT_QUALITY, EXECUTORS, PTB_MODES, SAMPLES_PER_SHARD, TASK_RETRIES
+from gpufeed.machine import usable_cores
+from gpufeed.pipelines import DEFAULT_MAX_PIXELS, ON_ERROR
+from gpufeed.pipelines.image_options import ENCODINGS, STORE_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"output formats, comma-separated: {', '.join(FORMATS)}%(default).0s")
     p.add_argument("--out", required=True, metavar="DST",
                    help="destination directory or fsspec URL; gets <format>/..., manifest.json, classes.txt%(default).0s")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    p.add_argument("--workers", type=int, default=usable_cores(),
                    help="parallel workers (one CPU each): local processes without --address (--executor), Ray "
                         "tasks on a cluster")
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",

@@ -13,13 +13,12 @@ import re
 
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
-from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS
+from gpufeed.machine import usable_cores
+from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS, ON_ERROR
+from gpufeed.pipelines.image_options import GEOMETRY, check_image_options
 
-ENCODINGS = ("jpeg", "png", "raw", "pass")
-ON_ERROR = ("fail", "skip")
 #: CIFAR's encoding per format when ``--encode`` is not given (:meth:`ConvertOptions.encode_for`).
 CIFAR_ENCODE = {"lmdb": "raw", "recordio": "png", "tfrecord": "png"}
-STORE_DTYPES = ("uint8", "float16", "float32")
 PTB_MODES = ("window", "sentence")
 #: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
 DEFAULT_QUALITY = 95
@@ -53,7 +52,7 @@ class ConvertOptions:
     formats: tuple[str, ...]
     out: str
     root: str | None = None  # where a list file's relative paths start (default: the list file's folder)
-    workers: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+    workers: int = dataclasses.field(default_factory=usable_cores)
     splits: tuple[str, ...] | None = None
     resize: int | None = None
     size: tuple[int, int] | None = None
@@ -116,8 +115,6 @@ class ConvertOptions:
             raise ConfigError(f"--task-retries must be 0 or more, not {self.task_retries}")
         if self.workers < 1:
             raise ConfigError(f"--workers must be at least 1, not {self.workers}")
-        if self.encode is not None:
-            _choice("--encode", self.encode, ENCODINGS)
         _choice("--on-error", self.on_error, ON_ERROR)
         _choice("--executor", self.executor, EXECUTORS)
         if self.executor == "pool" and self.address:
@@ -129,19 +126,7 @@ class ConvertOptions:
                               f"background), not {self.label_offset}")
         if self.label_offset and "tfrecord" not in self.formats:
             raise ConfigError("--label-offset applies to TFRecord labels; add tfrecord to --to or leave it out")
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"--quality must be within 1..100, not {self.quality}")
-        geometry = [n for n, v in (("--resize", self.resize), ("--size", self.size),
-                                   ("--max-size", self.max_size)) if v is not None]
-        if self.resize is not None and self.size is not None:
-            raise ConfigError("--resize (shorter side) and --size (exact HxW) exclude each other; give one")
-        for name, value in (("--resize", self.resize), ("--max-size", self.max_size)):
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be a positive number of pixels, not {value}")
-        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise ConfigError(f"--size must be HxW with positive numbers, e.g. 227x227, not {self.size}")
-        if self.max_pixels < 1:
-            raise ConfigError(f"--max-pixels must be a positive number of pixels, not {self.max_pixels}")
+        check_image_options(self, flags=True)
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
         if self.shard_size < 1:
@@ -154,14 +139,9 @@ class ConvertOptions:
             raise ConfigError(f"--limit must be at least 1 input per split, not {self.limit}")
         if self.seq_len < 1:
             raise ConfigError(f"--seq-len must be at least 1, not {self.seq_len}")
-        if self.encode == "pass" and (geometry or self.center_crop or self.gray):
-            raise ConfigError("--encode pass stores the original bytes, so it cannot be combined with "
-                              f"{', '.join(geometry + ['--center-crop'] * self.center_crop + ['--gray'] * self.gray)}; "
-                              "drop them or choose --encode jpeg")
         if self.dataset == "ptb":
-            image = geometry + [n for n, v in (("--center-crop", self.center_crop), ("--gray", self.gray),
-                                               ("--normalize", self.normalize), ("--encode", self.encode))
-                                if v]
+            image = [f"--{n.replace('_', '-')}" for n in (*GEOMETRY, "gray", "normalize", "encode")
+                     if getattr(self, n)]
             if image:
                 raise ConfigError(f"{', '.join(image)} transform images; Penn Treebank is text (token records): "
                                   "drop them (--seq-len and --ptb-mode shape its records)")
@@ -207,27 +187,19 @@ class ConvertOptions:
                               "inputs by the next run; choose a destination outside the source")
 
     def _check_store_dtype(self) -> None:
-        _choice("--store-dtype", self.store_dtype, STORE_DTYPES)
+        """The rules of normalised float storage that belong to a conversion (its statistics pre-pass);
+        check_image_options has checked the rest."""
         given = [n for n, v in (("--mean", self.mean), ("--std", self.std)) if v is not None]
         if self.store_dtype == "uint8":
             if given:
                 raise ConfigError(f"{' and '.join(given)} normalise stored pixels, which needs --store-dtype "
                                   "float16 or float32; drop them (--normalize alone only computes statistics)")
             return
-        if self.encode not in (None, "raw"):
-            raise ConfigError(f"--store-dtype {self.store_dtype} stores normalised pixel tensors, which cannot be "
-                              f"--encode {self.encode}; use --encode raw (or leave --encode out)")
         if len(given) == 1:
             raise ConfigError(f"{given[0]} needs its partner: give both --mean R,G,B and --std R,G,B")
         if not given and not self.normalize:
             raise ConfigError(f"--store-dtype {self.store_dtype} stores (pixel - mean) / std: give --mean R,G,B "
                               "and --std R,G,B (0-255 scale), or --normalize to compute them from the train split")
-        channels = 1 if self.gray else 3
-        for name, value in (("--mean", self.mean), ("--std", self.std)):
-            if value is not None and len(value) not in (1, channels):
-                raise ConfigError(f"{name} has {len(value)} values; give {channels} (one per channel) or 1")
-        if self.std is not None and min(self.std) <= 0:
-            raise ConfigError(f"--std must be positive, not {','.join(map(str, self.std))}")
 
     @property
     def statistics_prepass(self) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 DATASETS = ("imagenet", "cifar10", "cifar100", "ptb", "folder")
+#: What an unusable input does to a run: end it (naming the input), or skip it and list it in the summary.
+ON_ERROR = ("fail", "skip")
 #: Images with more pixels are refused undecoded. Pillow's own default (``PIL.Image.MAX_IMAGE_PIXELS``):
 #: about a 9459x9459 image, 256 MiB of RGB.
 DEFAULT_MAX_PIXELS = 89_478_485

@@ -28,9 +28,8 @@ from collections.abc import Sequence
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
+from gpufeed.pipelines import ON_ERROR
 from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
-
-ON_ERROR = ("fail", "skip")
 
 
 @dataclasses.dataclass(frozen=True)

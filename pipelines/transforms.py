@@ -26,81 +26,12 @@ import numpy as np
 from gpufeed.errors import ConfigError, InputError
 from gpufeed.formats.base import Sample
 from gpufeed.pipelines.base import Item, read_item
-from gpufeed.pipelines.imageio import DEFAULT_MAX_PIXELS, ImageInfo, decode, decode_image, probe, reduction_for
+from gpufeed.pipelines.image_options import ImageOptions
+from gpufeed.pipelines.imageio import ImageInfo, decode, decode_image, probe, reduction_for
 
-ENCODINGS = ("jpeg", "png", "raw", "pass")
-STORE_DTYPES = ("uint8", "float16", "float32")
 # Fast JPEG validation for pass-through: entropy-decodes every scan (so corruption is found) but runs
 # the inverse DCT at 1/8 size.
 _VALIDATE_REDUCTION = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageOptions:
-    """How conversion turns an input image into the stored one.
-
-    ``resize``: shorter side in pixels, longer = longer * resize // shorter (im2rec; upscales too).
-    ``size``: exact ``(height, width)``, aspect not kept (Caffe). ``max_size``: cap on the longer side,
-    applied last. ``center_crop``: cut the centre square before resizing (im2rec ``--center-crop``).
-    ``gray``: one channel. ``encode``: ``"jpeg"`` (``quality``), ``"png"``, ``"raw"`` pixels (HWC RGB), or
-    ``"pass"`` to store the original bytes untouched (``validate`` still decodes them, to keep broken
-    files out). ``store_dtype`` float16/float32 stores ``(pixel - mean) / std`` (pixel units 0-255, RGB
-    order, as MXNet's ``mean_r``/``std_r``) and needs ``encode="raw"``. ``max_pixels``: larger images are
-    refused as decompression bombs before decoding.
-    """
-
-    resize: int | None = None
-    size: tuple[int, int] | None = None
-    max_size: int | None = None
-    center_crop: bool = False
-    gray: bool = False
-    encode: str = "jpeg"
-    quality: int = 95
-    store_dtype: str = "uint8"
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    validate: bool = True
-
-    def __post_init__(self):
-        if self.encode not in ENCODINGS:
-            raise ConfigError(f"encode={self.encode!r} is not one of {', '.join(ENCODINGS)}")
-        if self.store_dtype not in STORE_DTYPES:
-            raise ConfigError(f"store_dtype={self.store_dtype!r} is not one of {', '.join(STORE_DTYPES)}")
-        if self.resize is not None and self.size is not None:
-            raise ConfigError("resize (shorter side) and size (exact HxW) exclude each other; pick one")
-        for name in ("resize", "max_size"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name}={value!r} must be a positive integer number of pixels")
-        if self.size is not None:
-            if len(self.size) != 2 or any(not isinstance(v, int) or v < 1 for v in self.size):
-                raise ConfigError(f"size={self.size!r} must be (height, width) in positive pixels")
-            object.__setattr__(self, "size", tuple(self.size))
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"quality={self.quality} must be within 1..100 (im2rec uses 95)")
-        if self.max_pixels < 1:
-            raise ConfigError(f"max_pixels={self.max_pixels} must be positive")
-        if self.encode == "pass" and (self.geometry_changes or self.gray or self.store_dtype != "uint8"):
-            raise ConfigError("encode='pass' stores the original bytes, so it cannot resize, crop, convert "
-                              "to gray or normalise; drop those options or pick jpeg/png/raw")
-        if self.store_dtype != "uint8" and self.encode != "raw":
-            raise ConfigError(f"store_dtype={self.store_dtype} stores normalised tensors, which needs "
-                              "encode='raw'")
-        channels = 1 if self.gray else 3
-        for name in ("mean", "std"):
-            value = getattr(self, name)
-            if value is not None:
-                value = tuple(float(v) for v in value)
-                if len(value) not in (1, channels):
-                    raise ConfigError(f"{name} has {len(value)} values; give 1 or {channels} (one per channel)")
-                object.__setattr__(self, name, value)
-        if self.std is not None and any(v <= 0 for v in self.std):
-            raise ConfigError(f"std={self.std} must be positive")
-
-    @property
-    def geometry_changes(self) -> bool:
-        return bool(self.resize or self.size or self.max_size or self.center_crop)
 
 
 def output_geometry(height: int, width: int, options: ImageOptions):

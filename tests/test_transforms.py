@@ -342,3 +342,24 @@ def test_write_stats_to_an_fsspec_url_and_gray():
     assert doc["mean_r"] == 9.0 and doc["std_r"] == 0.0 and doc["channels"] == "gray" and "mean_g" not in doc
     assert info["mean_binaryproto"] == "mean.binaryproto"
     assert fsspec.filesystem("memory").exists("/b2-stats/out/mean.binaryproto")
+
+
+@pytest.mark.parametrize("kwargs, python, flag", [
+    (dict(max_size=0), "max_size must be a positive number", "--max-size must be a positive number"),
+    (dict(resize=256, size=(3, 3)), "resize (shorter side) and size", "--resize (shorter side) and --size"),
+    (dict(encode="pass", center_crop=True), "encode='pass' stores the original bytes, so it cannot be combined with "
+     "center_crop", "--encode pass stores the original bytes, so it cannot be combined with --center-crop"),
+    (dict(encode="jpeg", store_dtype="float16", mean=(1,), std=(2,)), "use encode='raw'", "use --encode raw"),
+    (dict(quality=101), "quality must be within 1..100", "--quality must be within 1..100"),
+    (dict(encode="raw", store_dtype="float32", mean=(1, 2), std=(1,)), "mean has 2 values",
+     "--mean has 2 values")])
+def test_one_set_of_image_rules_speaks_python_to_the_api_and_flags_to_the_command_line(tmp_path, kwargs, python,
+                                                                                        flag):
+    from gpufeed.convert.options import ConvertOptions
+
+    with pytest.raises(ConfigError) as api:
+        ImageOptions(**{"encode": "jpeg", **kwargs})
+    assert python in str(api.value)
+    with pytest.raises(ConfigError) as cli:
+        ConvertOptions("imagenet", str(tmp_path), ("lmdb",), str(tmp_path / "out"), **kwargs)
+    assert flag in str(cli.value)
