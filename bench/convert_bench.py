@@ -25,6 +25,7 @@ import threading
 import time
 
 from gpufeed.errors import ConfigError, GpufeedError
+from gpufeed.machine import usable_cores
 
 #: psutil sampling period for the process tree's CPU times: processes that exit between samples lose at most
 #: this much CPU time from the total (Ray workers live for the whole run).
@@ -147,7 +148,7 @@ def add_arguments(parser) -> None:
                         help="scratch directory for outputs on emulated tiers (default: SRC.bench-out)")
     add_tier_arguments(parser)
     parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
-    parser.add_argument("--workers", type=int_list, default=[os.cpu_count() or 1],
+    parser.add_argument("--workers", type=int_list, default=[usable_cores()],
                         help="worker counts to run, e.g. 1,2,4")
     parser.add_argument("--resize", type=int, default=None, help="passed to convert (shorter side)")
     parser.add_argument("--synth", type=int, default=None, metavar="PER_CLASS",

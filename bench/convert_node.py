@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 
+from gpufeed.machine import usable_cores
+
 #: Pools start their processes from a clean server process, not by forking the caller, which may run
 #: threads (a test session's Ray): a fork then can copy a lock held by one of them, and hang.
 _POOLS = multiprocessing.get_context("forkserver")
@@ -684,7 +686,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m gpufeed.bench.convert_node", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=120_000, help="files in the corpus")
     p.add_argument("--unique", type=int, default=3000, help="distinct synthesised JPEGs among them")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes / Ray workers")
+    p.add_argument("--workers", type=int, default=usable_cores(), help="processes / Ray workers")
     p.add_argument("--pass-n", type=int, default=40_000, help="files for the pass-through and cp runs")
     p.add_argument("--runs", default=",".join(RUNS),
                    help=f"a subset of {','.join(RUNS)} (any {LIMIT_WRITE}K: K copies written)")

@@ -34,6 +34,7 @@ import os
 import time
 
 from gpufeed.errors import ConfigError
+from gpufeed.machine import usable_cores
 
 IMAGES = ("imagenet", "cifar", "ptb")
 MANIFEST = "bench_dataset.json"
@@ -150,7 +151,7 @@ def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1
     formats = list(dict.fromkeys(formats))
     for f in formats:
         get_format(f)
-    workers = workers or os.cpu_count() or 1
+    workers = workers or usable_cores()
     t0 = time.perf_counter()
     writers = {}
     try:

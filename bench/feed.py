@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
+from gpufeed.bench import AU_TARGET
 from gpufeed.errors import ConfigError
 
-AU_TARGET = 0.90
 #: A failing N on an emulated disk that drew less than this share of its MB/s and of its IOPS did not fail on the
 #: disk: the readers (this machine, the emulator's per-request cost) were the limit.
 CAPS_REACHED = 0.80

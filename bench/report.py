@@ -22,7 +22,8 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from gpufeed.bench.report_analysis import (AU_TARGET, Block, Plot, Report, Section, Table, answer, choose_baseline,
+from gpufeed.bench import AU_TARGET
+from gpufeed.bench.report_analysis import (Block, Plot, Report, Section, Table, answer, choose_baseline,
                                            demands, emulated_table, every_configuration, figure, finding_checks,
                                            finding_table, fmt_num, fmt_pct, fmt_spread, generic_table,
                                            loader_label, machine_table, of_bench, params, ratio_to_baseline,

@@ -14,14 +14,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Union
 
+from gpufeed.bench import AU_TARGET, MEMORY_TIER, SYNTHETIC
 from gpufeed.errors import ConfigError
 
-#: MLPerf Storage's pass mark for ResNet-50.
-AU_TARGET = 0.90
 #: Tier tried first as the baseline of ratios, when present (the fastest of the published tiers).
 PREFERRED_BASELINE = "nvme"
-#: Tier name of synthetic-data rows (see gpufeed.bench.train): not storage, so never a baseline.
-MEMORY_TIER = "memory"
 #: "Insensitive to the disk" is confirmed when tiers differ by at most this much (TIERS.md says ~1%; runs on a
 #: shared machine move by a few percent).
 INSENSITIVE_TOLERANCE = 0.03
@@ -103,7 +100,7 @@ def of_bench(rows: Iterable[dict], bench: str) -> list[dict]:
 
 
 def is_synthetic(row: dict) -> bool:
-    return row.get("tier") == MEMORY_TIER or row.get("format") == "synthetic"
+    return row.get("tier") == MEMORY_TIER or row.get("format") == SYNTHETIC
 
 
 def accelerator(row: dict) -> str | None:

@@ -8,7 +8,8 @@ import io
 import statistics
 from collections.abc import Sequence
 
-from gpufeed.bench.report_analysis import (AU_TARGET, _describe_config, demands, figure, is_synthetic, of_bench,
+from gpufeed.bench import AU_TARGET
+from gpufeed.bench.report_analysis import (_describe_config, demands, figure, is_synthetic, of_bench,
                                            params, storage_tiers, tier_label)
 
 

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from gpufeed.machine import usable_cores
+
 #: Past the first half's peak by more than this (and 10%), a role's memory counts as growing.
 _GROWTH_SLACK = 64 * 2**20
 
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=200_000, help="cifar: training samples")
     p.add_argument("--gigabytes", type=float, default=20.0, help="imagenet: bytes of source JPEGs")
     p.add_argument("--unique", type=int, default=20_000, help="imagenet: distinct synthetic JPEGs (then copied)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--workers", type=int, default=usable_cores())
     p.add_argument("--to", default="lmdb,recordio,tfrecord")
     p.add_argument("--encode", default=None, help="imagenet: jpeg (resize 256, q95) or pass")
     p.add_argument("--interval", type=float, default=2.0)

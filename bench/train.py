@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gpufeed.bench import MEMORY_TIER, SYNTHETIC
 from gpufeed.errors import ConfigError
-from gpufeed.pipelines.loader import DECODES
+from gpufeed.pipelines.loader import DECODES, default_workers
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``, the loader's default).
@@ -60,12 +61,6 @@ PTB_HIDDEN = 650
 PTB_LAYERS = 2
 #: Batch sizes of the language model (Zaremba et al. train the medium model with 20 sequences per step).
 PTB_BATCH = {"train": 20, "infer": 20}
-#: Format name of the rows measured on synthetic tensors (no storage, no decoding).
-SYNTHETIC = "synthetic"
-#: Tier name of those rows: the data sits in accelerator memory.
-SYNTHETIC_TIER = "memory"
-#: MLPerf Storage's pass mark for ResNet-50.
-AU_TARGET = 0.90
 #: Least warm-up time of every timed loop on a real GPU, after ``--warmup-steps``.
 CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
@@ -485,13 +480,6 @@ class TrainOptions:
         return WORKER_NICE if self.worker_nice is None else self.worker_nice
 
 
-def default_workers() -> int:
-    """One DataLoader worker per usable core, at most 16 (the H200 machine's core count)."""
-    from gpufeed.bench.results import usable_cores
-
-    return max(1, min(16, usable_cores()))
-
-
 @dataclasses.dataclass(frozen=True)
 class Ranks:
     """This process's place among the benchmark's DistributedDataParallel ranks (one rank: ``Ranks()``):
@@ -752,7 +740,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     def row_of(cells: list[Cell]) -> dict:
         first = cells[0]
         if first.tier is None:
-            head = {"tier": SYNTHETIC_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
+            head = {"tier": MEMORY_TIER, "mode": "measured", "profile": None, "format": SYNTHETIC,
                     "params": opts.params(first.task, None, first.described)}
         else:
             head = {**tiers[first.tier].row_fields(), "format": first.fmt,

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from gpufeed.bench import MEMORY_TIER
 from gpufeed.bench.results import ResultWriter, machine_info, stat, summarize
 from gpufeed.pipelines.base import InlineRef, Item
 from gpufeed.pipelines.transforms import ImageOptions, make_sample
@@ -164,7 +165,7 @@ def run(n: int = 300, repeats: int = 5, seed: int = 0, pillow: bool = True, out_
         result["loops"][name] = {"img_per_s": cpu["median"], "spread": cpu["spread"],
                                  "wall_img_per_s": wall["median"], "ratio_to_limit": cpu["median"] / limit}
         if writer:
-            writer.write({"bench": "convert", "tier": "memory", "mode": "measured", "profile": "none",
+            writer.write({"bench": "convert", "tier": MEMORY_TIER, "mode": "measured", "profile": "none",
                           "format": "jpeg", "n_samples": n, "sample_bytes": corpus_bytes / n,
                           "versions": {"PIL": libs["PIL"]},
                           "params": {"loop": name, "resize": TARGET, "quality": QUALITY, "threads": 1,

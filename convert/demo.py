@@ -13,13 +13,15 @@ import argparse
 import os
 import shlex
 
+from gpufeed.machine import usable_cores
+
 
 def add_arguments(p) -> None:
     p.add_argument("out", nargs="?", default="gpufeed-demo", metavar="OUT",
                    help="directory for the synthetic source (OUT/src) and the converted output (OUT/out)")
     p.add_argument("--classes", type=int, default=10, help="synthetic ImageNet classes")
     p.add_argument("--per-class", type=int, default=20, help="train images per class")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel workers (local processes)")
+    p.add_argument("--workers", type=int, default=usable_cores(), help="parallel workers (local processes)")
 
 
 def run(args) -> int:

@@ -16,11 +16,12 @@ import os
 
 from gpufeed import io
 from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
+from gpufeed.machine import usable_cores
 
 
 def add_arguments(p) -> None:
     p.add_argument("out", metavar="DST", help="a destination written by `gpufeed convert`")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel checking processes")
+    p.add_argument("--workers", type=int, default=usable_cores(), help="parallel checking processes")
     p.add_argument("--no-decode", dest="decode", action="store_false",
                    help="skip decoding every image (framing, checksums, counts and labels are still checked)")
 

@@ -78,7 +78,16 @@ HW_RATE = 13_000.0
 #: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's. At 10
 #: every training run fed less on the GPU machine (results/gpu-nice-h100.txt): the loop is not short of cores.
 WORKER_NICE = 0
+#: DataLoader workers by default: one per usable core, at most this many (the H200 machine's core count).
+MAX_DEFAULT_WORKERS = 16
 _INSTALL = "pip install 'gpufeed[gpu]'"
+
+
+def default_workers() -> int:
+    """DataLoader workers when none are given: one per usable core, at most :data:`MAX_DEFAULT_WORKERS`."""
+    from gpufeed.machine import usable_cores
+
+    return max(1, min(MAX_DEFAULT_WORKERS, usable_cores()))
 
 
 def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
@@ -755,9 +764,7 @@ class Loader:
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
             import_nvimgcodec()
-        from gpufeed.machine import usable_cores
-
-        self.workers = max(1, min(16, usable_cores())) if workers is None else workers
+        self.workers = default_workers() if workers is None else workers
         train = augment == "train"
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
