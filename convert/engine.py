@@ -23,12 +23,12 @@ import threading
 import time
 
 from gpufeed import io
-from gpufeed.convert import sinks
+from gpufeed.convert import faults, sinks
 from gpufeed.convert.identity import identities, input_bytes
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, shard_digest, split_order
 from gpufeed.convert.scheduler import RayStart, Tasks, cap_workers, ray_initialized
-from gpufeed.convert.worker import ShardJob, faults_from_env, file_entry, run_shard, stats_shard
+from gpufeed.convert.worker import ShardJob, file_entry, run_shard, stats_shard
 from gpufeed.errors import ConfigError, OutputError
 from gpufeed.formats.base import PER_SPLIT
 from gpufeed.machine import usable_cores
@@ -273,7 +273,7 @@ def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_optio
         tasks = Tasks(lambda block: ray_once(), stats_shard, options, st.shard_items)
         formats = tuple(options.output_formats())
         tasks.pending.extend(ShardJob(sp, out, formats, image_options, options.on_error, True,
-                                      faults=faults_from_env()) for sp in todo)
+                                      faults=faults.from_env()) for sp in todo)
         try:
             while tasks:
                 _, result = tasks.next()
@@ -374,12 +374,12 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                            local=local)
             if progress is not None:
                 progress.converting()
-            faults = faults_from_env()
+            injected = faults.from_env()
             encodes = tuple(options.encode_for(f.name) for f in formats)
             identify = "content" if options.strict else "stat"
             tasks.pending.extend(
                 ShardJob(sp, out, tuple(formats), image_options, options.on_error, sp.split == stats_split,
-                         spool_dir, driver_writes, faults=faults, encodes=encodes,
+                         spool_dir, driver_writes, faults=injected, encodes=encodes,
                          identify="" if plans[sp.split].shard_digests else identify) for sp in todo)
             tasks.submit()
             t0.mark("ready_to_convert")  # destination, journal and sinks set up; shards handed to what runs them

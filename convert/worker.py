@@ -17,7 +17,7 @@ import shutil
 import time
 
 from gpufeed import io
-from gpufeed.convert import sinks
+from gpufeed.convert import faults, sinks
 from gpufeed.convert.identity import identities
 from gpufeed.convert.plan import ShardPlan, shard_digest
 from gpufeed.errors import INPUT_ERRORS, InputError
@@ -51,27 +51,14 @@ class ShardJob:
     driver_writes: bool = False  # write into a worker-local directory and return the files' bytes
     exclude: tuple = ()  # planned indices of inputs found to crash the worker, skipped by --on-error skip
     encodes: tuple = ()  # per format, the encoding its samples get (empty: image_options.encode for all)
-    faults: dict | None = None  # test-only fault injection (see faults_from_env)
+    faults: dict | None = None  # test-only fault injection (gpufeed.convert.faults)
     #: "stat" / "content": digest the shard's inputs as they are read (:func:`shard_digest`), where the plan
     #: did not (local files: the driver would stat every input before the first shard could start)
     identify: str = ""
 
 
-#: Test-only fault injection, read by the driver and handed to the workers in the job (Ray workers are
-#: started by the raylet, so their environment is not the driver's): a JSON object with ``fsize`` (a file
-#: size limit, RLIMIT_FSIZE, applied while a shard runs: the condition a full disk creates), ``crash_on``
-#: (inputs whose origin ends with this string kill their worker, like a crashing decoder) and/or ``delay_s``
-#: (seconds each input takes longer, so a test can act while a run is busy).
-TEST_FAULTS_ENV = "GPUFEED_TEST_FAULTS"
 #: Why an input isolated by bisection is skipped.
 CRASH_REASON = "crashes the worker (found by bisecting its shard)"
-
-
-def faults_from_env() -> dict | None:
-    import json
-
-    text = os.environ.get(TEST_FAULTS_ENV)
-    return json.loads(text) if text else None
 
 
 def _worker_setup() -> None:
@@ -95,46 +82,13 @@ def warm_worker() -> None:
         importlib.import_module(target.split(":")[0])
 
 
-class _FileSizeLimit:
-    """The ``fsize`` test fault: lower the soft RLIMIT_FSIZE for one shard, then restore it (workers are
-    reused). Python ignores SIGXFSZ, so a write past the limit fails with EFBIG, as on a full disk."""
-
-    def __init__(self, faults: dict | None):
-        self.limit = (faults or {}).get("fsize")
-        self.saved = None
-
-    def __enter__(self):
-        if self.limit is not None:
-            import resource
-
-            self.saved = resource.getrlimit(resource.RLIMIT_FSIZE)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (int(self.limit), self.saved[1]))
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_FSIZE, self.saved)
-
-
-def _maybe_crash(job: ShardJob, item) -> None:
-    delay = (job.faults or {}).get("delay_s")
-    if delay:
-        time.sleep(delay)
-    crash_on = (job.faults or {}).get("crash_on")
-    if crash_on and item.origin.endswith(crash_on):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _records(job: ShardJob, fmts, item, index, stats, data=None):
     """``(records, converted)``: one record per format of ``fmts`` (``job.formats``) from one input (``data``,
     its bytes when already read), and why pass-through stored it re-encoded (``None`` when it did not).
     Formats that store the same encoding share one sample; the input is read and transformed once per
     encoding (CIFAR's defaults differ per format, each ecosystem's own). Crashes on purpose under the
     ``crash_on`` test fault."""
-    _maybe_crash(job, item)
+    faults.before_item(job.faults, item)
     opts = job.image_options
     samples, records = {}, []
     for fmt, encode in zip(fmts, job.encodes or [opts.encode] * len(fmts)):
@@ -205,7 +159,7 @@ def run_shard(job: ShardJob, items: list) -> dict:
                 os.makedirs(os.path.join(local, d), exist_ok=True)
         # Before the inputs are read: a file replaced while the shard converts is noticed by a resume.
         digest = shard_digest(identities(items, job.identify == "content")) if job.identify else None
-        with _FileSizeLimit(job.faults):
+        with faults.FileSizeLimit(job.faults):
             result = _convert_items(job, items, out, spool_dir, ChannelStats() if job.stats else None)
         if digest is not None:
             result["digest"] = digest
@@ -427,7 +381,7 @@ def stats_shard(job: ShardJob, items: list) -> dict:
     for index, item in zip(range(sp.start, sp.stop), items):
         if index in job.exclude:
             continue
-        _maybe_crash(job, item)
+        faults.before_item(job.faults, item)
         try:
             make_sample(item, opts, index, stats=stats)
         except INPUT_ERRORS:

@@ -194,7 +194,7 @@ def _val(src, out, **kw):
 def test_disk_full_inside_a_worker_names_the_shard_and_resumes(src, ray_local, tmp_path, monkeypatch):
     import json
 
-    from gpufeed.convert.worker import TEST_FAULTS_ENV
+    from gpufeed.convert.faults import TEST_FAULTS_ENV
     from gpufeed.errors import OutputError
 
     ref = tmp_path / "ref"
@@ -246,7 +246,8 @@ def test_destination_gone_mid_run_stops_clearly_and_resumes(src, ray_local, tmp_
 def test_the_input_that_crashes_its_worker_is_found_and_skipped(src, ray_local, tmp_path, monkeypatch):
     import json
 
-    from gpufeed.convert.worker import CRASH_REASON, TEST_FAULTS_ENV
+    from gpufeed.convert.faults import TEST_FAULTS_ENV
+    from gpufeed.convert.worker import CRASH_REASON
     from gpufeed.convert.plan import plan_split
     from gpufeed.errors import InputError
     from gpufeed.pipelines import open_source
@@ -284,7 +285,7 @@ def test_losing_the_ray_head_says_so_and_a_rerun_resumes(src, ray_local, tmp_pat
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
     try:
         address = cluster.address
-        from gpufeed.convert.worker import TEST_FAULTS_ENV
+        from gpufeed.convert.faults import TEST_FAULTS_ENV
 
         # Each input takes 0.1 s longer: the run is still busy when its head is gone.
         proc = cli(args, address, env={**os.environ, "GPUFEED_CLUSTER_LOST_S": "0",

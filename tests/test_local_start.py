@@ -17,7 +17,8 @@ import time
 
 from convert_fixtures import cli, cli_args, options, tree_bytes
 from gpufeed.convert.engine import convert
-from gpufeed.convert.worker import CRASH_REASON, TEST_FAULTS_ENV
+from gpufeed.convert.faults import TEST_FAULTS_ENV
+from gpufeed.convert.worker import CRASH_REASON
 from gpufeed.convert.verify import verify
 
 
