@@ -41,9 +41,8 @@ def check_image_options(o, flags: bool = False) -> None:
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name(field)} must be a positive number of pixels, not {value!r}")
     if o.size is not None and (len(o.size) != 2 or any(not isinstance(v, int) or v < 1 for v in o.size)):
-        example = "227x227" if flags else "(227, 227)"
-        raise ConfigError(f"{name('size')} must be height x width in positive pixels, e.g. {example}, not "
-                          f"{o.size!r}")
+        example, shown = ("227x227", "x".join(map(str, o.size))) if flags else ("(227, 227)", repr(o.size))
+        raise ConfigError(f"{name('size')} must be height x width in positive pixels, e.g. {example}, not {shown}")
     if not 1 <= o.quality <= 100:
         raise ConfigError(f"{name('quality')} must be within 1..100 (im2rec uses 95), not {o.quality}")
     if o.max_pixels < 1:

@@ -351,6 +351,7 @@ def test_write_stats_to_an_fsspec_url_and_gray():
      "center_crop", "--encode pass stores the original bytes, so it cannot be combined with --center-crop"),
     (dict(encode="jpeg", store_dtype="float16", mean=(1,), std=(2,)), "use encode='raw'", "use --encode raw"),
     (dict(quality=101), "quality must be within 1..100", "--quality must be within 1..100"),
+    (dict(size=(0, 3)), "e.g. (227, 227), not (0, 3)", "e.g. 227x227, not 0x3"),
     (dict(encode="raw", store_dtype="float32", mean=(1, 2), std=(1,)), "mean has 2 values",
      "--mean has 2 values")])
 def test_one_set_of_image_rules_speaks_python_to_the_api_and_flags_to_the_command_line(tmp_path, kwargs, python,
