@@ -182,6 +182,12 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
 
     try:
         sinks.makedirs(out)
+    except OSError as e:
+        if not io.is_local(out):
+            raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the URL, its "
+                              "credentials and the network") from e
+        raise OutputError(f"{out}: cannot be created ({e.strerror or e}); choose another --out, or make the "
+                          "folder it goes in a writable folder") from e
     except Exception as e:  # fsspec backends raise their own errors for bad URLs, credentials, networks
         raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the path or URL, its "
                           "credentials and the network") from e

@@ -178,7 +178,11 @@ class ConvertOptions:
             raise ConfigError(f"--root {self.root} is not a folder; give the folder the list file's paths start from")
 
     def _check_out_not_in_src(self) -> None:
-        """A destination inside the source would be listed as input by the next run (or this one)."""
+        """A destination inside the source would be listed as input by the next run (or this one); and a
+        destination is a folder."""
+        if "://" not in self.out and os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise ConfigError(f"--out {self.out} is a file; the destination is a folder: give a new one, or the "
+                              "folder of an earlier gpufeed convert run")
         if "://" in self.src or "://" in self.out:
             return
         src, out = os.path.realpath(self.source_root), os.path.realpath(self.out)

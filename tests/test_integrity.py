@@ -305,6 +305,18 @@ def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
         ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
 
 
+def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp_path, ray_local):
+    from gpufeed.errors import OutputError
+
+    taken = tmp_path / "taken"
+    taken.write_bytes(b"a user's file")
+    with pytest.raises(ConfigError, match=f"--out {taken} is a file; the destination is a folder"):
+        options(src, str(taken))
+    with pytest.raises(OutputError, match=f"{taken}/out: cannot be created \\(Not a directory\\); choose another --out"):
+        convert(options(src, str(taken / "out")))
+    assert taken.read_bytes() == b"a user's file"
+
+
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_a_fresh_run_clears_temporaries_and_stale_outputs_of_its_splits_only(tmp_path, where):
     """Files and directories (an LMDB) alike, on a local destination or an fsspec URL."""
