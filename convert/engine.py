@@ -139,11 +139,13 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     from gpufeed.convert.state import DestinationLock, Journal, state_dir_for
     from gpufeed.pipelines import open_source
 
-    out = options.out.rstrip("/") if not io.is_local(options.out) else io.local_path(options.out)
+    # Local paths absolute: the workers (Ray's, on this machine or others) do not run in this directory.
+    out = os.path.abspath(io.local_path(options.out)) if io.is_local(options.out) else options.out.rstrip("/")
+    root = options.source_root
+    root = os.path.abspath(io.local_path(root)) if io.is_local(root) else root
     if progress is not None:
         progress.phase(f"listing {options.src}")
-    source = open_source(options.dataset, options.source_root, on_error=options.on_error,
-                         **options.source_options())
+    source = open_source(options.dataset, root, on_error=options.on_error, **options.source_options())
     available = source.splits()
     splits = list(options.splits or available)
     for s in splits:

@@ -267,10 +267,16 @@ class ConvertOptions:
         return {}
 
     def output_key(self) -> dict:
-        """The options that determine the output bytes, as JSON-ready values (journal and manifest)."""
+        """The options that determine the output bytes, as JSON-ready values (journal and manifest). The
+        source is named canonically, so a resume or a rerun that spells it otherwise (relative or absolute,
+        through a symlink, a trailing slash) is the same run; the destination is not part of it at all: it is
+        where the journal and manifest being compared are."""
         d = self.to_json()
-        for k in _RUNTIME_ONLY:
+        for k in (*_RUNTIME_ONLY, "out"):
             d.pop(k)
+        for k in ("src", "root"):
+            if d[k] is not None:
+                d[k] = _canonical(d[k])
         encodes = {f: self.encode_for(f) for f in self.formats}
         d["encode"] = next(iter(encodes.values())) if len(set(encodes.values())) == 1 else encodes
         d["shuffle"] = self.effective_shuffle
@@ -279,6 +285,11 @@ class ConvertOptions:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def _canonical(path: str) -> str:
+    """A local path resolved (absolute, symlinks followed, no trailing slash); a URL without a trailing slash."""
+    return path.rstrip("/") if "://" in path else os.path.realpath(path)
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -305,6 +305,34 @@ def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
         ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
 
 
+class Started(Progress):
+    """Records how many samples a run found already done when it started."""
+
+    def __init__(self):
+        super().__init__(enabled=False)
+        self.already = None
+
+    def start(self, total, already, unit="img"):
+        super().start(total, already, unit)
+        self.already = already
+
+
+def test_the_same_source_spelled_otherwise_resumes_and_finds_its_finished_output(src, tmp_path, monkeypatch,
+                                                                                  ray_local):
+    """Relative or absolute, through a symlink, with a trailing slash: one source, one destination; a resume
+    goes on (not "a partial conversion made with other options") and a rerun finds the output complete."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink(src, tmp_path / "data")
+    with pytest.raises(KeyboardInterrupt):
+        convert(options("data/", "out"), StopAfter(2))
+    resumed = Started()
+    convert(options(os.path.realpath(src), tmp_path / "out"), resumed)
+    assert resumed.already > 0
+    verify(str(tmp_path / "out"))
+    again = convert(options(str(tmp_path / "data"), "./out/"))
+    assert "already complete" in again.note
+
+
 def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp_path, ray_local):
     from gpufeed.errors import OutputError
 
