@@ -18,6 +18,11 @@ from gpufeed import io
 from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
 from gpufeed.machine import usable_cores
 
+#: The fix for a damaged output. ``--no-resume``: a plain rerun finds every file at its recorded size and has
+#: nothing to do (it checks sizes, not contents, which only this command reads in full).
+RERUN = "rerun the same gpufeed convert command with --no-resume"
+AGAIN = f"convert again: {RERUN}"
+
 
 def add_arguments(p) -> None:
     p.add_argument("out", metavar="DST", help="a destination written by `gpufeed convert`")
@@ -84,23 +89,23 @@ def _check_file(out: str, entry: dict) -> None:
     try:
         size, digests = _sha256(url, parts)
     except FileNotFoundError:
-        raise ShardNotFound(url, "convert again (rerun the same gpufeed convert command)") from None
+        raise ShardNotFound(url, AGAIN) from None
     if size != entry["bytes"]:
         raise IncompleteOutputError(f"{url}: {size} bytes, the manifest says {entry['bytes']}; the file was "
-                                    "truncated or replaced: convert again")
+                                    f"truncated or replaced: {AGAIN}")
     if parts:
         offset = 0
         for (n, want), got in zip(parts, digests):
             if got != want:
                 raise IncompleteOutputError(f"{url}: the SHA-256 of bytes {offset}..{offset + n} differs from the "
-                                            "manifest; the file was modified or damaged: convert again")
+                                            f"manifest; the file was modified or damaged: {AGAIN}")
             offset += n
         if parts_digest(parts) != entry["sha256"]:
             raise IncompleteOutputError(f"{url}: the manifest's parts do not make its SHA-256; manifest.json "
-                                        "was edited: convert again")
+                                        f"was edited: {AGAIN}")
     elif digests[0] != entry["sha256"]:
         raise IncompleteOutputError(f"{url}: SHA-256 differs from the manifest; the file was modified or "
-                                    "damaged: convert again")
+                                    f"damaged: {AGAIN}")
 
 
 def _label_key(labels) -> tuple:
@@ -205,7 +210,8 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     try:
         manifest = manifest_mod.load(out)
     except ValueError as e:
-        raise IncompleteOutputError(f"{manifest_mod.path(out)}: not valid JSON ({e}); convert again") from None
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: not valid JSON ({e}); gpufeed does not overwrite a "
+                                    f"manifest it cannot read: delete it, then {RERUN}") from None
     if manifest is None and io.is_local(out) and not os.path.isdir(out):
         raise SourceNotFound(out, "a conversion output (folder)", "give the --out of a gpufeed convert run")
     if manifest is None:
@@ -231,7 +237,7 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
             n, d, counts = fut.result()
             if n != o.records:
                 raise IncompleteOutputError(f"{o.path}: {n} records read back, the manifest says {o.records}; "
-                                            "convert again")
+                                            f"{AGAIN}")
             records[(o.split, o.format)] += n
             decoded += d
             labels.setdefault((o.split, o.format), collections.Counter()).update(counts)
@@ -248,14 +254,14 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
             got = records.get((split, fmt), 0)
             if got != info["written"]:
                 raise IncompleteOutputError(f"{out}/{fmt}: the {split} split has {got} records, the manifest says "
-                                            f"{info['written']} samples were written; convert again")
+                                            f"{info['written']} samples were written; {AGAIN}")
         per_split = {f: c for (s, f), c in labels.items() if s == split}
         if per_split:
             first_fmt, first = next(iter(per_split.items()))
             for fmt, c in per_split.items():
                 if c != first:
                     raise IncompleteOutputError(f"{out}: the {split} split's labels differ between {first_fmt} "
-                                                f"and {fmt}; the outputs are not from one conversion: convert again")
+                                                f"and {fmt}; the outputs are not from one conversion: {AGAIN}")
     return Report(out, len(manifest["files"]), dict(records), decoded)
 
 

@@ -210,7 +210,7 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x40
     shard.write_bytes(bytes(data))
-    with pytest.raises(IncompleteOutputError, match="train-00001-of-00005: SHA-256"):
+    with pytest.raises(IncompleteOutputError, match="train-00001-of-00005: SHA-256.*with --no-resume"):
         verify(str(out))
     # With the manifest made to agree, the reader's own CRC check still finds it.
     doc = json.loads((out / "manifest.json").read_text())
@@ -225,6 +225,25 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
     (out / "manifest.json").unlink()
     with pytest.raises(IncompleteOutputError, match="did not finish"):
         verify(str(out))
+
+
+def test_verify_advice_mends_a_damaged_output_when_followed(src, reference, tmp_path):
+    """A file damaged in place keeps its size, so a plain rerun finds the output complete; verify's advice
+    (the same command with --no-resume) converts it again, and the result is the reference's bytes."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(reference[0], out)
+    shard = out / "tfrecord" / "train-00002-of-00005"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert "already complete" in convert(options(src, out)).note
+    with pytest.raises(IncompleteOutputError, match="rerun the same gpufeed convert command with --no-resume"):
+        verify(str(out))
+    convert(options(src, out, resume=False))
+    verify(str(out))
+    assert tree_bytes(out) == tree_bytes(reference[0])
 
 
 def test_cifar_per_format_defaults_and_ptb_tokens(tmp_path, ray_local):
