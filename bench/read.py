@@ -75,6 +75,12 @@ class TimedDataset:
         return pread_read_bytes(self._io_fd)
 
     def __getitem__(self, i: int):
+        from gpufeed.formats.torch import relayed
+
+        with relayed():  # a damaged record or image reaches the benchmark's process as one gpufeed error
+            return self._item(i)
+
+    def _item(self, i: int):
         self._open()
         rb0 = self._read_bytes()
         t0 = time.perf_counter()

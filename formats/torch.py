@@ -17,10 +17,26 @@ Example::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 
-from gpufeed.errors import ConfigError
+from gpufeed.errors import ConfigError, GpufeedError, WorkerError
+
+
+@contextlib.contextmanager
+def relayed():
+    """Around a dataset's work in a DataLoader worker: a gpufeed error leaves it as a :class:`WorkerError`
+    naming the error's type and message, which torch can hand to the main process intact (in the main
+    process itself, errors pass unchanged)."""
+    try:
+        yield
+    except GpufeedError as e:
+        data = sys.modules.get("torch.utils.data")  # imported already wherever a DataLoader runs
+        if isinstance(e, WorkerError) or data is None or data.get_worker_info() is None:
+            raise
+        raise WorkerError(f"{type(e).__name__}: {e}") from e
 
 
 def _dist_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -119,24 +135,26 @@ def _make_map_dataset_class():
             return j, g - self._starts[j]
 
         def __getitem__(self, i: int):
-            j, k = self._locate(i)
-            sample = self._readers.get(j)[k]
-            return self.transform(sample) if self.transform is not None else sample
+            with relayed():
+                j, k = self._locate(i)
+                sample = self._readers.get(j)[k]
+                return self.transform(sample) if self.transform is not None else sample
 
         def __getitems__(self, indices) -> list:
             """A whole batch, as a DataLoader worker asks for it, each record read and transformed in order;
             with ``read_ahead``, every record's read is started first
             (:meth:`~gpufeed.formats.base.Reader.prefetch`), so the disk serves the batch at its queue depth."""
-            located = [self._locate(i) for i in indices]
-            if self.read_ahead:
-                by_reader: dict[int, list[int]] = {}
-                for j, k in located:
-                    by_reader.setdefault(j, []).append(k)
-                for j, ks in by_reader.items():
-                    self._readers.get(j).prefetch(ks)
-            if self.transform is None:
-                return [self._readers.get(j)[k] for j, k in located]
-            return [self.transform(self._readers.get(j)[k]) for j, k in located]
+            with relayed():
+                located = [self._locate(i) for i in indices]
+                if self.read_ahead:
+                    by_reader: dict[int, list[int]] = {}
+                    for j, k in located:
+                        by_reader.setdefault(j, []).append(k)
+                    for j, ks in by_reader.items():
+                        self._readers.get(j).prefetch(ks)
+                if self.transform is None:
+                    return [self._readers.get(j)[k] for j, k in located]
+                return [self.transform(self._readers.get(j)[k]) for j, k in located]
 
         def close(self) -> None:
             """Close this process's readers; they reopen on the next access."""
@@ -170,8 +188,9 @@ def _make_iterable_dataset_class():
         def __iter__(self) -> Iterator:
             k, n = self._split()
             paths = self._readers.paths
-            for sample in self._samples(k, n, paths):
-                yield self.transform(sample) if self.transform is not None else sample
+            with relayed():
+                for sample in self._samples(k, n, paths):
+                    yield self.transform(sample) if self.transform is not None else sample
 
         def _samples(self, k: int, n: int, paths: list[str]):
             if len(paths) >= n:

@@ -138,3 +138,17 @@ class IncompleteOutputError(GpufeedError, RuntimeError):
 
 class EmulationInvalid(GpufeedError, RuntimeError):
     """A tier emulation whose host disk is not clearly faster than the profile it emulates."""
+
+
+class WorkerError(GpufeedError, RuntimeError):
+    """A gpufeed error raised in a DataLoader worker process, as the main process receives it. torch hands a
+    worker's exception over as text and rebuilds it from that text alone, which gpufeed's errors (built from
+    several fields) cannot be: they would arrive as a bare ``RuntimeError`` holding the worker's traceback.
+    The worker raises this instead (``"CorruptRecordError: <its message>"``); rebuilt from torch's text, it
+    keeps only that line (:func:`gpufeed.formats.torch.relayed`)."""
+
+    _LINE = "gpufeed.errors.WorkerError: "  # how torch's text of the worker's traceback ends
+
+    def __init__(self, text: str):
+        at = text.rfind(self._LINE)
+        super().__init__(text[at + len(self._LINE):].rstrip() if at >= 0 else text)

@@ -143,3 +143,22 @@ def test_samples_without_transform_and_pickled_dataset(tmp_path):
                               multiprocessing_context="spawn"))
     assert [s.key for b in batches for s in b] == [f"c/{i}.jpg" for i in range(total)]
     assert importlib.import_module("gpufeed.formats.torch").MapDataset is MapDataset
+
+
+@pytest.mark.parametrize("dataset", ["map", "iterable"])
+def test_a_damaged_record_read_in_a_worker_reaches_the_caller_as_one_gpufeed_error(tmp_path, dataset):
+    """torch rebuilds a worker's exception from its text; gpufeed's errors arrive as a WorkerError naming the
+    original type, file and record (not a bare RuntimeError holding the worker's traceback)."""
+    from gpufeed.errors import CorruptRecordError, GpufeedError, WorkerError
+
+    paths, _ = make_outputs(tmp_path, "tfrecord", [6])
+    data = bytearray(open(paths[0], "rb").read())
+    data[20] ^= 0x01  # the first record's payload, after its 12-byte header
+    open(paths[0], "wb").write(bytes(data))
+    ds = (MapDataset if dataset == "map" else IterableDataset)("tfrecord", paths, transform=label_of)
+    with pytest.raises(WorkerError) as err:
+        list(DataLoader(ds, batch_size=2, num_workers=1))
+    assert isinstance(err.value, GpufeedError)
+    assert str(err.value).startswith(f"CorruptRecordError: {paths[0]}: record 0") and "\n" not in str(err.value)
+    with pytest.raises(CorruptRecordError):  # in the caller's own process the error is unchanged
+        list(DataLoader(ds, batch_size=2, num_workers=0))
