@@ -13,6 +13,7 @@ import re
 
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
+from gpufeed.io import canonical
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS, ON_ERROR
 from gpufeed.pipelines.image_options import GEOMETRY, check_image_options
@@ -32,6 +33,8 @@ SAMPLES_PER_SHARD = 1250
 #: its skipped inputs in the journal, and either stays as it is when the run goes on under the other.
 _RUNTIME_ONLY = ("workers", "address", "resume", "overwrite", "allow_incomplete", "strict", "dry_run",
                  "progress", "driver_writes", "task_retries", "on_error", "local_start", "executor")
+#: Output options that name a place, compared by :func:`gpufeed.io.canonical` (not as spelled).
+PATH_OPTIONS = ("src", "root")
 #: Retries of a shard whose worker process or node died (not of errors the task raises itself).
 TASK_RETRIES = 3
 #: ``--executor`` choices (ConvertOptions.executor).
@@ -274,9 +277,9 @@ class ConvertOptions:
         d = self.to_json()
         for k in (*_RUNTIME_ONLY, "out"):
             d.pop(k)
-        for k in ("src", "root"):
+        for k in PATH_OPTIONS:
             if d[k] is not None:
-                d[k] = _canonical(d[k])
+                d[k] = canonical(d[k])
         encodes = {f: self.encode_for(f) for f in self.formats}
         d["encode"] = next(iter(encodes.values())) if len(set(encodes.values())) == 1 else encodes
         d["shuffle"] = self.effective_shuffle
@@ -285,11 +288,6 @@ class ConvertOptions:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-def _canonical(path: str) -> str:
-    """A local path resolved (absolute, symlinks followed, no trailing slash); a URL without a trailing slash."""
-    return path.rstrip("/") if "://" in path else os.path.realpath(path)
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -38,6 +38,12 @@ def local_path(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
+def canonical(path: str) -> str:
+    """One spelling per place: a local path absolute, symlinks followed, without a trailing slash (relative
+    to this process's directory); a URL without a trailing slash."""
+    return os.path.realpath(local_path(path)) if is_local(path) else str(path).rstrip("/")
+
+
 def throttle():
     """The active tier emulator for this process, or ``None``. Re-read if the variables change."""
     global _throttle, _throttle_key

@@ -331,6 +331,11 @@ def test_the_same_source_spelled_otherwise_resumes_and_finds_its_finished_output
     verify(str(tmp_path / "out"))
     again = convert(options(str(tmp_path / "data"), "./out/"))
     assert "already complete" in again.note
+    # A manifest from before paths were kept canonical names them as typed, and the destination too.
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    doc["output_options"].update(src="data/", out="out")
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(doc))
+    assert "already complete" in convert(options(os.path.realpath(src), tmp_path / "out")).note
 
 
 def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp_path, ray_local):
