@@ -176,9 +176,10 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     if progress is not None:
         limited = "" if options.limit is None else (
             f"; converting {', '.join(f'{s} {len(v)}' for s, v in items_by_split.items())} of them (--limit)")
+        planned = sum(len(p.shards) for p in plans.values())
         progress.phase(f"listed {sum(listed.values())} inputs "
                        f"({', '.join(f'{s} {n}' for s, n in listed.items())}){limited}; planned "
-                       f"{sum(len(p.shards) for p in plans.values())} shards")
+                       f"{planned} shard{'' if planned == 1 else 's'}")
     if options.dry_run:
         return _dry_run(options, out, plans)
 

@@ -315,7 +315,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             except INPUT_ERRORS as e:
                 if job.on_error == "fail":
                     raise
-                skipped.append((item.origin, getattr(e, "reason", None) or str(e)))
+                skipped.append((item.origin, e.reason))
                 continue
             for k, ((_, writer, path), record) in enumerate(zip(outputs, records)):
                 try:

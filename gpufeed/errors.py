@@ -77,8 +77,13 @@ class SourceNotFound(GpufeedError, FileNotFoundError):
         super().__init__(path, what, fix)
         self.path, self.what, self.fix = str(path), what, fix
 
+    @property
+    def reason(self) -> str:
+        """What is wrong, without the path or the fix (a summary lists it beside the path, under the fix)."""
+        return f"{self.what} not found"
+
     def __str__(self):
-        text = f"{self.path}: {self.what} not found"
+        text = f"{self.path}: {self.reason}"
         return f"{text}; {self.fix}" if self.fix else text
 
 
@@ -119,12 +124,16 @@ class RecordTooLargeError(GpufeedError, ValueError):
         super().__init__(key, size, limit, fix)
         self.key, self.size, self.limit, self.fix = key, size, limit, fix
 
+    @property
+    def reason(self) -> str:
+        return f"record {self.key!r} is {self.size} bytes, over the format's limit of {self.limit}"
+
     def __str__(self):
-        text = f"record {self.key!r} is {self.size} bytes, over the format's limit of {self.limit}"
-        return f"{text}; {self.fix}" if self.fix else text
+        return f"{self.reason}; {self.fix}" if self.fix else self.reason
 
 
-#: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops a run.
+#: Errors that mean "this input is unusable" and fall under ``--on-error``; anything else stops a run. Each
+#: has ``reason``: what is wrong with the input, as a summary lists it beside the input's name.
 INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
 
 

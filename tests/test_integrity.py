@@ -192,6 +192,8 @@ def test_special_inputs_are_input_errors_skipped_and_listed(special_folder, tmp_
     assert "FIFO" in reasons["fifo.JPEG"] and "character device" in reasons["zero.JPEG"]
     assert "link to nothing" in reasons["dangling.JPEG"]
     assert "symbolic links" in reasons["loop1.JPEG"] and "symbolic links" in reasons["loop2.JPEG"]
+    # A reason is what is wrong: the summary names the input beside it, and the fix (--on-error skip) is taken.
+    assert not any("JPEG" in r or "--on-error" in r for r in reasons.values()), reasons
     verify(str(out))
 
 
