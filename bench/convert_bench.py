@@ -26,6 +26,7 @@ import time
 
 from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
+from gpufeed.pipelines import ON_ERROR
 
 #: psutil sampling period for the process tree's CPU times: processes that exit between samples lose at most
 #: this much CPU time from the total (Ray workers live for the whole run).
@@ -151,6 +152,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workers", type=int_list, default=[usable_cores()],
                         help="worker counts to run, e.g. 1,2,4")
     parser.add_argument("--resize", type=int, default=None, help="passed to convert (shorter side)")
+    parser.add_argument("--on-error", choices=ON_ERROR, default="fail",
+                        help="passed to convert: a bad input stops the run (fail), or is skipped and listed (skip)")
     parser.add_argument("--synth", type=int, default=None, metavar="PER_CLASS",
                         help="if SRC does not exist, synthesise an ImageNet there with 10 classes of PER_CLASS")
     parser.add_argument("--address", default=None,
@@ -187,7 +190,7 @@ def bench_convert(args) -> list[dict]:
     src_bytes = sum(os.path.getsize(f) for f in src_files)
     scratch = os.path.abspath(args.out or src.rstrip("/") + ".bench-out")
     extra = (["--resize", str(args.resize)] if args.resize else []) + (
-        ["--address", args.address] if args.address else [])
+        ["--address", args.address] if args.address else []) + ["--on-error", args.on_error]
     writer = ResultWriter(args.results, data_path=scratch if os.path.exists(scratch) else src)
     rows = []
     for tier in tiers_from_args(args, scratch):
@@ -216,6 +219,7 @@ def bench_convert(args) -> list[dict]:
                 runs = repeat(once, args.repeats, args.warmup, before_each=prepare)
                 row = {"bench": "convert", **tier.row_fields(), "format": fmt,
                        "params": {"workers": workers, "dataset": args.dataset, "resize": args.resize,
+                                  "on_error": args.on_error,
                                   "warmup": args.warmup, "command": " ".join(cmd[1:])},
                        "n_samples": runs[-1]["images"], "sample_bytes": src_bytes / max(1, len(src_files)),
                        "record_bytes": runs[-1]["bytes_written"] / max(1, runs[-1]["images"]),

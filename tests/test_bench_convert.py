@@ -37,3 +37,20 @@ def test_bench_convert_emulated_and_measured(ray_local, tmp_path):
     assert m["emulated_wait_share"]["median"] > 0  # the emulated disk made the conversion wait
     assert measured["mode"] == "measured" and measured["tier_path"] == str(mount) and measured["profile"] is None
     assert (mount / "gpufeed-bench-src").is_dir()  # the source was copied onto the measured mount
+
+
+def test_a_bad_input_stops_the_benchmark_naming_the_option_that_skips_it(ray_local, tmp_path, capsys):
+    """The converter's advice (--on-error skip) is an option of `bench convert` too, passed through."""
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    src = tmp_path / "imagenet"
+    synth_imagenet(str(src), classes=2, per_class=4, val_per_class=1, bad_files=True)
+    results = tmp_path / "convert.jsonl"
+    args = ["bench", "convert", str(src), "--results", str(results), "--formats", "recordio", "--workers", "1",
+            "--repeats", "1", "--warmup", "0", "--address", ray_local.get_runtime_context().gcs_address,
+            "--out", str(tmp_path / "out")]
+    assert main(args) == 2
+    assert "--on-error skip" in capsys.readouterr().err
+    assert main([*args, "--on-error", "skip"]) == 0
+    (row,) = load_results(str(results))
+    assert row["params"]["on_error"] == "skip" and "--on-error skip" in row["params"]["command"]
