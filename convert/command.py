@@ -18,8 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpufeed.pipelines import DATASETS
 
     p.description = ("Convert a dataset to Caffe LMDB, MXNet RecordIO and/or TFRecord. Each image is decoded "
-                     "once for all formats; shards run in parallel on Ray; a killed run resumes where it "
-                     "stopped when the same command is run again.")
+                     "once for all formats; shards run in parallel in local processes (Ray takes over a "
+                     "shard whose process dies) or, with --address, on a Ray cluster; a killed run resumes "
+                     "where it stopped when the same command is run again.")
     p.add_argument("dataset", choices=DATASETS, metavar="DATASET",
                    help=f"what SRC holds: {', '.join(DATASETS)}")
     p.add_argument("src", metavar="SRC", help="the dataset as shipped: a directory, archive or fsspec URL; for "
