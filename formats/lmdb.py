@@ -13,13 +13,17 @@ read: keys ``%08d_<relative path>`` (so byte order of keys is write order), valu
 * tokens: ``channels = 1, height = 1, width = n``, ``float_data`` = the ids, ``encoded = false``.
 * several labels: ``label`` = the first, ``float_data`` = all of them (encoded and uint8 raw samples only).
 
-The directory also holds ``gpufeed.json`` (version, parameters, sizes) and ``gpufeed.crc32c`` (one CRC-32C per
-record, in key order): LMDB itself has no checksums, so a flipped byte in a value would otherwise be read as
-good data. Caffe and DALI open only ``data.mdb``; the extra files do not disturb them.
+The Datum bytes are :mod:`gpufeed.formats.caffe_datum`'s. The directory also holds ``gpufeed.json`` (version,
+parameters, sizes), ``gpufeed.crc32c`` (one CRC-32C per record, in key order), ``gpufeed.pages`` (one per
+B-tree page) and ``gpufeed.offsets`` (where each value starts): LMDB itself has no checksums, so a flipped
+byte in a value would otherwise be read as good data, and a damaged page sends it past the end of the map
+(:mod:`gpufeed.formats._lmdb_pages`). Caffe and DALI open only ``data.mdb``; the extra files do not disturb them.
 
 Writing goes to a hidden working environment next to the target, committed in batches, its map grown on
-``MDB_MAP_FULL``; :meth:`LMDBWriter.close` makes a compacted copy (``mdb_env_copy2`` with ``MDB_CP_COMPACT``)
-and renames that directory into place, so the result holds no free pages and no lock file.
+``MDB_MAP_FULL``. :meth:`LMDBWriter.close` makes a compacted copy (``mdb_env_copy2`` with ``MDB_CP_COMPACT``)
+and renames that directory into place, so the result holds no free pages and no lock file; or, for a
+conversion, whose transactions are the same on every run (``in_place``), renames the working environment
+itself, written once.
 """
 
 from __future__ import annotations
@@ -31,25 +35,19 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import crc32c
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from gpufeed import io as gio
-from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
-                            ShardNotFound)
-from gpufeed.formats import naming
-from gpufeed.formats._atomic import AtomicFile
-from gpufeed.formats._filebytes import advise_will_need, position
+from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, OutputError, ShardNotFound
+from gpufeed.formats import _lmdb_pages, naming
 from gpufeed.formats._atomic import replace_dir
-from gpufeed.formats.base import (PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
-                                  sniff_image_format)
-from gpufeed.formats.proto import caffe_pb2
+from gpufeed.formats._filebytes import advise_will_need, position
+from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.caffe_datum import KEY_DIGITS, decode_datum, encode_datum, make_key, split_key
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
 VERSION = 1
@@ -60,32 +58,11 @@ PAGES = "gpufeed.pages"
 #: with one ``pread`` instead of a page fault per 4 KiB of it (a 110 KB JPEG spans ~27 overflow pages).
 OFFSETS = "gpufeed.offsets"
 DATA = "data.mdb"
-#: LMDB's compile-time key limit (MDB_MAXKEYSIZE); a longer key fails at ``put``, so refuse it at encode.
-MAX_KEY_BYTES = 511
-#: float_data holds token ids as float32, exact only below 2**24.
-MAX_TOKEN_ID = 1 << 24
-#: Key prefix width: ``convert_imageset`` uses ``caffe::format_int(line_id, 8)``.
-KEY_DIGITS = 8
 #: Per record, in key order: CRC-32C of key + value, and the value's length. Little-endian, packed, so the
 #: file reads straight into a numpy array. The length is checked before the value is touched: a damaged
 #: node header could otherwise point a read past the end of the map.
 _CHECK_DTYPE = np.dtype([("crc", "<u4"), ("size", "<u8")])
-#: Per B-tree page (meta, branch, leaf; not the overflow pages that hold large values, which the records'
-#: CRCs cover): page number and CRC-32C of the page. LMDB follows the pointers in these pages without
-#: checks, and a damaged one can send it past the end of the file (SIGBUS); readers verify them first.
-_PAGE_DTYPE = np.dtype([("pgno", "<u8"), ("crc", "<u4")])
-#: LMDB's page header (MDB_page, 64-bit build): page number, pad, flags, then lower/upper bounds of the
-#: free space, or for the first page of an overflow run the u32 count of pages in the run.
-_PAGE_HEADER = struct.Struct("<QHHI")
-_P_OVERFLOW = 0x04
 
-#: Datum.float_data is a proto2 repeated float without ``packed``: every value is a field of its own, tag
-#: ``6 << 3 | 5`` (fixed32) then 4 little-endian bytes. Built with numpy, as protobuf's per-value path takes
-#: ~35 ms for one 224x224x3 float image.
-_FLOAT_FIELD = np.dtype([("tag", "u1"), ("value", "<f4")])
-_FLOAT_TAG = 6 << 3 | 5
-#: Datum.encoded, field 7 varint, written explicitly in every Datum (DALI reads a missing one as true).
-_ENCODED = {True: b"\x38\x01", False: b"\x38\x00"}
 
 _SCAN_CHUNK = 1 << 16
 
@@ -102,178 +79,6 @@ def _require_local(path: str, what: str) -> str:
     return os.path.abspath(gio.local_path(path))
 
 
-def make_key(index: int, name: str) -> bytes:
-    """The LMDB key ``%08d_<name>`` Caffe's ``convert_imageset`` uses."""
-    key = f"{index:0{KEY_DIGITS}d}_{name}".encode()
-    if len(key) > MAX_KEY_BYTES:
-        raise InputError(name, f"the LMDB key is {len(key)} bytes, over LMDB's {MAX_KEY_BYTES}-byte limit",
-                         "shorten the relative path")
-    return key
-
-
-def split_key(key: bytes) -> tuple[int | None, str]:
-    """``(index, name)`` of a ``%08d_<name>`` key; index ``None`` for keys of another shape."""
-    head, sep, tail = key.partition(b"_")
-    if sep and head.isdigit():
-        return int(head), tail.decode("utf-8", "replace")
-    return None, key.decode("utf-8", "replace")
-
-
-def _bgr_chw(pixels: np.ndarray) -> tuple[int, int, int, np.ndarray]:
-    """HWC RGB(A)/gray pixels -> (c, h, w, CHW array in OpenCV's BGR(A) channel order)."""
-    if pixels.ndim == 2:
-        pixels = pixels[:, :, None]
-    if pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
-        raise ConfigError(f"raw pixels must be HxW or HxWxC with C in 1, 3, 4, not shape {pixels.shape}")
-    h, w, c = pixels.shape
-    if c >= 3:
-        pixels = pixels[:, :, [2, 1, 0, 3][:c]]
-    return c, h, w, np.ascontiguousarray(pixels.transpose(2, 0, 1))
-
-
-def _hwc_rgb(chw: np.ndarray) -> np.ndarray:
-    c = chw.shape[0]
-    hwc = chw.transpose(1, 2, 0)
-    if c >= 3:
-        hwc = hwc[:, :, [2, 1, 0, 3][:c]]
-    return np.ascontiguousarray(hwc)
-
-
-def _int_label(sample: Sample, labels: tuple) -> int:
-    first = labels[0] if labels else 0
-    if float(first) != int(first):
-        raise InputError(sample.key, f"label {first!r} is not an integer; Caffe's Datum.label is int32",
-                         "give several labels (they go to float_data) or use RecordIO/TFRecord")
-    return int(first)
-
-
-def _float_fields(values) -> bytes:
-    """``values`` as Datum.float_data entries, exactly the bytes protobuf would write, at numpy speed."""
-    values = np.asarray(values, np.float32).ravel()
-    fields = np.empty(values.size, _FLOAT_FIELD)
-    fields["tag"] = _FLOAT_TAG
-    fields["value"] = values
-    return fields.tobytes()
-
-
-def encode_datum(sample: Sample) -> bytes:
-    """Serialize ``sample`` as a Caffe ``Datum`` (layout in the module docstring)."""
-    datum = caffe_pb2.Datum()
-    multi = sample.is_multilabel
-    labels = sample.labels
-    if not labels and multi:
-        raise InputError(sample.key, "a multi-label sample with no labels cannot be a Caffe Datum")
-    datum.label = _int_label(sample, labels)
-    floats = labels if multi else None
-    if sample.kind == "encoded":
-        datum.data = bytes(sample.payload)
-    elif sample.kind == "raw":
-        c, h, w, chw = _bgr_chw(np.asarray(sample.payload))
-        datum.channels, datum.height, datum.width = c, h, w
-        if chw.dtype == np.uint8:
-            datum.data = chw.tobytes()
-        elif chw.dtype in (np.float16, np.float32, np.float64):
-            if multi:
-                raise InputError(sample.key, "float pixels and several labels both need Datum.float_data",
-                                 "store uint8 pixels or a single label")
-            floats = chw
-        else:
-            raise InputError(sample.key, f"raw pixels of dtype {chw.dtype} cannot be a Datum",
-                             "store uint8, float16 or float32")
-    elif sample.kind == "tokens":
-        ids = np.asarray(sample.payload)
-        if ids.ndim != 1:
-            raise InputError(sample.key, f"token ids must be a 1-D array, not shape {ids.shape}")
-        if multi:
-            raise InputError(sample.key, "token ids and several labels both need Datum.float_data")
-        if ids.size and (ids.min() < 0 or ids.max() >= MAX_TOKEN_ID):
-            raise InputError(sample.key, f"token ids must lie in 0..{MAX_TOKEN_ID - 1} to be exact as float32")
-        datum.channels, datum.height, datum.width = 1, 1, int(ids.size)
-        floats = ids
-    else:
-        raise InputError(sample.key, f"unknown sample kind {sample.kind!r}")
-    # Fields 1-5 by protobuf, then 6 (float_data) and 7 (encoded): the order protobuf itself writes.
-    tail = _float_fields(floats) if floats is not None else b""
-    return datum.SerializeToString() + tail + _ENCODED[sample.kind == "encoded"]
-
-
-def decode_datum(key: bytes, value: bytes, path: str = "?", record_index: int | None = None,
-                 byte_offset: int | None = None, float_dtype: str | None = None) -> Sample:
-    """Parse one LMDB value back into a :class:`Sample`; raise :class:`CorruptRecordError` if it is not a Datum.
-
-    Float pixels come back as ``float_dtype`` (what the writer recorded), float32 by default."""
-    datum = caffe_pb2.Datum()
-
-    def corrupt(reason):
-        return CorruptRecordError(path, record_index, byte_offset, reason)
-
-    try:
-        datum.ParseFromString(value)
-    except DecodeError as e:
-        raise corrupt(f"not a caffe.Datum ({e})") from e
-    index, name = split_key(key)
-    floats = datum.float_data
-    meta: dict[str, Any] = {}
-    if datum.encoded or not datum.HasField("encoded") and datum.HasField("data") and not datum.channels:
-        label = tuple(floats) if floats else datum.label
-        meta["format"] = sniff_image_format(datum.data)
-        return Sample(name, label, datum.data, "encoded", index or 0, meta)
-    c, h, w = datum.channels, datum.height, datum.width
-    if datum.HasField("data"):
-        if len(datum.data) != c * h * w or not c:
-            raise corrupt(f"raw Datum of {c}x{h}x{w} carries {len(datum.data)} bytes")
-        pixels = _hwc_rgb(np.frombuffer(datum.data, np.uint8).reshape(c, h, w))
-        label = tuple(floats) if floats else datum.label
-    elif c == 1 and h == 1 and len(floats) == w:
-        return Sample(name, datum.label, np.asarray(floats, np.float32).astype(np.int32), "tokens",
-                      index or 0, meta)
-    elif len(floats) == c * h * w and c:
-        pixels = _hwc_rgb(np.asarray(floats, np.float32).reshape(c, h, w)).astype(float_dtype or np.float32)
-        label = datum.label
-    else:
-        raise corrupt(f"Datum of {c}x{h}x{w} with {len(datum.data)} data bytes and {len(floats)} floats")
-    meta.update(channels=c, height=h, width=w)
-    return Sample(name, label, pixels, "raw", index or 0, meta)
-
-
-def write_mean_binaryproto(path: str, mean_chw: np.ndarray, order: str = "BGR") -> None:
-    """Write a mean image the way Caffe's ``compute_image_mean`` does: ``BlobProto(num=1, C, H, W, data)``.
-
-    ``mean_chw`` is CHW; Caffe subtracts it from BGR Datums, so pass ``order="RGB"`` if its channels are RGB
-    and they are reversed before writing. ``path`` may be a local path or an fsspec URL.
-    """
-    mean = np.asarray(mean_chw, np.float32)
-    if mean.ndim != 3:
-        raise ConfigError(f"{path}: the mean image must be CHW (3 dimensions), not shape {mean.shape}")
-    if order not in ("BGR", "RGB"):
-        raise ConfigError(f"{path}: channel order must be 'BGR' or 'RGB', not {order!r}")
-    if order == "RGB" and mean.shape[0] >= 3:
-        mean = mean[[2, 1, 0, 3][:mean.shape[0]]]
-    blob = caffe_pb2.BlobProto(num=1, channels=mean.shape[0], height=mean.shape[1], width=mean.shape[2])
-    blob.data.extend(mean.ravel().tolist())
-    out = AtomicFile(path, "mean")
-    out.write(blob.SerializeToString())
-    out.commit()
-
-
-def read_mean_binaryproto(path: str) -> np.ndarray:
-    """The CHW float32 mean stored in a ``mean.binaryproto`` (Caffe's or ours), channels as stored (BGR)."""
-    with gio.open_file(path, "rb") as f:
-        payload = f.read()
-    blob = caffe_pb2.BlobProto()
-    try:
-        blob.ParseFromString(payload)
-    except DecodeError as e:
-        raise CorruptRecordError(path, 0, 0, f"not a caffe.BlobProto ({e})") from e
-    if blob.HasField("shape"):
-        shape = tuple(blob.shape.dim)
-    else:
-        shape = (blob.num, blob.channels, blob.height, blob.width)
-    data = np.asarray(blob.data, np.float32)
-    if int(np.prod(shape)) != data.size:
-        raise CorruptRecordError(path, 0, 0, f"BlobProto of shape {shape} holds {data.size} floats")
-    data = data.reshape(shape)
-    return data[0] if data.ndim == 4 and data.shape[0] == 1 else data
 
 
 def record_check(key, value) -> int:
@@ -281,222 +86,6 @@ def record_check(key, value) -> int:
     return crc32c.crc32c(value, crc32c.crc32c(key))
 
 
-class _PageChecks:
-    """CRC-32C of every meta/branch/leaf page of a compacted ``data.mdb``, which holds no free pages, so a
-    front-to-back walk meets only those and overflow runs (skipped by their page count); and the whole
-    file's SHA-256. Fed the file in order, in chunks that are whole pages."""
-
-    def __init__(self, psize: int):
-        self.psize = psize
-        self.sha = hashlib.sha256()
-        self.pages = []
-        self._pgno = 0  # the next page whose header has not been read
-        self._base = 0  # page number of the next chunk's first page
-
-    def update(self, chunk) -> None:
-        self.sha.update(chunk)
-        view = memoryview(chunk)
-        psize = self.psize
-        end = self._base + len(view) // psize
-        while self._pgno < end:
-            off = (self._pgno - self._base) * psize
-            _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
-            if flags & _P_OVERFLOW:
-                self._pgno += max(count, 1)
-            else:
-                self.pages.append((self._pgno, crc32c.crc32c(view[off:off + psize])))
-                self._pgno += 1
-        view.release()
-        self._base = end
-
-    def result(self) -> tuple[np.ndarray, str]:
-        return np.array(self.pages, _PAGE_DTYPE), self.sha.hexdigest()
-
-
-#: LMDB's on-disk layout (lmdb.h / mdb.c, 64-bit): the main database's root page number sits in each meta
-#: page at this offset (page header 16 + magic, version, address, mapsize 24 + the free DB's MDB_db 48 + the
-#: main MDB_db's root field at 40), its transaction id at 144; page flags and node layout as in mdb.c.
-_META_MAIN_ROOT, _META_TXNID = 128, 144
-_P_BRANCH, _P_LEAF, _P_LEAF2 = 0x01, 0x02, 0x20
-_F_BIGDATA = 0x01
-_PAGE_HEADER_SIZE = 16
-_NODE = struct.Struct("<HHHH")  # mn_lo, mn_hi, mn_flags, mn_ksize
-_U16, _U64 = struct.Struct("<H"), struct.Struct("<Q")
-
-
-def _value_offsets(data_path: str, psize: int, records: int) -> np.ndarray:
-    """The byte offset in ``data_path`` of every record's value, in key order: a walk of the main B-tree
-    from the newer meta page (branch pages in key order, leaf nodes in order; an overflow value starts after
-    its first page's header, an inline one after its node's key)."""
-    import mmap
-
-    out = np.zeros(records, np.uint64)
-    n = 0
-    with open(data_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        metas = [(_U64.unpack_from(m, i * psize + _META_TXNID)[0],
-                  _U64.unpack_from(m, i * psize + _META_MAIN_ROOT)[0]) for i in (0, 1)]
-        root = max(metas)[1]
-        stack = [root] if root != 0xFFFFFFFFFFFFFFFF else []  # P_INVALID: an empty database
-        while stack:
-            base = stack.pop() * psize
-            flags, lower = _U16.unpack_from(m, base + 10)[0], _U16.unpack_from(m, base + 12)[0]
-            ptrs = [_U16.unpack_from(m, base + _PAGE_HEADER_SIZE + 2 * k)[0]
-                    for k in range((lower - _PAGE_HEADER_SIZE) >> 1)]
-            if flags & _P_BRANCH:
-                children = []
-                for ptr in ptrs:
-                    lo, hi, fl, _ = _NODE.unpack_from(m, base + ptr)
-                    children.append(lo | hi << 16 | fl << 32)
-                stack.extend(reversed(children))  # popped in key order
-            elif flags & _P_LEAF and not flags & _P_LEAF2:
-                for ptr in ptrs:
-                    _, _, fl, ksize = _NODE.unpack_from(m, base + ptr)
-                    data = base + ptr + _NODE.size + ksize
-                    out[n] = (_U64.unpack_from(m, data)[0] * psize + _PAGE_HEADER_SIZE) if fl & _F_BIGDATA else data
-                    n += 1
-            else:
-                raise CorruptRecordError(data_path, None, base, f"page {base // psize} of the B-tree has flags "
-                                         f"{flags:#x}, neither a branch nor a leaf")
-    if n != records:
-        raise CorruptRecordError(data_path, None, None, f"its B-tree holds {n} records, not {records}")
-    return out
-
-
-#: Byte ranges of an in-place ``data.mdb`` hashed separately, in parallel (its SHA-256 is their hash list).
-_HASH_PART = 256 << 20
-
-
-def _scan_in_place(data_path: str, psize: int, fsync: bool = False) -> tuple[np.ndarray, list]:
-    """Page CRCs and ``[bytes, sha256]`` of each :data:`_HASH_PART` range of a ``data.mdb`` written in
-    place (fsync'd first with ``fsync``: the commits synced their pages, this covers the meta pages). The
-    page walk reads only the headers of overflow runs and the tree pages (and free pages, which are checked
-    like tree pages); the ranges are hashed by a thread each, one per usable core: the workers are done by
-    then (hashlib releases the GIL)."""
-    import mmap
-    from concurrent.futures import ThreadPoolExecutor
-
-    from gpufeed.machine import usable_cores
-
-    size = os.path.getsize(data_path)
-    out = []
-    with open(data_path, "rb+" if fsync else "rb") as f:
-        if fsync:
-            os.fsync(f.fileno())
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            pgno, pages = 0, size // psize
-            while pgno < pages:
-                off = pgno * psize
-                _, _, flags, count = _PAGE_HEADER.unpack_from(view, off)
-                if flags & _P_OVERFLOW:
-                    pgno += max(count, 1)
-                else:
-                    out.append((pgno, crc32c.crc32c(view[off:off + psize])))
-                    pgno += 1
-            view.release()
-
-        def part(start: int) -> list:
-            h = hashlib.sha256()
-            end = min(start + _HASH_PART, size)
-            pos = start
-            while pos < end:
-                chunk = os.pread(f.fileno(), min(1 << 20, end - pos), pos)
-                if not chunk:
-                    raise OutputError(f"{data_path}: shorter than its {size} bytes while being hashed")
-                h.update(chunk)
-                pos += len(chunk)
-            return [end - start, h.hexdigest()]
-
-        with ThreadPoolExecutor(max_workers=max(1, usable_cores())) as pool:
-            parts = list(pool.map(part, range(0, size, _HASH_PART)))
-    return np.array(out, _PAGE_DTYPE), parts
-
-
-#: Pipe buffer for the compacting copy (Linux's F_SETPIPE_SZ; the default 64 KiB halves the copy's speed).
-_F_SETPIPE_SZ = 1031
-_PIPE_BYTES = 1 << 20
-
-
-def _copy_compacted(env, data_path: str, psize: int) -> tuple[np.ndarray, str]:
-    """LMDB's compacting copy of ``env`` into ``data_path``, hashed on its way to the file: the copy writes
-    into a pipe, and a thread takes whole pages from it, checks them (:class:`_PageChecks`) and writes them
-    out, so the file is never read back. Returns the page CRCs and the file's SHA-256."""
-    import fcntl
-
-    checks = _PageChecks(psize)
-    failed = []
-    r, w = os.pipe()
-    try:
-        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
-    except OSError:
-        pass  # a smaller pipe is slower, not wrong
-    out = os.open(data_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-
-    def drain():
-        buf = bytearray(max(_PIPE_BYTES * 4 // psize, 1) * psize)
-        view = memoryview(buf)
-        while True:
-            n = 0
-            while n < len(buf):  # whole chunks, so every chunk but the last is whole pages
-                k = os.readv(r, [view[n:]])
-                if not k:
-                    break
-                n += k
-            if not n:
-                return
-            if failed:
-                continue  # keep emptying the pipe, or the copy would block on it for ever
-            try:
-                checks.update(view[:n])
-                done = 0
-                while done < n:
-                    done += os.write(out, view[done:n])
-            except BaseException as e:
-                failed.append(e)
-
-    thread = threading.Thread(target=drain, name="gpufeed-lmdb-copy", daemon=True)
-    thread.start()
-    try:
-        try:
-            env.copyfd(w, compact=True)
-        finally:
-            os.close(w)
-            thread.join()
-    finally:
-        os.close(r)
-        os.close(out)
-    if failed:
-        raise failed[0]
-    return checks.result()
-
-
-def _verify_pages(directory: str, meta: dict) -> None:
-    """Check the B-tree pages against ``gpufeed.pages`` before LMDB maps the file and follows them."""
-    data_path = os.path.join(directory, DATA)
-    pages = np.fromfile(os.path.join(directory, meta["pages"]), _PAGE_DTYPE)
-    pgnos, crcs = pages["pgno"].tolist(), pages["crc"].tolist()
-    psize = int(meta["page_size"])
-    with open(data_path, "rb") as f:
-        fd = f.fileno()
-        # The tree pages sit between the values' overflow pages: readahead here would pull values into the
-        # page cache that nobody asked for yet (and make a cold read benchmark look warm).
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        start = 0
-        # Consecutive pages are read in one call: for small records the tree is nearly the whole file.
-        while start < len(pgnos):
-            stop = start + 1
-            while stop < len(pgnos) and stop - start < 256 and pgnos[stop] == pgnos[stop - 1] + 1:
-                stop += 1
-            data = os.pread(fd, (stop - start) * psize, pgnos[start] * psize)
-            view = memoryview(data)
-            for k in range(start, stop):
-                off = (k - start) * psize
-                if len(data) < off + psize or crc32c.crc32c(view[off:off + psize]) != crcs[k]:
-                    raise CorruptRecordError(data_path, None, pgnos[k] * psize,
-                                             f"LMDB page {pgnos[k]} does not match {PAGES}")
-            gio.charge(len(data))
-            start = stop
 
 
 def _sha256(path: str) -> str:
@@ -540,7 +129,7 @@ class WriterOptions:
     #: whose transactions are the same on every run (a conversion commits one per shard, and rebuilds a
     #: resumed environment from empty), the file is as deterministic as a compacted copy and is written
     #: once; it keeps the few free pages that copy-on-write left. Its SHA-256 is a hash list of
-    #: :data:`_HASH_PART` ranges, hashed in parallel.
+    #: :data:`gpufeed.formats._lmdb_pages.HASH_PART` ranges, hashed in parallel.
     in_place: bool = False
 
 
@@ -762,7 +351,7 @@ class LMDBWriter(Writer):
             if self.options.in_place:
                 directory = self._work
                 self._env.close()
-                pages, parts = _scan_in_place(os.path.join(directory, DATA), psize, fsync=True)
+                pages, parts = _lmdb_pages.scan_in_place(os.path.join(directory, DATA), psize, fsync=True)
                 digest = None
             else:
                 directory = self._final_tmp = naming.temp_name(self.path)
@@ -770,7 +359,7 @@ class LMDBWriter(Writer):
                 # The meta page records the map size; tie it to the data, not to the growth history.
                 self._env.set_mapsize(max(self._env.info()["last_pgno"] + 1, 1) * psize)
                 if self.options.compact:
-                    pages, digest = _copy_compacted(self._env, os.path.join(directory, DATA), psize)
+                    pages, digest = _lmdb_pages.copy_compacted(self._env, os.path.join(directory, DATA), psize)
                 else:
                     self._env.copy(directory)
                     pages, digest = None, None
@@ -808,7 +397,7 @@ class LMDBWriter(Writer):
                    "records": len(self._crc), "checksums": CHECKSUMS, "key_format": "%08d_<relative path>",
                    "page_size": psize, "options": dataclasses.asdict(self.options),
                    "raw_float_dtype": self._float_dtype, "stats": stats}
-        offsets = _value_offsets(os.path.join(directory, DATA), psize, len(self._crc))
+        offsets = _lmdb_pages.value_offsets(os.path.join(directory, DATA), psize, len(self._crc))
         with open(os.path.join(directory, OFFSETS), "wb") as f:
             f.write(offsets.astype("<u8").tobytes())
         sidecar["offsets"] = OFFSETS
@@ -959,7 +548,8 @@ class LMDBReader(Reader):
             raise CorruptRecordError(self.data_path, None, min(size, expected), f"the file is {size} bytes, "
                                      f"{SIDECAR} says {expected}: it was truncated or damaged")
         if self.verify and self.meta and self.meta.get("pages"):
-            _verify_pages(self.path, self.meta)
+            _lmdb_pages.verify_pages(os.path.join(self.path, DATA), os.path.join(self.path, self.meta["pages"]),
+                                     int(self.meta["page_size"]))
 
     def _check_environment(self, env) -> None:
         """Sizes, record count and key shape, checked once per process before any record is touched."""

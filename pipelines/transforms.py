@@ -367,7 +367,7 @@ def write_stats(stats: ChannelStats, dst_dir_url: str) -> dict:
         f.write((json.dumps(doc, indent=2) + "\n").encode())
     result = dict(doc, mean_std_json=MEAN_STD_JSON, mean_binaryproto=None)
     if stats.same_shape:
-        from gpufeed.formats.lmdb import write_mean_binaryproto
+        from gpufeed.formats.caffe_datum import write_mean_binaryproto
 
         chw = stats.mean_image()
         write_mean_binaryproto(f"{base}/{MEAN_BINARYPROTO}", chw, order="RGB")

@@ -21,8 +21,8 @@ from forked import fork_map
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError
 from gpufeed.formats import get_format
 from gpufeed.formats.base import Sample
-from gpufeed.formats.lmdb import (CHECKSUMS, OFFSETS, PAGES, SIDECAR, decode_datum, make_key, read_mean_binaryproto,
-                                  write_mean_binaryproto)
+from gpufeed.formats.caffe_datum import decode_datum, make_key, read_mean_binaryproto, write_mean_binaryproto
+from gpufeed.formats.lmdb import CHECKSUMS, OFFSETS, PAGES, SIDECAR
 from gpufeed.formats.proto import caffe_pb2
 
 FMT = get_format("lmdb")

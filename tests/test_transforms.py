@@ -239,7 +239,7 @@ def test_mean_image_and_sample_updates(tmp_path):
 
 
 def test_write_stats_for_mxnet_and_caffe(tmp_path):
-    lmdb = pytest.importorskip("gpufeed.formats.lmdb")
+    caffe_datum = pytest.importorskip("gpufeed.formats.caffe_datum")
     stats = ChannelStats()
     img = np.zeros((4, 5, 3), np.uint8)
     img[..., 0], img[..., 1], img[..., 2] = 10, 20, 30
@@ -252,7 +252,7 @@ def test_write_stats_for_mxnet_and_caffe(tmp_path):
     assert (doc["mean_r"], doc["mean_g"], doc["mean_b"]) == (20.0, 20.0, 30.0)
     assert (doc["std_r"], doc["std_g"], doc["std_b"]) == (10.0, 0.0, 0.0)
     assert info["mean_binaryproto"] == "mean.binaryproto" and info["images"] == 2
-    blob = lmdb.read_mean_binaryproto(str(tmp_path / "out" / "mean.binaryproto"))
+    blob = caffe_datum.read_mean_binaryproto(str(tmp_path / "out" / "mean.binaryproto"))
     assert blob.reshape(3, 4, 5)[:, 0, 0].tolist() == [30.0, 20.0, 20.0]  # BGR planes, as Caffe's data
     stats.update(np.zeros((2, 2, 3), np.uint8))
     info = write_stats(stats, str(tmp_path / "vary"))

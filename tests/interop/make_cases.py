@@ -23,7 +23,7 @@ import numpy as np
 from gpufeed.formats import get_format
 from gpufeed.formats import recordio, tfrecord
 from gpufeed.formats.base import Sample
-from gpufeed.formats.lmdb import read_mean_binaryproto
+from gpufeed.formats.caffe_datum import read_mean_binaryproto
 from gpufeed.pipelines.synth import synth_jpeg
 
 #: A JPEG comment segment (FF FE, u16 big-endian length counting itself) may hold any bytes, so the magic word
