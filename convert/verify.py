@@ -229,8 +229,7 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     try:
         run = (lambda fn, *args: pool.submit(fn, *args)) if pool else _Done
-        for fut in [run(_check_file, out, f) for f in manifest["files"]]:
-            fut.result()
+        _raise_all([run(_check_file, out, f) for f in manifest["files"]], out)
         results = [(o, run(_check_output, o, decode)) for o in outputs]
         records, labels, decoded = collections.Counter(), {}, 0
         for o, fut in results:
@@ -265,11 +264,34 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     return Report(out, len(manifest["files"]), dict(records), decoded)
 
 
+def _raise_all(checks: list, out: str) -> None:
+    """Every file's check done: one damaged file raises its own error; several, one error listing them all
+    (a user mending a large output wants the whole list from one pass over it)."""
+    problems = []
+    for fut in checks:
+        try:
+            fut.result()
+        except (IncompleteOutputError, ShardNotFound) as e:
+            problems.append(e)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        lines = [str(e).removesuffix(f": {AGAIN}").removesuffix(f"; {AGAIN}") for e in problems]
+        raise IncompleteOutputError(f"{out}: {len(problems)} of {len(checks)} files do not match manifest.json; "
+                                    f"{AGAIN}:\n" + "\n".join(f"  {line}" for line in lines))
+
+
 class _Done:
-    """The result of a call made in this process, with a future's ``result()``."""
+    """The outcome of a call made in this process, with a future's ``result()``."""
 
     def __init__(self, fn, *args):
-        self.value = fn(*args)
+        self.value, self.error = None, None
+        try:
+            self.value = fn(*args)
+        except Exception as e:
+            self.error = e
 
     def result(self):
+        if self.error is not None:
+            raise self.error
         return self.value

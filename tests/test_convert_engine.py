@@ -227,6 +227,25 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
         verify(str(out))
 
 
+def test_verify_lists_every_damaged_file_in_one_pass(reference, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(reference[0], out)
+    for name in ("train-00001-of-00005", "train-00003-of-00005"):
+        shard = out / "tfrecord" / name
+        data = bytearray(shard.read_bytes())
+        data[-5] ^= 0x01
+        shard.write_bytes(bytes(data))
+    (out / "recordio" / "val.idx").unlink()
+    for workers in (1, 2):
+        with pytest.raises(IncompleteOutputError) as err:
+            verify(str(out), workers=workers)
+        text = str(err.value)
+        assert text.startswith(f"{out}: 3 of ") and "files do not match manifest.json" in text
+        assert "recordio/val.idx: missing" in text and text.count("SHA-256 differs") == 2
+
+
 def test_verify_advice_mends_a_damaged_output_when_followed(src, reference, tmp_path):
     """A file damaged in place keeps its size, so a plain rerun finds the output complete; verify's advice
     (the same command with --no-resume) converts it again, and the result is the reference's bytes."""
