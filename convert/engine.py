@@ -34,7 +34,6 @@ from gpufeed.formats.base import PER_SPLIT
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines.base import FileRef
 
-
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
 #: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle.
