@@ -687,14 +687,31 @@ class HybridRates:
 # ------------------------------------------------------------------------------------------------- the loader
 
 
-def format_of(path: str) -> str:
-    """The format of one output file or directory: ``.rec`` RecordIO, a directory with ``data.mdb`` LMDB,
-    anything else TFRecord."""
-    if path.endswith(".rec"):
-        return "recordio"
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "data.mdb")):
-        return "lmdb"
-    return "tfrecord"
+def format_of(paths: Sequence[str]) -> str:
+    """The one format of ``paths`` (output files, or LMDB folders): ``.rec`` RecordIO, a folder with
+    ``data.mdb`` LMDB, any other file TFRecord. What a glob over an output also matches is refused, naming
+    it: an index or list beside a data file (``.idx``, ``.lst``), a file inside an LMDB, a folder that is no
+    LMDB; and so is a mix of formats."""
+    found = set()
+    for path in paths:
+        name = os.path.basename(path.rstrip("/"))
+        if name.endswith((".idx", ".lst")):
+            raise ConfigError(f"{path} is the index or list of a data file, not one; give the data files only "
+                              f"(leave out the {name[name.rfind('.'):]} files)")
+        if name in ("data.mdb", "lock.mdb"):
+            raise ConfigError(f"{path} is a file inside an LMDB; give the LMDB's folder, {os.path.dirname(path)}")
+        if name.endswith(".rec"):
+            found.add("recordio")
+        elif os.path.isdir(path):
+            if not os.path.exists(os.path.join(path, "data.mdb")):
+                raise ConfigError(f"{path} is a folder without data.mdb, so not an LMDB; give output files (a "
+                                  "RecordIO .rec, TFRecord shards) or LMDB folders")
+            found.add("lmdb")
+        else:
+            found.add("tfrecord")
+    if len(found) > 1:
+        raise ConfigError(f"the paths mix formats ({', '.join(sorted(found))}); give one format's outputs")
+    return found.pop()
 
 
 class Loader:
@@ -750,7 +767,7 @@ class Loader:
         paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         if not paths:
             raise ConfigError("no input paths given to the loader")
-        self.format = format or format_of(paths[0])
+        self.format = format or format_of(paths)
         self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
         self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize
         if decode_threads < 1:

@@ -297,6 +297,27 @@ def test_bad_arguments(dataset, kwargs, text):
         gpufeed.loader(dataset["recordio"]["paths"], **kwargs)
 
 
+def test_paths_a_glob_over_an_output_also_matches_are_refused_naming_them(dataset, tmp_path):
+    """A glob such as ``tfrecord/train-*`` also matches the DALI indexes beside the shards: named, not read
+    as a damaged shard; the same for a file inside an LMDB, a folder that is no LMDB, and mixed formats."""
+    import glob
+
+    shard = dataset["tfrecord"]["paths"][0]
+    with pytest.raises(ConfigError, match=r"\.idx is the index or list of a data file, not one"):
+        gpufeed.loader(sorted(glob.glob(shard + "*")), batch_size=4)
+    rec = dataset["recordio"]["paths"][0]
+    with pytest.raises(ConfigError, match=r"\.idx is the index"):
+        gpufeed.loader([rec, rec[:-4] + ".idx"], batch_size=4)
+    env = dataset["lmdb"]["paths"][0]
+    with pytest.raises(ConfigError, match=f"inside an LMDB; give the LMDB's folder, {env}"):
+        gpufeed.loader([f"{env}/data.mdb"], batch_size=4)
+    with pytest.raises(ConfigError, match="without data.mdb, so not an LMDB"):
+        gpufeed.loader([str(tmp_path)], batch_size=4)
+    with pytest.raises(ConfigError, match=r"mix formats \(recordio, tfrecord\)"):
+        gpufeed.loader([rec, shard], batch_size=4)
+    assert L.format_of([env]) == "lmdb" and L.format_of([shard]) == "tfrecord" and L.format_of([rec]) == "recordio"
+
+
 def test_a_dropped_loader_stops_its_workers_at_once(dataset):
     """Nothing keeps a loader alive once the caller drops it (no reference cycle), so its DataLoader workers
     are gone right away, not at some later garbage collection: the bench ran minutes per run otherwise."""
