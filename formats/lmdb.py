@@ -492,6 +492,9 @@ class LMDBReader(Reader):
     #: Turn it on for sequential scans on a disk with a modest readahead window (what Caffe does).
     def __init__(self, path: str, verify: bool = True, readahead: bool = False):
         self.path = _require_local(path, "reading Caffe LMDB")
+        if os.path.basename(self.path) in (DATA, "lock.mdb") and os.path.isfile(self.path):
+            raise ConfigError(f"{path} is a file inside an LMDB; an LMDB is read (as Caffe and DALI read it) "
+                              f"from its folder, {os.path.dirname(path)}")
         self.readahead = readahead
         self.data_path = os.path.join(self.path, DATA)
         if not os.path.exists(self.data_path):

@@ -502,6 +502,10 @@ class RecordIOReader(Reader):
         self.path = os.fspath(path)
         if not exists(self.path):
             raise ShardNotFound(self.path, "convert the dataset again or fix the path")
+        for side in (".idx", ".lst"):  # read as records, either would look damaged from its first byte
+            if self.path.endswith(side) and exists(self.path[:-len(side)] + ".rec"):
+                raise ConfigError(f"{self.path} is the {side} file of {self.path[:-len(side)]}.rec, not a RecordIO "
+                                  "file; read that")
         self.verify = verify
         self.layout = read_sidecar(self.path)
         self._unchecked = dataclasses.replace(self.layout, checksum=False)

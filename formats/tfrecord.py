@@ -371,6 +371,9 @@ class TFRecordReader(Reader):
         self.path = os.fspath(path)
         if not exists(self.path):
             raise ShardNotFound(self.path, "convert the dataset again or fix the path")
+        if self.path.endswith(".idx") and exists(self.path[:-len(".idx")]):  # read as records: "damaged"
+            raise ConfigError(f"{self.path} is the DALI index of {self.path[:-len('.idx')]}, not a TFRecord "
+                              "file; read that")
         self.compression = _compression(self.path, compression)
         self.verify = verify
         self._src = ByteSource(self.path, self.compression, use_mmap)

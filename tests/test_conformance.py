@@ -8,6 +8,7 @@ for all of them. The bar: what was written reads back identical, sequentially an
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import cv2
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from forked import fork_map, in_child
-from gpufeed.errors import CorruptRecordError, GpufeedError, RecordTooLargeError
+from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, RecordTooLargeError
 from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.base import Sample
 
@@ -429,3 +430,17 @@ def test_advise_will_need_merges_touching_ranges_and_splits_long_ones(tmp_path):
         assert advise_will_need(fd, [(0, 0)]) == 0
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("fmt_name", FORMATS)
+def test_a_reader_given_a_file_beside_or_inside_an_output_names_what_to_open(fmt_name, tmp_path):
+    """A TFRecord's DALI index, a .rec's .idx and .lst, an LMDB's data.mdb: each read as records would look
+    damaged from its first byte; the reader names the output to open instead."""
+    fmt = get_format(fmt_name)
+    path = write(fmt_name, output_path(fmt_name, tmp_path), [Sample("a/0.jpg", 0, b"\xff\xd8\xff\x00", "encoded", 0)])
+    beside = {"tfrecord": [path + ".idx"], "recordio": [path[:-4] + ".idx", path[:-4] + ".lst"],
+              "lmdb": [os.path.join(path, "data.mdb")]}[fmt_name]
+    for side in beside:
+        assert os.path.isfile(side)
+        with pytest.raises(ConfigError, match=f"{re.escape(side)} is .*(not a|inside an LMDB)"):
+            fmt.reader(side)
