@@ -169,8 +169,11 @@ class ConvertOptions:
         return self.root if self.root is not None else (os.path.dirname(os.path.abspath(self.src)))
 
     def _check_list_file(self) -> None:
-        looks_like_list = "://" not in self.src and os.path.isfile(self.src)
-        if looks_like_list and self.dataset != "folder":
+        # A file SRC is an archive the dataset ships as (CIFAR's .tar.gz, PTB's .tgz), which its source reads;
+        # a list file (.lst, Caffe's .txt) for ImageNet or CIFAR was meant for the folder dataset.
+        looks_like_list = ("://" not in self.src and os.path.isfile(self.src)
+                           and self.src.endswith((".lst", ".txt")))
+        if looks_like_list and self.dataset not in ("folder", "ptb"):
             raise ConfigError(f"SRC {self.src} is a file: an im2rec .lst or Caffe list is read by the folder "
                               f"dataset (gpufeed convert folder {self.src} --root IMAGE_DIR ...); "
                               f"{self.dataset} reads the folder or archive the dataset ships as")

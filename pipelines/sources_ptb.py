@@ -58,6 +58,10 @@ class PtbSource(BaseSource):
         self._vocab: Vocabulary | None = None
         path = root.path
         self.archive = self.folder = None
+        if root.isfile(path) and path.rstrip("/").rsplit("/", 1)[-1] in FILES.values():
+            folder = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+            raise ConfigError(f"{root.url(path)} is one of Penn Treebank's files; point SRC at the folder that holds "
+                              f"{', '.join(FILES.values())} ({folder}), or at {ARCHIVE}")
         if root.isfile(path):
             self.archive = path
         elif root.isdir(path):

@@ -164,6 +164,26 @@ def test_list_file_misuse_is_refused_with_the_fix(list_files, tmp_path, dataset,
     assert rc == 2 and text in capsys.readouterr().err
 
 
+def test_the_archives_datasets_ship_as_are_a_src_as_the_readme_types_them(tmp_path, ray_local, capsys):
+    """`convert cifar10 cifar-10-python.tar.gz ...` and `convert ptb simple-examples.tgz ...`: an archive given
+    as SRC is the dataset (not a list file); one of PTB's text files names the folder to give instead."""
+    from gpufeed.pipelines.synth import synth_cifar10, synth_ptb
+
+    synth_cifar10(str(tmp_path / "c10"), per_class=1, test_per_class=1, forms=("targz",))
+    synth_ptb(str(tmp_path / "ptb"))
+    address = ["--address", ray_local.get_runtime_context().gcs_address, "--no-progress"]
+    assert main(["convert", "cifar10", str(tmp_path / "c10" / "cifar-10-python.tar.gz"), "--to", "lmdb",
+                 "--out", str(tmp_path / "c10o"), *address]) == 0
+    assert _manifest(tmp_path / "c10o")["splits"]["train"]["written"] == 10
+    assert main(["convert", "ptb", str(tmp_path / "ptb" / "simple-examples.tgz"), "--to", "tfrecord",
+                 "--out", str(tmp_path / "ptbo"), *address]) == 0
+    assert _manifest(tmp_path / "ptbo")["splits"]["train"]["written"] > 0
+    capsys.readouterr()
+    text = tmp_path / "ptb" / "simple-examples" / "data" / "ptb.train.txt"
+    assert main(["convert", "ptb", str(text), "--to", "tfrecord", "--out", str(tmp_path / "x")]) == 2
+    assert "is one of Penn Treebank's files; point SRC at the folder" in capsys.readouterr().err
+
+
 def test_limit_and_shard_bytes(src, tmp_path, ray_local):
     """--limit converts a seeded sample of N inputs per split (the same one every time); --shard-bytes cuts
     each split into shards of about that many input bytes."""
