@@ -43,11 +43,19 @@ class Report:
     files: int
     records: dict  # (split, format) -> records read back
     images_decoded: int
+    pixels_checked: int = 0  # raw pixel records checked as tensors (shape, dtype, finite values)
+    decode: bool = True  # whether encoded images were decoded (--no-decode: not)
 
     def text(self) -> str:
         per = ", ".join(f"{s}/{f} {n}" for (s, f), n in sorted(self.records.items()))
-        return (f"{self.out}: OK: {self.files} files match their checksums; records read back: {per}; "
-                f"{self.images_decoded} images decode")
+        said = [f"{self.out}: OK: {self.files} files match their checksums", f"records read back: {per}"]
+        if self.images_decoded:
+            said.append(f"{self.images_decoded} images decode")
+        elif not self.decode:
+            said.append("images not decoded (--no-decode)")
+        if self.pixels_checked:
+            said.append(f"{self.pixels_checked} raw pixel records have the stored shape, dtype and finite values")
+        return "; ".join(said)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,15 +120,16 @@ def _label_key(labels) -> tuple:
     return tuple(float(x) for x in labels)
 
 
-def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
-    """Read one output whole; ``(records, images decoded, {label: count})``. Raises on the first defect."""
+def _check_output(o: _Output, decode: bool) -> tuple[int, int, int, dict]:
+    """Read one output whole; ``(records, images decoded, raw pixel records checked, {label: count})``. Raises
+    on the first defect."""
     from gpufeed.formats import get_format
     from gpufeed.pipelines.transforms import decode_image
 
     if get_format(o.format).local_only and not io.is_local(o.path):
         return _check_remote_local_only(o, decode)
     counts = collections.Counter()
-    n = decoded = 0
+    n = decoded = pixels = 0
     reader = get_format(o.format).reader(o.path)
     try:
         for sample in reader:
@@ -130,10 +139,11 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, dict]:
                 decoded += 1
             elif sample.kind == "raw":
                 _check_pixels(o, n, sample)
+                pixels += 1
             n += 1
     finally:
         reader.close()
-    return n, decoded, dict(counts)
+    return n, decoded, pixels, dict(counts)
 
 
 def _check_pixels(o: _Output, n: int, sample) -> None:
@@ -148,7 +158,7 @@ def _check_pixels(o: _Output, n: int, sample) -> None:
         raise CorruptRecordError(o.path, n, None, "normalised pixels hold NaN or infinity")
 
 
-def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, dict]:
+def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, int, dict]:
     """A format that reads local paths only (LMDB maps its file): a remote output is read from a local copy."""
     import tempfile
 
@@ -231,14 +241,14 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
         run = (lambda fn, *args: pool.submit(fn, *args)) if pool else _Done
         _raise_all([run(_check_file, out, f) for f in manifest["files"]], out)
         results = [(o, run(_check_output, o, decode)) for o in outputs]
-        records, labels, decoded = collections.Counter(), {}, 0
+        records, labels, decoded, pixels = collections.Counter(), {}, 0, 0
         for o, fut in results:
-            n, d, counts = fut.result()
+            n, d, p, counts = fut.result()
             if n != o.records:
                 raise IncompleteOutputError(f"{o.path}: {n} records read back, the manifest says {o.records}; "
                                             f"{AGAIN}")
             records[(o.split, o.format)] += n
-            decoded += d
+            decoded, pixels = decoded + d, pixels + p
             labels.setdefault((o.split, o.format), collections.Counter()).update(counts)
     finally:
         if pool:
@@ -261,7 +271,7 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                 if c != first:
                     raise IncompleteOutputError(f"{out}: the {split} split's labels differ between {first_fmt} "
                                                 f"and {fmt}; the outputs are not from one conversion: {AGAIN}")
-    return Report(out, len(manifest["files"]), dict(records), decoded)
+    return Report(out, len(manifest["files"]), dict(records), decoded, pixels, decode)
 
 
 def _raise_all(checks: list, out: str) -> None:
