@@ -117,19 +117,20 @@ def format_summary(summary, max_skipped: int = 20) -> str:
         formats = ", ".join(f"{f} {n}" for f, n in s["formats"].items())
         lines.append(f"{split}: {s['written']} of {s['planned']} {unit} written in {shards} "
                      f"({formats}); {s['skipped']} skipped")
-    if summary.skipped:
-        lines.append(f"skipped inputs ({len(summary.skipped)}):")
-        for origin, reason in summary.skipped[:max_skipped]:
-            lines.append(f"  {origin}: {reason}")
-        if len(summary.skipped) > max_skipped:
-            lines.append(f"  ... and {len(summary.skipped) - max_skipped} more (all listed in manifest.json)")
-    converted = getattr(summary, "converted", [])
-    if converted:
-        lines.append(f"re-encoded inputs ({len(converted)}), stored so that every reader decodes them to 3 channels:")
-        for origin, reason in converted[:max_skipped]:
-            lines.append(f"  {origin}: {reason}")
-        if len(converted) > max_skipped:
-            lines.append(f"  ... and {len(converted) - max_skipped} more (all listed in manifest.json)")
+    # The summary's list holds what listing left out (never planned, so in no split's count) first, then the
+    # planned inputs the conversion skipped (each split's "skipped").
+    planned_skipped = 0 if getattr(summary, "dry_run", False) else sum(
+        s.get("skipped", 0) for s in summary.samples.values())
+    listing = max(0, len(summary.skipped) - planned_skipped)
+    for title, entries in ((f"left out while listing ({listing}), in no count above:", summary.skipped[:listing]),
+                           (f"skipped inputs ({len(summary.skipped) - listing}):", summary.skipped[listing:]),
+                           (f"re-encoded inputs ({len(getattr(summary, 'converted', []))}), stored so that every "
+                            "reader decodes them to 3 channels:", getattr(summary, "converted", []))):
+        if entries:
+            lines.append(title)
+            lines.extend(f"  {origin}: {reason}" for origin, reason in entries[:max_skipped])
+            if len(entries) > max_skipped:
+                lines.append(f"  ... and {len(entries) - max_skipped} more (all listed in manifest.json)")
     if summary.complete and summary.seconds:
         lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s: "
                      f"{summary.images_per_second:.0f} {unit}/s, "

@@ -261,10 +261,11 @@ class BaseSource:
         self._items: dict[str, list[Item]] = {}
 
     def problem(self, err: InputError) -> None:
-        """Raise ``err`` under ``on_error="fail"``; record it as skipped under ``"skip"``."""
+        """Raise ``err`` under ``on_error="fail"``; record it as skipped under ``"skip"``: its path, and what is
+        wrong (the reason alone; the summary names the path beside it, and the fix, leaving it out, is taken)."""
         if self.on_error == "fail":
             raise err
-        self._skipped.append(Skipped(getattr(err, "path", str(self.root)), str(err)))
+        self._skipped.append(Skipped(getattr(err, "path", str(self.root)), err.reason))
 
     def skipped(self) -> list[Skipped]:
         return list(self._skipped)

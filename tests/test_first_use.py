@@ -269,6 +269,9 @@ def test_text_datasets_count_records_and_dry_runs_say_what_they_would_do(tmp_pat
     assert "nothing was written" in dry and "0 of" not in dry and " records in 1 shard" in dry
     text = format_summary(convert(o, Progress(False)))
     assert "records/s" in text and "images" not in text
+    # Tokens that fill no window were never planned: listed apart from each split's "0 skipped", not under it.
+    assert "; 0 skipped" in text and "skipped inputs" not in text
+    assert "left out while listing (3), in no count above:" in text and "do not fill a window" in text
 
 
 def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
