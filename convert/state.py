@@ -51,7 +51,17 @@ def options_diff(old: dict, new: dict, before: str = "journal") -> str:
     """``shards: journal 3, now 2; ...``: the output options that differ between a recorded run and now."""
     old = recorded_options(old, new)
     keys = sorted(set(old) | set(new))
-    return "; ".join(f"{k}: {before} {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
+    return "; ".join(f"{k}: {before} {_shown(old.get(k))}, now {_shown(new.get(k))}" for k in keys
+                     if old.get(k) != new.get(k))
+
+
+def _shown(value) -> str:
+    """An option's value as a user gives it: a list comma-separated, an option left out as such."""
+    if value is None:
+        return "not given"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return repr(value)
 
 
 class DestinationLock:

@@ -183,6 +183,9 @@ def test_a_finished_output_with_other_options_is_replaced_only_with_overwrite(sr
     with pytest.raises(ConfigError, match=r"other options \(shards: finished run 3, now 2\).*--overwrite"):
         convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",)))
     verify(str(out))  # refused before anything changed
+    # Values as a user gives them: a list comma-separated, an option left out said so (not "None").
+    with pytest.raises(ConfigError, match=r"other options \(splits: finished run val, now not given\)"):
+        convert(options(src, out, formats=("tfrecord",), shards=3))
     convert(options(src, out, formats=("tfrecord",), shards=2, splits=("val",), overwrite=True))
     assert (out / "notes.txt").read_text() == "mine"  # not written by gpufeed: never touched
     names = sorted(n for n in os.listdir(out / "tfrecord") if not n.endswith(".idx"))
