@@ -224,6 +224,9 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                                     f"manifest it cannot read: delete it, then {RERUN}") from None
     if manifest is None and io.is_local(out) and not os.path.isdir(out):
         raise SourceNotFound(out, "a conversion output (folder)", "give the --out of a gpufeed convert run")
+    if manifest is None and not _conversion_started(out):
+        raise SourceNotFound(out, "a gpufeed convert output (no manifest.json, no conversion's state or format "
+                             "folders)", "give the --out of a gpufeed convert run")
     if manifest is None:
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: missing, so the conversion did not finish; rerun "
                                     "the same gpufeed convert command to complete it")
@@ -272,6 +275,15 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                     raise IncompleteOutputError(f"{out}: the {split} split's labels differ between {first_fmt} "
                                                 f"and {fmt}; the outputs are not from one conversion: {AGAIN}")
     return Report(out, len(manifest["files"]), dict(records), decoded, pixels, decode)
+
+
+def _conversion_started(out: str) -> bool:
+    """Whether a conversion wrote into ``out`` (its state directory or a format's folder), so that a missing
+    manifest means it did not finish, rather than that ``out`` is some other folder."""
+    from gpufeed.convert.state import state_dir_for
+    from gpufeed.formats import FORMATS
+
+    return io.exists(state_dir_for(out)) or any(io.exists(io.join(out, f)) for f in FORMATS)
 
 
 def _raise_all(checks: list, out: str) -> None:

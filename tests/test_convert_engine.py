@@ -16,7 +16,8 @@ from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
-from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError
+from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
+                            SourceNotFound)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +229,10 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
     (out / "manifest.json").unlink()
     with pytest.raises(IncompleteOutputError, match="did not finish"):
         verify(str(out))
+    # A folder no conversion wrote into is not "a conversion that did not finish".
+    (tmp_path / "photos").mkdir()
+    with pytest.raises(SourceNotFound, match="photos: a gpufeed convert output .* not found; give the --out"):
+        verify(str(tmp_path / "photos"))
 
 
 def test_verify_lists_every_damaged_file_in_one_pass(reference, tmp_path):
