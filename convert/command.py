@@ -154,8 +154,23 @@ def options_from_args(args):
         task_retries=args.task_retries, local_start=True, executor=args.executor)
 
 
+#: fsspec protocols whose files live only in the process that wrote them.
+_IN_PROCESS = ("memory://",)
+
+
+def check_lasting(out: str, flag: str = "--out") -> None:
+    """A command's output must outlive the command: refuse a filesystem that lives in this process only."""
+    from gpufeed.errors import ConfigError
+
+    if str(out).startswith(_IN_PROCESS):
+        raise ConfigError(f"{flag} {out}: a {str(out).split('://')[0]}:// filesystem lives only as long as this "
+                          "process, so the output would be lost when the command ends; give a folder or a URL of "
+                          "storage that keeps it")
+
+
 def run(args) -> int:
     options = options_from_args(args)
+    check_lasting(options.out)
     if options.local_start and not options.address and not options.dry_run:
         # The local processes' server imports OpenCV and the formats while this process imports the engine,
         # lists and plans (the engine would start it only once imported itself).

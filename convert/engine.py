@@ -29,7 +29,7 @@ from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import ShardPlan, SplitPlan, plan_split, shard_digest, split_order
 from gpufeed.convert.scheduler import RayStart, Tasks, cap_workers, ray_initialized
 from gpufeed.convert.worker import ShardJob, file_entry, run_shard, stats_shard
-from gpufeed.errors import ConfigError, OutputError
+from gpufeed.errors import ConfigError, GpufeedError, OutputError
 from gpufeed.formats.base import PER_SPLIT
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines.base import FileRef
@@ -190,6 +190,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
                               "credentials and the network") from e
         raise OutputError(f"{out}: cannot be created ({e.strerror or e}); choose another --out, or make the "
                           "folder it goes in a writable folder") from e
+    except GpufeedError:
+        raise
     except Exception as e:  # fsspec backends raise their own errors for bad URLs, credentials, networks
         raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the path or URL, its "
                           "credentials and the network") from e
@@ -197,16 +199,11 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     lock = DestinationLock.acquire(state_dir, out)
     journal = None
     try:
-        done = _finished_output(options, out)
+        kind, doc = manifest_mod.finished(out)
+        done = _finished_output(options, out, kind, doc)
         if done is not None:
             return done
-        try:
-            manifest_mod.remove(out)
-        except OSError as e:
-            raise OutputError(f"{manifest_mod.path(out)}: cannot be removed ({e.strerror or e}); the destination "
-                              "must be writable: fix its permissions or mount, or choose another --out") from e
-        if not options.resume:
-            shutil.rmtree(state_dir, ignore_errors=True)
+        _clear_destination(options, out, state_dir, list(plans), doc, progress)
         journal = Journal.open(state_dir, out, options.output_key(), options.resume)
         for s, plan in plans.items():
             items = items_by_split[s]
@@ -219,14 +216,13 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         lock.release()
 
 
-def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
+def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | None) -> Summary | None:
     """A destination that already holds a finished conversion: the same one (nothing to do), another one
     (refused, unless ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write
     (refused: never overwritten). ``None`` when the run goes ahead."""
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import options_diff, recorded_options
 
-    kind, doc = manifest_mod.finished(out)
     if kind == "foreign":
         raise ConfigError(f"{manifest_mod.path(out)} was not written by gpufeed, which would overwrite it; "
                           "choose another --out")
@@ -242,10 +238,40 @@ def _finished_output(options: ConvertOptions, out: str) -> Summary | None:
         diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "
                           "to replace it (its files are removed first), or choose another --out")
-    # Converted again (--no-resume, --overwrite, or files lost since): the old run's files go first, so
-    # none of them can mix with the new output.
-    manifest_mod.remove_listed(out, doc)
     return None
+
+
+def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dict | None, progress) -> None:
+    """Before anything is written: a finished conversion being replaced (``doc``: converted again with
+    ``--no-resume`` or ``--overwrite``, or after losing files) has its files removed, and so has whatever an
+    earlier run wrote at the names the splits that start afresh now will write; only files the destination's
+    manifest or journal prove gpufeed wrote, checked all before any is removed (:mod:`.destination`). Then the
+    manifest goes, and without ``--resume`` the earlier run's journal."""
+    from gpufeed.convert import destination
+    from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.state import Journal, remove_state
+
+    destination.check_state_dir(out)
+    events = Journal.peek(state_dir)
+    if options.resume:
+        Journal.check_options(events, out, options.output_key())
+    kept = events if options.resume else []
+    planned = {e.get("split") for e in kept if e.get("event") == "plan"}
+    evidence = destination.Evidence(out)
+    evidence.add_journal(events, os.path.join(state_dir, "journal.jsonl"))
+    rels = []
+    if doc is not None:
+        evidence.add_manifest(doc, manifest_mod.path(out))
+        rels = [f["path"] for f in doc["files"]]
+    rels += destination.in_the_way(out, options.formats, [s for s in splits if s not in planned], not planned)
+    destination.clear(out, rels, evidence, progress)
+    try:
+        manifest_mod.remove(out)
+    except OSError as e:
+        raise OutputError(f"{manifest_mod.path(out)}: cannot be removed ({e.strerror or e}); the destination "
+                          "must be writable: fix its permissions or mount, or choose another --out") from e
+    if not options.resume:
+        remove_state(state_dir)
 
 
 def _dry_run(options, out, plans) -> Summary:
@@ -299,6 +325,7 @@ def _prepass(ray_once, options, out, st: _Split, journal, state_dir, image_optio
 
 def _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.state import STATE_DIR
 
     formats = options.output_formats()
     ordered = [f.name for f in formats if f.layout == PER_SPLIT]
@@ -309,7 +336,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     # driver as bytes, and spool files stay in the local state directory.
     driver_writes = options.driver_writes or out.startswith("memory://")
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
-                 else sinks.join(out, ".gpufeed", sinks.SPOOL_DIR))
+                 else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
     float_dtype = options.store_dtype if options.store_dtype != "uint8" else None
     for fmt in options.formats:
         sinks.makedirs(sinks.join(out, fmt))
@@ -319,8 +346,6 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
     splits = {s: _Split(p, items_by_split[s]) for s, p in plans.items()}
     shard_events = journal.shards_done()
-    if not shard_events:
-        manifest_mod.remove_stale_outputs(out, options.formats, list(plans))
     finals = {(e["sink"], e["split"]): e["files"] for e in journal.events if e["event"] == "final"}
     todo = []
     for s, st in splits.items():
@@ -367,7 +392,11 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             ray_once()  # the worker count is settled before the pre-pass submits anything
             prepass_stats, prepass_shards = _prepass(ray_once, options, out, splits[prepass_split], journal,
                                                      state_dir, image_options)
-            image_options = dataclasses.replace(image_options, mean=prepass_stats.mean, std=prepass_stats.std)
+            try:
+                image_options = dataclasses.replace(image_options, mean=prepass_stats.mean, std=prepass_stats.std)
+            except ConfigError as e:
+                raise ConfigError(f"the {prepass_split} split's statistics cannot normalise its pixels ({e}); give "
+                                  "--mean and --std") from None
         if progress is not None:
             progress.start(total, sum(len(p) for p in plans.values()) - total,
                            unit="img" if source.modality == "image" else "seq")
@@ -611,6 +640,7 @@ def _records_per_format(formats, st: _Split) -> dict:
 def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
             prepass_stats=None) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.state import STATE_DIR, remove_state
 
     samples, skipped, converted, files, nbytes = {}, [], [], [], 0
     for s, st in splits.items():
@@ -645,6 +675,8 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     summary.timeline.update(_per_sample_costs(events))
     manifest_mod.write(options, summary, source.classes(), stats)
-    shutil.rmtree(state_dir, ignore_errors=True)
-    sinks.remove_tree(sinks.join(out, ".gpufeed"))
+    remove_state(state_dir)
+    if not io.is_local(out):
+        sinks.remove_tree(sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
+        io.remove_empty_dir(sinks.join(out, STATE_DIR))
     return summary

@@ -17,6 +17,7 @@ import numpy as np
 
 from gpufeed import __version__, io
 from gpufeed.convert import sinks
+from gpufeed.convert.destination import check_entries
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats.naming import is_temp_name
 
@@ -40,7 +41,9 @@ def load(out: str) -> dict | None:
 def finished(out: str) -> tuple[str, dict | None]:
     """What ``out`` holds: ``("none", None)``; ``("foreign", None)`` for a ``manifest.json`` that gpufeed
     did not write (never overwritten); ``("complete", doc)`` for a finished conversion whose files are all
-    there at their recorded sizes; ``("damaged", doc)`` for one that has lost or changed a file."""
+    there at their recorded sizes; ``("damaged", doc)`` for one that has lost or changed a file. A manifest
+    that names anything but gpufeed's own files inside ``out`` is refused
+    (:class:`~gpufeed.errors.UnsafeManifestError`): it is input, not trusted."""
     try:
         doc = load(out)
     except OSError:
@@ -49,26 +52,10 @@ def finished(out: str) -> tuple[str, dict | None]:
         return "foreign", None
     if not isinstance(doc, dict) or "gpufeed_version" not in doc or "output_options" not in doc:
         return ("foreign", None) if doc is not None else ("none", None)
-    for f in doc.get("files", []):
+    for f in check_entries(out, doc.get("files"), path(out)):
         if sinks.file_size(sinks.join(out, f["path"])) != f["bytes"]:
             return "damaged", doc
     return "complete", doc
-
-
-def remove_listed(out: str, doc: dict) -> None:
-    """Delete every file a finished conversion's manifest lists (and the manifest); nothing else."""
-    remove(out)
-    dirs = set()
-    for f in doc.get("files", []):
-        target = sinks.join(out, f["path"])
-        sinks.remove(target)
-        if io.is_local(out):
-            dirs.add(os.path.dirname(io.local_path(target)))
-    for d in sorted(dirs, key=len, reverse=True):  # an LMDB environment's directory, once empty
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
 
 
 def remove(out: str) -> None:
@@ -76,39 +63,21 @@ def remove(out: str) -> None:
     sinks.remove(path(out))
 
 
-def _entries(out: str, formats):
-    """Every entry of each format's folder under ``out`` (a folder not there yet has none)."""
+def remove_temporaries(out: str, formats) -> None:
+    """Delete the temporary files of these formats' outputs that a killed run left next to them (never a final
+    name; called while this conversion's journal holds the destination)."""
+    from gpufeed.convert.destination import owned_split
+
     for fmt in formats:
         try:
-            yield from io.listdir(sinks.join(out, fmt))
+            names = io.listdir(sinks.join(out, fmt))
         except FileNotFoundError:
             continue
-
-
-def remove_temporaries(out: str, formats) -> None:
-    """Delete temporary files that a killed run left next to the outputs (never under a final name)."""
-    for name in _entries(out, formats):
-        if is_temp_name(name):
-            # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
-            io.remove_entry(name)
-
-
-def remove_stale_outputs(out: str, formats, splits) -> list[str]:
-    """Before a fresh run, delete what an earlier conversion into ``out`` wrote for these splits and formats
-    (``train-00003-of-00008``, ``train.rec``, ``train_lmdb``...): with another shard count its files would
-    not be overwritten, and a reader globbing ``train-*`` would take them too. Only names gpufeed writes are
-    touched; returns them."""
-    from gpufeed.formats.naming import parse_shard_name
-
-    removed = []
-    for name in _entries(out, formats):
-        base = name.rstrip("/").rsplit("/", 1)[-1]
-        shard = parse_shard_name(base)
-        stem = base.split(".", 1)[0]
-        if (shard and shard[0] in splits) or stem in splits or base in {f"{s}_lmdb" for s in splits}:
-            io.remove_entry(name)
-            removed.append(name)
-    return removed
+        for name in names:
+            base = name.rstrip("/").rsplit("/", 1)[-1]
+            if is_temp_name(base) and owned_split(f"{fmt}/{base}") is not None:
+                # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
+                io.remove_entry(name)
 
 
 def save_stats(stats, file: str) -> None:

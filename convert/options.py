@@ -114,6 +114,8 @@ class ConvertOptions:
             _choice("format", f, FORMATS)
         if len(set(self.formats)) != len(self.formats):
             raise ConfigError(f"--to names a format twice: {','.join(self.formats)}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"--seed must be a whole number 0 or more, not {self.seed}")
         if self.task_retries < 0:
             raise ConfigError(f"--task-retries must be 0 or more, not {self.task_retries}")
         if self.workers < 1:
@@ -249,10 +251,7 @@ class ConvertOptions:
     def output_formats(self) -> list:
         """The formats to write, each configured as these options ask: TFRecord's label convention,
         RecordIO as one ``.rec`` per split or (``--shards``) one per shard."""
-        from gpufeed.formats import get_format
-
-        settings = {"tfrecord": {"label_offset": self.label_offset}, "recordio": {"single": self.shards is None}}
-        return [get_format(name, **settings.get(name, {})) for name in self.formats]
+        return configured_formats(self.formats, self.shards, self.label_offset)
 
     def image_options(self):
         from gpufeed.pipelines.transforms import ImageOptions
@@ -291,6 +290,14 @@ class ConvertOptions:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def configured_formats(names, shards: int | None, label_offset: int = 0) -> list:
+    """The formats ``names``, each configured as a conversion with these options writes it."""
+    from gpufeed.formats import get_format
+
+    settings = {"tfrecord": {"label_offset": label_offset}, "recordio": {"single": shards is None}}
+    return [get_format(name, **settings.get(name, {})) for name in names]
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -20,19 +20,24 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import threading
 
 from gpufeed.errors import ConfigError, OutputError, rerun_command
 from gpufeed.io import canonical, is_local, local_path
 
 JOURNAL = "journal.jsonl"
-#: Bumped when the journal's meaning changes, so an old journal is never misread.
-JOURNAL_VERSION = 2
+#: Bumped when the journal's meaning changes, so an old journal is never misread. 3: a split's plan is
+#: journalled only once the names it writes were found free, or proven gpufeed's and cleared
+#: (:mod:`.destination`), so those names are this run's.
+JOURNAL_VERSION = 3
+#: A local destination's state directory, ``DST/.gpufeed`` (a remote one keeps only spool files there).
+STATE_DIR = ".gpufeed"
 
 
 def state_dir_for(out: str) -> str:
     if is_local(out):
-        return os.path.join(local_path(out), ".gpufeed")
+        return os.path.join(local_path(out), STATE_DIR)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "gpufeed", "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
 
@@ -62,6 +67,35 @@ def _shown(value) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     return repr(value)
+
+
+def remove_state(state_dir: str) -> None:
+    """Delete a conversion's state directory, its journal last: a removal cut short leaves a journal beside
+    what is left, never a folder that no journal explains (:func:`gpufeed.convert.destination.check_state_dir`)."""
+    journal = os.path.join(state_dir, JOURNAL)
+    try:
+        names = os.listdir(state_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(state_dir, name)
+        if name == JOURNAL:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.remove(journal)
+    except FileNotFoundError:
+        pass
+    try:
+        os.rmdir(state_dir)
+    except OSError:
+        pass
 
 
 class DestinationLock:
@@ -130,21 +164,34 @@ class Journal:
             j.events = j._load()
         else:
             j._reset()
+        cls.check_options(j.events, out, key)
         start = next((e for e in j.events if e["event"] == "start"), None)
-        if start is not None:
-            old = recorded_options(start["options"], key)
-            if start.get("version") != JOURNAL_VERSION or old != key:
-                j.close()
-                raise ConfigError(f"{out} holds a partial conversion made with other options "
-                                  f"({options_diff(old, key)}): rerun with the journal's options to resume it, "
-                                  f"or start over with these: {rerun_command(('--no-resume',), ('--resume',))}")
         j._f = open(j.path, "ab")
         if start is None:
             j.events = []
             j.append({"event": "start", "version": JOURNAL_VERSION, "options": key})
         return j
 
-    def _load(self) -> list[dict]:
+    @staticmethod
+    def check_options(events: list[dict], out: str, key: dict) -> None:
+        """Refuse to go on from a journal that another gpufeed, or other output options, started."""
+        start = next((e for e in events if e.get("event") == "start"), None)
+        if start is None:
+            return
+        old = recorded_options(start.get("options") or {}, key)
+        if start.get("version") != JOURNAL_VERSION or old != key:
+            diff = options_diff(old, key) if start.get("version") == JOURNAL_VERSION else (
+                f"journal version {start.get('version')}, now {JOURNAL_VERSION}")
+            raise ConfigError(f"{out} holds a partial conversion made with other options "
+                              f"({diff}): rerun with the journal's options to resume it, "
+                              f"or start over with these: {rerun_command(('--no-resume',), ('--resume',))}")
+
+    @classmethod
+    def peek(cls, state_dir: str) -> list[dict]:
+        """The events of the journal in ``state_dir`` (none if there is none), read without changing it."""
+        return cls(state_dir)._load(truncate=False)
+
+    def _load(self, truncate: bool = True) -> list[dict]:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -157,7 +204,8 @@ class Journal:
             except ValueError:
                 break  # the torn last line of a killed run; everything after it is unwritten
             good += len(line) + 1
-        if good < len(data):
+        events = [e for e in events if isinstance(e, dict)]
+        if good < len(data) and truncate:
             with open(self.path, "r+b") as f:
                 f.truncate(good)
         return events

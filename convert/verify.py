@@ -15,13 +15,20 @@ import hashlib
 import os
 
 from gpufeed import io
-from gpufeed.errors import CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
+from gpufeed.convert.destination import check_entries
+from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
 from gpufeed.machine import usable_cores
 
-#: The fix for a damaged output. ``--no-resume``: a plain rerun finds every file at its recorded size and has
-#: nothing to do (it checks sizes, not contents, which only this command reads in full).
-RERUN = "rerun the same gpufeed convert command with --no-resume"
-AGAIN = f"convert again: {RERUN}"
+#: The fix for a missing file: a rerun finds the output incomplete and converts it again.
+RERUN = "rerun the same gpufeed convert command"
+#: The fix for a file changed since it was written: a conversion removes or overwrites only files it can prove
+#: it wrote (:mod:`gpufeed.convert.destination`), and a plain rerun finds this one at its recorded size. Once it
+#: is gone, the rerun finds the output incomplete.
+DAMAGED = f"delete it, then {RERUN} (gpufeed never removes a file that changed since it wrote it)"
+DAMAGED_ALL = f"delete those that are there, then {RERUN} (gpufeed never removes a file that changed since it wrote it)"
+#: The fix for an output whose files are as the manifest records them but whose records are not: every file
+#: is then proven gpufeed's, so converting again replaces them.
+AGAIN = "convert again: rerun the same gpufeed convert command with --no-resume"
 
 
 def add_arguments(p) -> None:
@@ -67,53 +74,15 @@ class _Output:
     dtype: str = "uint8"  # what raw pixels must be stored as (--store-dtype)
 
 
-def _sha256(url: str, parts=()) -> tuple[int, list[str]]:
-    """The file's size and SHA-256; for a file assembled from ``parts`` (``[bytes, sha256]`` each), the
-    SHA-256 of each part's byte range instead."""
-    sizes = [p[0] for p in parts] or [None]
-    digests, size = [], 0
-    with io.open_file(url, "rb") as f:
-        for want in sizes:
-            h = hashlib.sha256()
-            left = want
-            while left is None or left > 0:
-                chunk = f.read(8 << 20 if left is None else min(8 << 20, left))
-                if not chunk:
-                    break
-                h.update(chunk)
-                size += len(chunk)
-                if left is not None:
-                    left -= len(chunk)
-            digests.append(h.hexdigest())
-        size += len(f.read()) if parts else 0
-    return size, digests
-
-
 def _check_file(out: str, entry: dict) -> None:
-    from gpufeed.formats.base import parts_digest
+    from gpufeed.convert.destination import file_problem
 
     url = io.join(out, entry["path"])
-    parts = entry.get("parts") or ()
-    try:
-        size, digests = _sha256(url, parts)
-    except FileNotFoundError:
-        raise ShardNotFound(url, AGAIN) from None
-    if size != entry["bytes"]:
-        raise IncompleteOutputError(f"{url}: {size} bytes, the manifest says {entry['bytes']}; the file was "
-                                    f"truncated or replaced: {AGAIN}")
-    if parts:
-        offset = 0
-        for (n, want), got in zip(parts, digests):
-            if got != want:
-                raise IncompleteOutputError(f"{url}: the SHA-256 of bytes {offset}..{offset + n} differs from the "
-                                            f"manifest; the file was modified or damaged: {AGAIN}")
-            offset += n
-        if parts_digest(parts) != entry["sha256"]:
-            raise IncompleteOutputError(f"{url}: the manifest's parts do not make its SHA-256; manifest.json "
-                                        f"was edited: {AGAIN}")
-    elif digests[0] != entry["sha256"]:
-        raise IncompleteOutputError(f"{url}: SHA-256 differs from the manifest; the file was modified or "
-                                    f"damaged: {AGAIN}")
+    problem = file_problem(url, entry)
+    if problem == "missing":
+        raise ShardNotFound(url, RERUN)
+    if problem is not None:
+        raise IncompleteOutputError(f"{url}: {problem} (against manifest.json); {DAMAGED}")
 
 
 def _label_key(labels) -> tuple:
@@ -162,9 +131,7 @@ def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, int, d
     """A format that reads local paths only (LMDB maps its file): a remote output is read from a local copy."""
     import tempfile
 
-    import fsspec
-
-    fs, remote = fsspec.core.url_to_fs(o.path)
+    fs, remote = io.url_to_fs(o.path)
     with tempfile.TemporaryDirectory(prefix="gpufeed-verify-") as tmp:
         local = os.path.join(tmp, os.path.basename(remote.rstrip("/")))
         os.mkdir(local)
@@ -217,6 +184,9 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     from gpufeed.formats.naming import parse_shard_name
 
     out = out.rstrip("/") if not io.is_local(out) else io.local_path(out)
+    if io.is_local(out) and os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{out} is a file; gpufeed verify checks the folder a gpufeed convert run wrote (its "
+                          "--out), which holds manifest.json")
     try:
         manifest = manifest_mod.load(out)
     except ValueError as e:
@@ -224,6 +194,10 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                                     f"manifest it cannot read: delete it, then {RERUN}") from None
     if manifest is None and io.is_local(out) and not os.path.isdir(out):
         raise SourceNotFound(out, "a conversion output (folder)", "give the --out of a gpufeed convert run")
+    if manifest is not None and not (isinstance(manifest, dict) and "manifest_version" in manifest):
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: not a gpufeed manifest (a JSON "
+                                    f"{type(manifest).__name__} without manifest_version); gpufeed does not overwrite a "
+                                    f"manifest it did not write: move it away, then {RERUN}")
     if manifest is None and not _conversion_started(out):
         raise SourceNotFound(out, "a gpufeed convert output (no manifest.json, no conversion's state or format "
                              "folders)", "give the --out of a gpufeed convert run")
@@ -234,6 +208,10 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: manifest version "
                                     f"{manifest.get('manifest_version')} is not {manifest_mod.MANIFEST_VERSION}; "
                                     "verify it with the gpufeed version that wrote it")
+    check_entries(out, manifest.get("files"), manifest_mod.path(out))
+    if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("formats"), list):
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: its splits or formats are missing; the file was "
+                                    f"edited or is not gpufeed's: move it away, then {RERUN}")
     outputs, lists = _outputs(out, manifest)
     if out.startswith("memory://"):
         workers = 1  # a memory:// filesystem exists only in this process
@@ -298,9 +276,10 @@ def _raise_all(checks: list, out: str) -> None:
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        lines = [str(e).removesuffix(f": {AGAIN}").removesuffix(f"; {AGAIN}") for e in problems]
+        lines = [str(e).removesuffix(f"; {RERUN}").removesuffix(f"; {DAMAGED}") for e in problems]
+        fix = RERUN if all(isinstance(e, ShardNotFound) for e in problems) else DAMAGED_ALL
         raise IncompleteOutputError(f"{out}: {len(problems)} of {len(checks)} files do not match manifest.json; "
-                                    f"{AGAIN}:\n" + "\n".join(f"  {line}" for line in lines))
+                                    f"{fix}:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 class _Done:

@@ -272,6 +272,20 @@ class Format(abc.ABC):
         parsed = parse_shard_name(name) if head == self.name and "/" not in name else None
         return parsed[0] if parsed and not parsed[3] else None
 
+    #: A side file's suffix -> what replaces it in its data file's name (TFRecord's DALI index: ``.idx`` -> "").
+    side_files: ClassVar[dict] = {}
+
+    def owned_split(self, relpath: str) -> str | None:
+        """The split of the output that ``relpath`` (relative to the destination, ``/``-separated) is a file of:
+        its data file, or a file beside it (:meth:`output_files`); ``None`` when this format never writes that
+        name. A conversion removes or overwrites nothing in a destination that no format claims so."""
+        candidates = [relpath] + [relpath[:-len(s)] + d for s, d in self.side_files.items() if relpath.endswith(s)]
+        for data in candidates:
+            split = self.parse_output(data)
+            if split is not None and relpath in self.output_files(data):
+                return split
+        return None
+
     @abc.abstractmethod
     def encode(self, sample: Sample) -> EncodedRecord:
         """Serialise ``sample`` into one record (key and payload before framing)."""

@@ -58,6 +58,10 @@ PAGES = "gpufeed.pages"
 #: with one ``pread`` instead of a page fault per 4 KiB of it (a 110 KB JPEG spans ~27 overflow pages).
 OFFSETS = "gpufeed.offsets"
 DATA = "data.mdb"
+#: LMDB's lock file, which a writer opened with locking makes beside ``data.mdb`` (gpufeed's writers do not lock).
+LOCK = "lock.mdb"
+#: The files an environment gpufeed writes holds.
+_OUTPUT_FILES = (DATA, CHECKSUMS, PAGES, OFFSETS, SIDECAR)
 #: Per record, in key order: CRC-32C of key + value, and the value's length. Little-endian, packed, so the
 #: file reads straight into a numpy array. The length is checked before the value is touched: a damaged
 #: node header could otherwise point a read past the end of the map.
@@ -176,10 +180,19 @@ class LMDBWriter(Writer):
         self._final_tmp = None
         self._closed = False
         self._final_stats = None
-        if fresh:
-            self._write_work_sidecar()
-        else:
-            self._recover()
+        try:
+            if fresh:
+                self._write_work_sidecar()
+            else:
+                self._recover()
+        except OSError as e:
+            if fresh:
+                self.abort()
+            else:  # the working environment stays, for the next resume
+                self._closed = True
+                self._env.close()
+            raise OutputError(f"{self.path}: cannot be written ({e.strerror or e}); free space on the destination "
+                              "(or fix its permissions), then write it again") from e
 
     def _find_working(self) -> str | None:
         """The most recent working environment of a crashed writer for the same target, if any."""
@@ -753,6 +766,15 @@ class LMDBFormat(Format):
         env = name.split("/")[0]
         return env[:-len("_lmdb")] if head == self.name and env.endswith("_lmdb") else None
 
+    def owned_split(self, relpath: str) -> str | None:
+        """An environment's directory, or one of the files the writer puts in it (LMDB's own lock file too)."""
+        head, _, rest = relpath.partition("/")
+        env, _, name = rest.partition("/")
+        split = self.parse_output(f"{head}/{env}")
+        if split is None or "/" in name or (name and name not in (*_OUTPUT_FILES, LOCK)):
+            return None
+        return split
+
     def encode(self, sample: Sample) -> EncodedRecord:
         return EncodedRecord(make_key(sample.index, sample.key), encode_datum(sample), sample.index, sample.key,
                              sample.labels)
@@ -770,4 +792,4 @@ class LMDBFormat(Format):
         return LMDBReader(path, **options)
 
     def output_files(self, path: str) -> list[str]:
-        return [os.path.join(path, name) for name in (DATA, CHECKSUMS, PAGES, OFFSETS, SIDECAR)]
+        return [os.path.join(path, name) for name in _OUTPUT_FILES]

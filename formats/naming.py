@@ -34,6 +34,14 @@ def temp_name(final_path: str) -> str:
     return os.path.join(head, f".{tail}.tmp-{uuid.uuid4().hex[:8]}")
 
 
+_TEMP = re.compile(r"^\.(?P<final>.+)\.tmp-[0-9a-f]{8}$")
+
+
+def temp_target(name: str) -> str | None:
+    """The final name a temporary name (:func:`temp_name`) stands for, or ``None`` if it is not one."""
+    m = _TEMP.match(os.path.basename(name))
+    return m["final"] if m else None
+
+
 def is_temp_name(name: str) -> bool:
-    base = os.path.basename(name)
-    return base.startswith(".") and ".tmp-" in base
+    return temp_target(name) is not None

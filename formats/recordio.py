@@ -277,6 +277,8 @@ class RecordIOFormat(Format):
         self.single = bool(single)
         self.layout = PER_SPLIT if self.single else PER_SHARD
 
+    side_files = {".idx": ".rec", ".lst": ".rec", ".rec.json": ".rec"}
+
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         from gpufeed.formats.naming import shard_name
         from gpufeed.io import join
@@ -295,6 +297,11 @@ class RecordIOFormat(Format):
         return name[:-len(".rec")]
 
     def encode(self, sample: Sample) -> EncodedRecord:
+        if "\t" in sample.key or "\n" in sample.key:
+            # Refused here, not only by the writer: an input error found while encoding is skipped under
+            # --on-error skip before any format has written the sample.
+            raise InputError(sample.meta.get("source", sample.key), "the name holds a tab or newline, which a .lst "
+                             "line cannot", "rename the file, or leave it out with --on-error skip")
         if not 0 <= sample.index < 1 << 64:
             raise InputError(sample.key, f"index {sample.index} does not fit the IRHeader's unsigned 64-bit id")
         body, shape, dtype = _payload_bytes(sample)

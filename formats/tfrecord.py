@@ -150,6 +150,7 @@ class TFRecordFormat(Format):
 
     name = "tfrecord"
     indexed = True
+    side_files = {".idx": ""}
 
     def __init__(self, label_offset: int = 0):
         self.label_offset = int(label_offset)

@@ -113,8 +113,8 @@ class CorruptRecordError(GpufeedError, ValueError):
         where = f"record {self.record_index}" if self.record_index is not None else "a record"
         if self.byte_offset is not None:
             where += f" at byte {self.byte_offset}"
-        return (f"{self.path}: {where}: {self.reason}; the file is damaged: write it again with the "
-                "`gpufeed convert` command that made it and --no-resume")
+        return (f"{self.path}: {where}: {self.reason}; the file is damaged: delete it, then rerun the "
+                "`gpufeed convert` command that made it")
 
 
 class RecordTooLargeError(GpufeedError, ValueError):
@@ -139,6 +139,16 @@ INPUT_ERRORS = (InputError, SourceNotFound, RecordTooLargeError)
 
 class OutputError(GpufeedError, OSError):
     """The destination cannot be written (full disk, unreachable remote, permissions)."""
+
+
+class DestinationError(GpufeedError, FileExistsError):
+    """The destination holds files at names a conversion writes that gpufeed cannot prove it wrote (a user's),
+    or something other than gpufeed's state where it keeps it: nothing is removed or overwritten."""
+
+
+class UnsafeManifestError(GpufeedError, ValueError):
+    """A manifest or journal found in a destination names something gpufeed never writes there: a path outside
+    the destination, through a symlink, or of no format's naming. It is never followed."""
 
 
 class IncompleteOutputError(GpufeedError, RuntimeError):

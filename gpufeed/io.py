@@ -79,9 +79,8 @@ def open_file(path: str, mode: str = "rb", buffering: int = -1) -> IO[bytes]:
     if is_local(path):
         f = open(local_path(path), mode, buffering=buffering)
     else:
-        import fsspec
-
-        f = fsspec.open(path, mode).open()
+        fs, p = url_to_fs(path)
+        f = fs.open(p, mode)
     t = throttle()
     return t.wrap(f) if t is not None else f
 
@@ -165,6 +164,19 @@ def remove_entry(url: str) -> None:
         remove_tree(url)
 
 
+def remove_empty_dir(url: str) -> None:
+    """Delete a directory if it is empty (one holding anything, or gone, is left as it is)."""
+    try:
+        if is_local(url):
+            os.rmdir(local_path(url))
+        else:
+            fs, p = _fs(url)
+            if not fs.ls(p, detail=False):
+                fs.rm(p, recursive=True)
+    except OSError:
+        pass
+
+
 def rename(src: str, dst: str) -> None:
     """Give ``src`` the name ``dst`` (atomic on a local filesystem; a move on an object store)."""
     if is_local(src):
@@ -174,7 +186,18 @@ def rename(src: str, dst: str) -> None:
     fs.mv(src_path, _fs(dst)[1])
 
 
-def _fs(url: str):
+def url_to_fs(url: str):
+    """``(filesystem, path)`` for an fsspec URL; a protocol whose package is not installed is one error naming
+    the URL and what to install (fsspec says which packages)."""
     import fsspec
 
-    return fsspec.core.url_to_fs(url)
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        from gpufeed.errors import ConfigError
+
+        raise ConfigError(f"{url}: reading or writing {str(url).split('://')[0]}:// URLs needs a package that is not "
+                          f"installed ({e}); pip install it, or give a local path") from None
+
+
+_fs = url_to_fs

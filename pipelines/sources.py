@@ -139,6 +139,10 @@ def read_ref(ref: Ref):
     raise TypeError(f"not a source reference: {ref!r}")
 
 
+#: The class lists :func:`write_class_list` writes (one of the first two, and CIFAR-100's coarse classes).
+CLASS_FILES = ("classes.txt", "vocab.txt", "coarse_classes.txt")
+
+
 def write_class_list(classes: ClassInfo, dst_dir_url: str) -> list[str]:
     """Write ``classes.txt`` (``index<TAB>name[<TAB>text]``) into ``dst_dir_url``; ``vocab.txt`` for text.
 
@@ -149,15 +153,15 @@ def write_class_list(classes: ClassInfo, dst_dir_url: str) -> list[str]:
     if is_local(base):
         os.makedirs(local_path(base), exist_ok=True)
     if isinstance(classes, Vocabulary):
-        files = {"vocab.txt": "".join(f"{w}\n" for w in classes.names)}
+        files = {CLASS_FILES[1]: "".join(f"{w}\n" for w in classes.names)}
     else:
         lines = []
         for i, name in enumerate(classes.names):
             text = classes.texts[i] if classes.texts else None
             lines.append(f"{i}\t{name}\t{text}\n" if text is not None else f"{i}\t{name}\n")
-        files = {"classes.txt": "".join(lines)}
+        files = {CLASS_FILES[0]: "".join(lines)}
         if classes.coarse_names:
-            files["coarse_classes.txt"] = "".join(f"{i}\t{n}\n" for i, n in enumerate(classes.coarse_names))
+            files[CLASS_FILES[2]] = "".join(f"{i}\t{n}\n" for i, n in enumerate(classes.coarse_names))
     written = []
     for name, text in files.items():
         url = f"{base}/{name}"
@@ -183,7 +187,7 @@ class Root:
             self.path = os.path.abspath(local_path(src))
             self.fs = None
         else:
-            from fsspec.core import url_to_fs
+            from gpufeed.io import url_to_fs
 
             self.fs, self.path = url_to_fs(src)
             self.path = self.path.rstrip("/") or self.path
@@ -241,8 +245,13 @@ class Root:
     def dirname(self, path: str) -> str:
         return os.path.dirname(path) if self.local else posixpath.dirname(path)
 
-    def read(self, path: str) -> bytes:
-        return read_url(self.url(path))
+    def read(self, path: str, limit: int | None = None) -> bytes:
+        """The file's bytes; with ``limit``, at most that many (one more is read, so a caller can tell that the
+        file is larger than it accepts without reading it whole)."""
+        if limit is None:
+            return read_url(self.url(path))
+        with open_file(self.url(path)) as f:
+            return f.read(limit + 1)
 
     def __str__(self):
         return self.src

@@ -214,7 +214,7 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x40
     shard.write_bytes(bytes(data))
-    with pytest.raises(IncompleteOutputError, match="train-00001-of-00005: SHA-256.*with --no-resume"):
+    with pytest.raises(IncompleteOutputError, match="train-00001-of-00005: SHA-256 differs.*; delete it, then rerun the same gpufeed convert command"):
         verify(str(out))
     # With the manifest made to agree, the reader's own CRC check still finds it.
     doc = json.loads((out / "manifest.json").read_text())
@@ -255,9 +255,12 @@ def test_verify_lists_every_damaged_file_in_one_pass(reference, tmp_path):
 
 
 def test_verify_advice_mends_a_damaged_output_when_followed(src, reference, tmp_path):
-    """A file damaged in place keeps its size, so a plain rerun finds the output complete; verify's advice
-    (the same command with --no-resume) converts it again, and the result is the reference's bytes."""
+    """A file damaged in place keeps its size, so a plain rerun finds the output complete, and a conversion
+    never removes a file that changed since it wrote it (--no-resume stops naming it). verify's advice (delete
+    it, then rerun the same command) converts it again, and the result is the reference's bytes."""
     import shutil
+
+    from gpufeed.errors import DestinationError
 
     out = tmp_path / "copy"
     shutil.copytree(reference[0], out)
@@ -266,9 +269,14 @@ def test_verify_advice_mends_a_damaged_output_when_followed(src, reference, tmp_
     data[100] ^= 0x01
     shard.write_bytes(bytes(data))
     assert "already complete" in convert(options(src, out)).note
-    with pytest.raises(IncompleteOutputError, match="rerun the same gpufeed convert command with --no-resume"):
+    with pytest.raises(DestinationError, match="train-00002-of-00005: changed since gpufeed wrote it"):
+        convert(options(src, out, resume=False))
+    assert shard.read_bytes() == bytes(data)
+    with pytest.raises(IncompleteOutputError, match="train-00002-of-00005: .*; delete it, then rerun the same "
+                                                    "gpufeed convert command"):
         verify(str(out))
-    convert(options(src, out, resume=False))
+    shard.unlink()
+    convert(options(src, out))
     verify(str(out))
     assert tree_bytes(out) == tree_bytes(reference[0])
 

@@ -280,6 +280,29 @@ def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, r
         convert(opts)
 
 
+def test_an_edit_that_keeps_size_mtime_and_inode_is_noticed_without_strict(src, tmp_path, ray_local):
+    """The change time moves on any write, whatever the writer does to the modification time."""
+    source = tmp_path / "imagenet"
+    shutil.copytree(src, source)
+    out = tmp_path / "out"
+    opts = options(source, out, workers=1, splits=("train",), shard_size=2)
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(2))
+    converted, _ = _shard_inputs(out, opts, "train")
+    victim = pathlib.Path(converted[-1].ref.url)
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0xFF
+    time.sleep(0.01)
+    with open(victim, "r+b") as f:
+        f.write(data)
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (victim.stat().st_size, victim.stat().st_mtime_ns, victim.stat().st_ino) == (
+        st.st_size, st.st_mtime_ns, st.st_ino)
+    with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 converted shard\(s\)"):
+        convert(opts)
+
+
 def test_remote_inputs_are_identified_by_their_listing(tmp_path):
     """A remote (fsspec) file's identity comes from its directory's listing: one request per directory."""
     import fsspec
@@ -353,14 +376,18 @@ def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
-def test_a_fresh_run_clears_temporaries_and_stale_outputs_of_its_splits_only(tmp_path, where):
-    """Files and directories (an LMDB) alike, on a local destination or an fsspec URL."""
+def test_a_fresh_run_clears_what_its_journal_proves_and_refuses_the_rest(tmp_path, where):
+    """Files and directories (an LMDB) alike, on a local destination or an fsspec URL: what a journal or
+    manifest proves gpufeed wrote at the names a fresh run writes is removed; anything else there stops the
+    run naming it, before anything is removed; other splits' files and other names are never touched."""
+    import hashlib
     import uuid
 
     import fsspec
 
     from gpufeed import io
-    from gpufeed.convert.manifest import remove_stale_outputs, remove_temporaries
+    from gpufeed.convert.destination import Evidence, clear, in_the_way
+    from gpufeed.errors import DestinationError
 
     out = str(tmp_path / "out") if where == "local" else f"memory://clear-{uuid.uuid4().hex[:8]}/out"
     fs, root = fsspec.core.url_to_fs(out)
@@ -375,12 +402,17 @@ def test_a_fresh_run_clears_temporaries_and_stale_outputs_of_its_splits_only(tmp
     def left(fmt):
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in io.listdir(io.join(out, fmt)))
 
-    remove_temporaries(out, ("tfrecord", "lmdb", "recordio"))  # recordio/ does not exist: nothing to do
-    assert left("tfrecord") == ["notes.txt", "train-00000-of-00002", "val-00000-of-00001"]
-    assert left("lmdb") == ["train_lmdb", "val_lmdb"]
-    removed = remove_stale_outputs(out, ("tfrecord", "lmdb"), ["train"])
-    assert len(removed) == 2
-    assert left("tfrecord") == ["notes.txt", "val-00000-of-00001"] and left("lmdb") == ["val_lmdb"]
+    way = in_the_way(out, ("tfrecord", "lmdb", "recordio"), ["train"], top_level=False)
+    assert way == ["lmdb/train_lmdb", "tfrecord/.train-00001-of-00002.tmp-1a2b3c4d", "tfrecord/train-00000-of-00002"]
+    proof = {"bytes": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    evidence = Evidence(out, digests={"tfrecord/train-00000-of-00002": proof})
+    with pytest.raises(DestinationError, match="holds 1 file .*\n  lmdb/train_lmdb/data.mdb: not listed"):
+        clear(out, way, evidence)
+    assert left("tfrecord") == sorted(names["tfrecord"]) and "train_lmdb" in left("lmdb")
+    evidence.digests["lmdb/train_lmdb/data.mdb"] = proof
+    clear(out, way, evidence)
+    assert left("tfrecord") == ["notes.txt", "val-00000-of-00001"]
+    assert left("lmdb") == [".val_lmdb.tmp-0badc0de", "val_lmdb"]
 
 
 def test_temporaries_that_vanish_while_a_resume_clears_them_are_no_error(tmp_path):

@@ -121,7 +121,7 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
     try:
         assert local.submit(job(0), [])
         concurrent.futures.wait(list(local.futures))  # broken now; nobody asked done() yet
-        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail", pool_converts=True)
+        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail", pool_converts=True, out="/tmp/out")
         tasks = Tasks(lambda block: None, _die, opts, lambda plan: [], local=local)
         later = [job(1), job(2)]
         tasks.pending.extend(later)

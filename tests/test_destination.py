@@ -1,0 +1,208 @@
+"""A destination is gpufeed's alone: a conversion removes or overwrites only what its own manifest or journal
+proves it wrote there, and treats a manifest or journal found in the destination as untrusted input.
+
+Every case runs a real conversion (or the command line in a child process) into a real folder holding a user's
+files, and checks those files byte for byte afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
+from gpufeed.convert.engine import convert
+from gpufeed.convert.verify import verify
+from gpufeed.errors import DestinationError, IncompleteOutputError, UnsafeManifestError
+
+VAL = dict(splits=("val",), formats=("tfrecord", "recordio"))
+
+
+@pytest.fixture
+def finished(src, tmp_path, ray_local):
+    """A finished conversion of the val split, and a victim folder beside it holding a user's files."""
+    out = tmp_path / "out"
+    convert(options(src, out, **VAL))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "b.txt").write_bytes(b"a user's file")
+    (tmp_path / "victim.txt").write_bytes(b"another user's file")
+    return out
+
+
+def _edit_manifest(out, change):
+    doc = json.loads((out / "manifest.json").read_text())
+    change(doc)
+    (out / "manifest.json").write_text(json.dumps(doc))
+
+
+def _list_outside(doc, tmp_path, size=None):
+    first = doc["files"][0]
+    doc["files"].append(dict(first, path=str(tmp_path / "victim.txt"), bytes=size or first["bytes"]))
+    doc["files"].append(dict(first, path="../victim/b.txt", bytes=size or first["bytes"]))
+
+
+def test_overwrite_never_deletes_what_a_manifest_lists_outside_the_destination(src, finished, tmp_path):
+    _edit_manifest(finished, lambda doc: _list_outside(doc, tmp_path))
+    before = tree_bytes(finished)
+    with pytest.raises(UnsafeManifestError, match=f"manifest.json: lists '{tmp_path}/victim.txt', which is not a "
+                                                  "plain path inside the destination.*move it away"):
+        convert(options(src, finished, overwrite=True, quality=90, **VAL))
+    assert (tmp_path / "victim.txt").read_bytes() == b"another user's file"
+    assert (tmp_path / "victim" / "b.txt").read_bytes() == b"a user's file"
+    assert tree_bytes(finished) == before  # nothing of the destination went either
+
+
+def test_a_rerun_never_deletes_a_listed_file_outside_the_destination_or_its_folder(src, finished, tmp_path):
+    """The "wrong size" entry made the rerun convert again, deleting it and then its emptied folder."""
+    def outside_only(doc):
+        doc["files"] = [f for f in doc["files"]] + [dict(doc["files"][0], path="../victim/b.txt", bytes=1)]
+
+    _edit_manifest(finished, outside_only)
+    with pytest.raises(UnsafeManifestError, match="lists '../victim/b.txt', which is not a plain path"):
+        convert(options(src, finished, **VAL))
+    assert (tmp_path / "victim" / "b.txt").read_bytes() == b"a user's file"
+    with pytest.raises(UnsafeManifestError, match="../victim/b.txt"):
+        verify(str(finished))
+
+
+def test_a_listed_name_that_leads_outside_through_a_symlink_is_refused(src, finished, tmp_path):
+    shard = next(p for p in (finished / "tfrecord").iterdir() if p.name.startswith("val-") and "." not in p.name)
+    shard.unlink()
+    shard.symlink_to(tmp_path / "victim.txt")
+    for run in (lambda: convert(options(src, finished, resume=False, **VAL)), lambda: verify(str(finished))):
+        with pytest.raises(UnsafeManifestError, match=f"{shard.name}', which resolves to {tmp_path}/victim.txt, "
+                                                      "outside the destination"):
+            run()
+    assert (tmp_path / "victim.txt").read_bytes() == b"another user's file"
+
+
+def test_a_listed_name_no_format_writes_is_refused(src, finished):
+    (finished / "notes.txt").write_bytes(b"mine")
+    _edit_manifest(finished, lambda doc: doc["files"].append(dict(doc["files"][0], path="notes.txt", bytes=4)))
+    with pytest.raises(UnsafeManifestError, match="lists 'notes.txt', which is no name gpufeed writes there"):
+        convert(options(src, finished, resume=False, **VAL))
+    assert (finished / "notes.txt").read_bytes() == b"mine"
+
+
+def _user_files(out):
+    files = {"tfrecord/train-00000-of-00004": b"my shard", "tfrecord/train-00000-of-00004.idx": b"0 8\n",
+             "recordio/train.rec": b"my rec", "lmdb/train_lmdb/data.mdb": b"my lmdb", "classes.txt": b"0\tcat\n"}
+    for rel, data in files.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes(data)
+    return files
+
+
+def test_a_fresh_run_overwrites_and_deletes_no_file_it_did_not_write(src, tmp_path, ray_local):
+    out = tmp_path / "out"
+    mine = _user_files(out)
+    with pytest.raises(DestinationError) as err:
+        convert(options(src, out, splits=("train",)))
+    text = str(err.value)
+    assert text.startswith(f"{out}: holds 5 files at names this conversion writes that gpufeed cannot prove it "
+                           "wrote, so it removes or overwrites nothing")
+    for rel in mine:
+        assert f"\n  {rel}: not listed by this destination's manifest.json or conversion journal" in text
+    assert tree_bytes(out) == mine
+    # Moved away, as the message says: the run goes ahead.
+    for rel in mine:
+        (out / rel).unlink()
+    convert(options(src, out, splits=("train",)))
+    verify(str(out))
+
+
+def test_overwrite_removes_only_what_the_old_manifest_proves(src, finished, tmp_path):
+    """A user's shard that the old manifest does not list, at a name the new run's split writes, stops it
+    before anything of the old output goes."""
+    stray = finished / "tfrecord" / "val-00099-of-00100"
+    stray.write_bytes(b"my shard")
+    before = tree_bytes(finished)
+    with pytest.raises(DestinationError, match="tfrecord/val-00099-of-00100: not listed"):
+        convert(options(src, finished, overwrite=True, quality=90, **VAL))
+    assert tree_bytes(finished) == before
+    stray.unlink()
+    convert(options(src, finished, overwrite=True, quality=90, **VAL))
+    verify(str(finished))
+
+
+def test_the_same_command_line_refuses_a_users_files_with_one_line(src, tmp_path, address):
+    out = tmp_path / "out"
+    _user_files(out)
+    proc = cli(cli_args(src, str(out), "--split", "train"), address)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in err.decode()
+    assert err.decode().startswith(f"gpufeed: error: {out}: holds 5 files at names this conversion writes")
+
+
+def test_a_memory_destination_that_dies_with_the_process_is_refused(src, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gpufeed", "convert", "imagenet", src, "--to", "tfrecord",
+                           "--out", "memory://x", "--no-progress"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "check it with gpufeed verify" not in proc.stdout
+    assert proc.stderr.strip() == ("gpufeed: error: --out memory://x: a memory:// filesystem lives only as long as "
+                                   "this process, so the output would be lost when the command ends; give a folder "
+                                   "or a URL of storage that keeps it")
+
+
+def test_verify_never_opens_what_a_manifest_points_outside_or_a_special_file(finished, tmp_path):
+    _edit_manifest(finished, lambda doc: doc["files"].append(dict(doc["files"][0], path="/dev/zero")))
+    t0 = time.monotonic()
+    with pytest.raises(UnsafeManifestError, match="lists '/dev/zero', which is not a plain path"):
+        verify(str(finished))
+    _edit_manifest(finished, lambda doc: doc["files"].pop())
+    shard = next(p for p in (finished / "tfrecord").iterdir() if "." not in p.name)
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(IncompleteOutputError, match=f"{shard.name}: a FIFO, not a file gpufeed wrote"):
+        verify(str(finished))
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", '{"manifest_version": 1, "files": [1, 2]}',
+                                     '{"manifest_version": 1, "files": {}}'])
+def test_verify_of_a_manifest_that_is_not_gpufeeds_is_one_error(finished, content):
+    (finished / "manifest.json").write_text(content)
+    with pytest.raises((IncompleteOutputError, UnsafeManifestError), match="manifest.json: .*move it away"):
+        verify(str(finished))
+
+
+def test_verify_of_a_file_says_to_give_the_folder(finished):
+    proc = subprocess.run([sys.executable, "-m", "gpufeed", "verify", str(finished / "classes.txt")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "classes.txt is a file; gpufeed verify checks the folder a gpufeed convert run wrote" in proc.stderr
+
+
+def test_a_state_folder_that_is_not_gpufeeds_is_neither_used_nor_removed(src, tmp_path, ray_local):
+    out = tmp_path / "out"
+    (out / ".gpufeed").mkdir(parents=True)
+    (out / ".gpufeed" / "notes").write_bytes(b"mine")
+    with pytest.raises(DestinationError, match=r"\.gpufeed: a folder that holds no gpufeed conversion journal"):
+        convert(options(src, out, **VAL))
+    assert (out / ".gpufeed" / "notes").read_bytes() == b"mine"
+
+
+def test_no_resume_after_a_kill_clears_what_the_killed_run_wrote(src, tmp_path, address):
+    """A run killed mid-way, then started over: what the journal proves (finished shards, by digest) and what
+    its plan reserved (a shard renamed before it was journalled) goes, and the new run completes."""
+    import signal
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
+    proc = cli(args, address)
+    deadline = time.time() + 120
+    while journal_shards(out) < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    code = cli([*args, "--no-resume"], address)
+    _, err = code.communicate(timeout=120)
+    assert code.returncode == 0, err.decode()
+    assert tree_bytes(out) == tree_bytes(ref)
