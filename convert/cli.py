@@ -109,12 +109,30 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler ending a job), raised where Ctrl-C's KeyboardInterrupt would be, so that it
+    stops a command the same way: local processes ended, nothing left running, one line saying how to resume."""
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
 def _run(args) -> int:
+    import signal
+
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:
+        pass  # not the main thread (main() called from a thread): SIGTERM keeps its default
     try:
         return int(args._module.run(args) or 0)
     except GpufeedError as e:
         print(f"gpufeed: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("gpufeed: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("gpufeed: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -41,3 +41,44 @@ def start() -> None:
 
     context()
     forkserver.ensure_running()
+
+
+def die_with(pid: int) -> None:
+    """End this process as soon as process ``pid`` (the driver) ends, however it ends (``kill -9`` too).
+
+    A local process forked from the server is not the driver's child, and waits on the pool's queue, whose
+    pipe it holds both ends of: with the driver gone it would wait forever, and keep the server (and the
+    terminal's or ``tee``'s pipe it inherited) alive with it. A thread waits on the driver's pidfd (a poll
+    of its pid where the kernel has none); the server itself ends once its last process is gone."""
+    import threading
+
+    def watch():
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            import select
+
+            select.select([fd], [], [])  # readable once the process has ended
+        else:
+            import time
+
+            while _alive(pid):
+                time.sleep(0.5)
+        os._exit(1)
+
+    if not _alive(pid):
+        os._exit(1)
+    threading.Thread(target=watch, name="gpufeed-die-with-driver", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+

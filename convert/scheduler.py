@@ -67,6 +67,50 @@ def _open_ray(options: ConvertOptions):
     return ray, True
 
 
+#: Seconds a cluster's head may take to accept a connection before ``--address`` is called unreachable (Ray
+#: itself retries for minutes, printing only its own "Failed to connect to GCS" lines).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str) -> None:
+    """Refuse an ``--address`` whose head accepts no connection, in seconds and in one line that says how to
+    start one; and ``ray://`` without Ray's client installed. ``auto`` is resolved as Ray resolves it."""
+    import socket
+
+    if address.startswith("ray://"):
+        try:
+            import grpc  # noqa: F401  (what ray[client] adds)
+        except ImportError:
+            raise ConfigError(f"--address {address} connects through Ray Client, which is not installed here: "
+                              "pip install 'ray[client]', or give the head's GCS address host:6379 (or auto "
+                              "on a node of the cluster)") from None
+        hostport, head = address[len("ray://"):], "ray start --head --ray-client-server-port=PORT"
+    elif address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            hostport = canonicalize_bootstrap_address("auto")
+        except Exception:
+            return  # Ray says what it finds (or does not) itself
+        if not hostport:
+            raise ConfigError("--address auto: no Ray cluster runs on this machine (none in RAY_ADDRESS or "
+                              "/tmp/ray); start one with `ray start --head`, or give its address")
+        head = "ray start --head"
+    else:
+        hostport, head = address, "ray start --head --port=PORT"
+    host, _, port = hostport.rpartition(":")
+    try:
+        port = int(port.split("/")[0])
+    except ValueError:
+        raise ConfigError(f"--address {address} is not host:port, ray://host:port or auto") from None
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        why = "timed out" if isinstance(e, socket.timeout) else (e.strerror or str(e)).lower()
+        raise ConfigError(f"--address {address}: no Ray cluster answers at {host}:{port} ({why}); start its head "
+                          f"there with `{head.replace('PORT', str(port))}`, or check --address") from None
+
+
 def _token_auth_if_available() -> None:
     """Send the Ray authentication token when one is at hand. A ``ray start`` cluster turns token
     authentication on by default, while a client joining it sends no token unless RAY_AUTH_MODE says
@@ -90,8 +134,9 @@ def _auth_refused(err: BaseException) -> bool:
     return False
 
 
-def _unwrap(err, sp: ShardPlan, items: list, retries: int) -> BaseException:
-    """Turn what Ray raised for a shard into one clear gpufeed error (never a Ray traceback)."""
+def _unwrap(err, sp: ShardPlan, items: list, retries: int, remote: bool = False) -> BaseException:
+    """Turn what Ray raised for a shard into one clear gpufeed error (never a Ray traceback). ``remote``: the
+    destination is an fsspec URL (then, and only then, a failure writing it may be its URL or network's)."""
     cause = getattr(err, "cause", None)
     if isinstance(cause, BaseException):
         if isinstance(cause, GpufeedError):
@@ -100,9 +145,10 @@ def _unwrap(err, sp: ShardPlan, items: list, retries: int) -> BaseException:
             return OutputError(f"{getattr(cause, 'filename', None) or sp.id}: {cause.strerror or cause}; free "
                                "space or fix access to the destination, then rerun the same command to resume")
         first = items[0].origin if items else "?"
+        check = "check the destination's URL, credentials and network, then " if remote else ""
         return GpufeedError(f"shard {sp.id} (inputs {first} ...) failed with {type(cause).__name__}: {cause}; "
-                            "if the destination is remote, check its URL, credentials and network, then rerun "
-                            "the same command to resume")
+                            f"{check}rerun the same command to resume (if it fails the same way again, please "
+                            "report it with this line)")
     first = items[0].origin if items else "?"
     last = items[-1].origin if items else "?"
     return InputError(first, f"shard {sp.id} (inputs {first} .. {last}) crashed its Ray worker "
@@ -133,7 +179,8 @@ class _LocalStart:
 
         self.fn = fn
         # Its server may be running already: the command line starts it first thing (forkserver.start).
-        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=forkserver.context())
+        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=forkserver.context(),
+                                                           initializer=forkserver.die_with, initargs=(os.getpid(),))
         self.futures: dict = {}  # future -> job
         self.usable = True
         self.shards = 0  # finished here
@@ -205,6 +252,7 @@ class Tasks:
         # The pool converts for the whole run (ConvertOptions.pool_converts), Ray only what it fails.
         self.pool_converts = local is not None and options.pool_converts
         self.retries = options.task_retries
+        self.remote = "://" in options.out and not options.out.startswith("file://")
         self.workers = options.workers
         self.on_error = options.on_error
         self.items_of = items_of  # ShardPlan -> its items
@@ -292,10 +340,10 @@ class Tasks:
             except Exception as e:  # Ray wraps what the task raised, or reports a dead worker
                 items = self.items_of(job.plan)
                 if not _crashed(e):
-                    raise _unwrap(e, job.plan, items, self.retries) from None
+                    raise _unwrap(e, job.plan, items, self.retries, self.remote) from None
                 found = self._bisect(job, items)
                 if found is None:
-                    raise _unwrap(e, job.plan, items, self.retries) from None
+                    raise _unwrap(e, job.plan, items, self.retries, self.remote) from None
                 index, item = found
                 if self.on_error == "fail":
                     raise InputError(item.origin, f"this input crashes the worker (shard {job.plan.id} failed "
@@ -406,6 +454,8 @@ class RayStart:
         # (or a runtime this process has already) is quick, and the cluster is the point.
         self.local = (_LocalStart(options.workers, run_shard)
                       if options.local_start and not options.address and not ray_initialized() else None)
+        if options.address and not ray_initialized():
+            check_reachable(options.address)  # before the destination is touched: one line, in seconds
         self._thread = threading.Thread(target=self._run, name="gpufeed-ray", daemon=True)
         if self.local is None:
             self._thread.start()
@@ -459,6 +509,11 @@ class RayStart:
         if not self._thread.is_alive() and not self._ready.is_set():
             self._ready.set()  # never begun (the run ended before it listed): nothing to stop
             return
+        if self.options.address and not self._ready.is_set():
+            # Still joining a cluster: nothing of it runs here to stop, and the join is not waited for (an
+            # address that stopped answering would hold the run's end); the thread leaves once it is done.
+            self._stop.set()
+            return
         self._ready.wait()
         if self._watch is not None:
             self._watch.stop()  # before Ray goes down on purpose
@@ -467,7 +522,7 @@ class RayStart:
 
     def shutdown(self) -> None:
         self.stop()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self._ready.is_set():
             self._thread.join()
 
 

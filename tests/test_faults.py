@@ -305,3 +305,60 @@ def test_losing_the_ray_head_says_so_and_a_rerun_resumes(src, ray_local, tmp_pat
     code, _, err = _finish(cli(args, ray_local.get_runtime_context().gcs_address))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
+
+
+def _local_run(src, out, *extra):
+    """The command line converting in local processes (the default executor), each input 0.3 s slower so the
+    run is busy when the test signals it."""
+    import json
+
+    from gpufeed.convert.faults import TEST_FAULTS_ENV
+
+    env = dict(os.environ, **{TEST_FAULTS_ENV: json.dumps({"delay_s": 0.3})})
+    return cli(cli_args(src, out, "--workers", "2", "--shard-size", "2", *extra), env=env)
+
+
+def _busy(proc, out):
+    deadline = time.time() + 60
+    while journal_shards(out) < 1 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, _finish(proc)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 3  # the fork server, its processes (and the resource tracker)
+    return children
+
+
+def _gone(children, within=20.0) -> list:
+    """The processes among ``children`` still running after ``within`` seconds."""
+    deadline = time.time() + within
+    alive = children
+    while alive and time.time() < deadline:
+        alive = [c for c in alive if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    return [(c.pid, c.cmdline()) for c in alive]
+
+
+def test_a_driver_killed_outright_takes_its_local_processes_with_it(src, tmp_path):
+    """kill -9 of the driver: its fork server and local processes end too, and a pipe they inherited (`| tee`)
+    reaches its end, instead of ~200 MB of processes waiting forever on a queue nobody writes."""
+    out = str(tmp_path / "out")
+    proc = _local_run(src, out)
+    children = _busy(proc, out)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=20)  # EOF on its stdout and stderr: nothing holds them any more
+    assert _gone(children) == []
+
+
+def test_sigterm_stops_like_ctrl_c(src, tmp_path):
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    proc = _local_run(src, out)
+    children = _busy(proc, out)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=30)
+    assert code == 143 and err.strip() == "gpufeed: terminated (SIGTERM); rerun the same command to resume", err
+    assert _gone(children) == []
+    code, _, err = _finish(_local_run(src, out))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
