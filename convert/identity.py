@@ -51,12 +51,12 @@ def _file_identity(url: str, cache: dict) -> str:
         try:
             st = os.stat(io.local_path(url))
             cache[("size", url)] = st.st_size  # for --shard-bytes (input_bytes): one stat per file
-            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+            # The change time too: an edit in place that kept the size, the inode and (os.utime) the
+            # modification time still moves it.
+            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
         except OSError:
             return "unreadable"
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = io.url_to_fs(url)
     parent = path.rsplit("/", 1)[0]
     listing = cache.get(("listing", parent))
     if listing is None:
@@ -90,9 +90,7 @@ def input_bytes(items: list, cache: dict) -> int:
         elif io.is_local(ref.url):
             sizes.append(cache.get(("size", ref.url)))
         else:
-            import fsspec
-
-            path = fsspec.core.url_to_fs(ref.url)[1].rstrip("/")
+            path = io.url_to_fs(ref.url)[1].rstrip("/")
             listing = cache.get(("listing", path.rsplit("/", 1)[0]), {})
             sizes.append(listing.get(path, {}).get("size"))
     known = [n for n in sizes if n is not None]

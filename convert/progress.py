@@ -102,6 +102,12 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _shown(name: str) -> str:
+    """A path on one line, its control characters (a tab or newline in a file name) escaped as Python writes
+    them, so a list of skipped inputs stays a line per input."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(name))
+
+
 def format_summary(summary, max_skipped: int = 20) -> str:
     """The end-of-run report: samples per split and format, skipped inputs with reasons, bytes, time."""
     lines = []
@@ -128,7 +134,7 @@ def format_summary(summary, max_skipped: int = 20) -> str:
                             "reader decodes them to 3 channels:", getattr(summary, "converted", []))):
         if entries:
             lines.append(title)
-            lines.extend(f"  {origin}: {reason}" for origin, reason in entries[:max_skipped])
+            lines.extend(f"  {_shown(origin)}: {reason}" for origin, reason in entries[:max_skipped])
             if len(entries) > max_skipped:
                 lines.append(f"  ... and {len(entries) - max_skipped} more (all listed in manifest.json)")
     if summary.complete and summary.seconds:

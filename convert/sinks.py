@@ -251,8 +251,8 @@ class LmdbSink(SplitSink):
             self._writer = self._new_writer()
             if commits:
                 self._replay(old[-1], [c["records"] for c in commits])
-        except lmdb.Error as e:
-            raise output_error(self.target, e) from e
+        except (lmdb.Error, OSError) as e:  # OutputError too, which names the partial environment
+            raise output_error(self.final, e) from e
         for stale in old:
             shutil.rmtree(stale, ignore_errors=True)
         return self

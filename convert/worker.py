@@ -20,7 +20,7 @@ from gpufeed import io
 from gpufeed.convert import faults, sinks
 from gpufeed.convert.identity import identities
 from gpufeed.convert.plan import ShardPlan, shard_digest
-from gpufeed.errors import INPUT_ERRORS, InputError
+from gpufeed.errors import INPUT_ERRORS, GpufeedError, InputError
 from gpufeed.formats.base import PER_SHARD
 from gpufeed.machine import run_queue_seconds
 from gpufeed.pipelines.base import FileRef, TarMemberRef, item_size, needs_read, read_item
@@ -66,6 +66,8 @@ def _worker_setup() -> None:
 
     # One Ray worker per core: OpenCV's own thread pool would only make workers fight over cores.
     cv2.setNumThreads(1)
+    # A bad input is an error naming it (or a skip, listed), never a bare "[ERROR:0@...]" line of OpenCV's.
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
 def warm_worker() -> None:
@@ -312,9 +314,10 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                 data = ahead.take(index - sp.start, item)
                 read_s += time.perf_counter() - t
                 records, change = _records(job, fmts, item, index, one, data)
-            except INPUT_ERRORS as e:
+            except Exception as e:
+                e = _input_error(e, item)
                 if job.on_error == "fail":
-                    raise
+                    raise e
                 skipped.append((item.origin, e.reason))
                 continue
             for k, ((_, writer, path), record) in enumerate(zip(outputs, records)):
@@ -348,6 +351,16 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
             "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats,
             "read_seconds": read_s, "close_seconds": close_s}
+
+
+def _input_error(e: Exception, item) -> Exception:
+    """What converting one input raised, as an error of that input (``--on-error`` applies): a gpufeed input
+    error as it is; any other failure of a decoder, transform or encoder (an OpenCV or protobuf error, an
+    allocation refused) named after the input. gpufeed's other errors (a full disk) stay what they are."""
+    if isinstance(e, INPUT_ERRORS) or isinstance(e, GpufeedError):
+        return e
+    return InputError(item.origin, f"could not be converted ({type(e).__name__}: {e})",
+                      "leave it out with --on-error skip; if it is a valid image, please report it with this line")
 
 
 def file_entry(f) -> dict:

@@ -224,6 +224,12 @@ def verify_pages(data_path: str, pages_path: str, psize: int) -> None:
     pgnos, crcs = pages["pgno"].tolist(), pages["crc"].tolist()
     with open(data_path, "rb") as f:
         fd = f.fileno()
+        last = os.fstat(fd).st_size // psize  # pages the file holds
+        for k, pgno in enumerate(pgnos):
+            if not 0 <= pgno < last:
+                raise CorruptRecordError(pages_path, k, k * PAGE_DTYPE.itemsize,
+                                         f"lists page {pgno}, which {os.path.basename(data_path)} ({last} pages) "
+                                         "does not hold")
         # The tree pages sit between the values' overflow pages: readahead here would pull values into the
         # page cache that nobody asked for yet (and make a cold read benchmark look warm).
         if hasattr(os, "posix_fadvise"):

@@ -8,6 +8,9 @@ ON_ERROR = ("fail", "skip")
 #: Images with more pixels are refused undecoded. Pillow's own default (``PIL.Image.MAX_IMAGE_PIXELS``):
 #: about a 9459x9459 image, 256 MiB of RGB.
 DEFAULT_MAX_PIXELS = 89_478_485
+#: The longest side an image may be stored with: JPEG's limit as libjpeg enforces it (65,500), applied to every
+#: encoding, so that a stored size is checked before anything is allocated or encoded.
+MAX_SIDE = 65_500
 
 
 def open_source(dataset: str, src: str, **options):

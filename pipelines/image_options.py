@@ -7,14 +7,17 @@ numpy, no codecs): the command line checks its options before it imports anythin
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from gpufeed.errors import ConfigError
-from gpufeed.pipelines import DEFAULT_MAX_PIXELS
+from gpufeed.pipelines import DEFAULT_MAX_PIXELS, MAX_SIDE
 
 ENCODINGS = ("jpeg", "png", "raw", "pass")
 STORE_DTYPES = ("uint8", "float16", "float32")
 #: The options that change an image's geometry (``encode="pass"`` keeps the original bytes, so none of them).
 GEOMETRY = ("resize", "size", "max_size", "center_crop")
+#: The largest magnitude each stored float dtype holds (numpy's finfo, stated here to keep numpy out).
+FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38}
 
 
 def check_image_options(o, flags: bool = False) -> None:
@@ -43,10 +46,24 @@ def check_image_options(o, flags: bool = False) -> None:
     if o.size is not None and (len(o.size) != 2 or any(not isinstance(v, int) or v < 1 for v in o.size)):
         example, shown = ("227x227", "x".join(map(str, o.size))) if flags else ("(227, 227)", repr(o.size))
         raise ConfigError(f"{name('size')} must be height x width in positive pixels, e.g. {example}, not {shown}")
-    if not 1 <= o.quality <= 100:
-        raise ConfigError(f"{name('quality')} must be within 1..100 (im2rec uses 95), not {o.quality}")
     if o.max_pixels < 1:
         raise ConfigError(f"{name('max_pixels')} must be a positive number of pixels, not {o.max_pixels}")
+    # Stored sizes are bounded like decoded ones: no option may ask every image for an absurd allocation.
+    sides = {"resize": [o.resize], "max_size": [o.max_size], "size": list(o.size or ())}
+    for field, values in sides.items():
+        if any(v is not None and v > MAX_SIDE for v in values):
+            shown = "x".join(map(str, values)) if field == "size" else values[0]
+            raise ConfigError(f"{given(field, shown)} is over {MAX_SIDE} pixels, the longest side an image can be "
+                              "stored with (JPEG's limit)")
+    if o.size:
+        smallest, asked = o.size[0] * o.size[1], given("size", "x".join(map(str, o.size)) if flags else o.size)
+    else:
+        smallest, asked = (o.resize ** 2, given("resize", o.resize)) if o.resize else (0, "")
+    if smallest > o.max_pixels:
+        raise ConfigError(f"{asked} makes images of at least {smallest} pixels, over the {o.max_pixels} that "
+                          f"{name('max_pixels')} allows; choose a smaller size (or raise {name('max_pixels')})")
+    if not 1 <= o.quality <= 100:
+        raise ConfigError(f"{name('quality')} must be within 1..100 (im2rec uses 95), not {o.quality}")
     if o.store_dtype != "uint8" and o.encode not in (None, "raw"):
         raise ConfigError(f"{given('store_dtype', o.store_dtype)} stores normalised pixel tensors, which cannot be "
                           f"{given('encode', o.encode)}; use {given('encode', 'raw')}"
@@ -60,8 +77,29 @@ def check_image_options(o, flags: bool = False) -> None:
         value = getattr(o, field)
         if value is not None and len(value) not in (1, channels):
             raise ConfigError(f"{name(field)} has {len(value)} values; give {channels} (one per channel) or 1")
+    for field in ("mean", "std"):
+        value = getattr(o, field)
+        if value is not None and not all(-math.inf < v < math.inf for v in value):
+            raise ConfigError(f"{name(field)} must be finite numbers, not {','.join(map(str, value))}")
     if o.std is not None and min(o.std) <= 0:
         raise ConfigError(f"{name('std')} must be positive, not {','.join(map(str, o.std))}")
+    check_normalised_range(o.mean, o.std, o.store_dtype, name("mean"), name("std"), name("store_dtype"))
+
+
+def check_normalised_range(mean, std, store_dtype: str, mean_name="mean", std_name="std",
+                           dtype_name="store_dtype") -> None:
+    """Every pixel 0..255 stored as ``(pixel - mean) / std`` must fit ``store_dtype``: a value beyond it would
+    be stored as infinity, which no reader can use."""
+    if store_dtype not in FLOAT_MAX or mean is None or std is None:
+        return
+    means = list(mean) * (len(std) if len(mean) == 1 else 1)
+    stds = list(std) * (len(mean) if len(std) == 1 else 1)
+    largest = max(max(abs(m), abs(255 - m)) / s for m, s in zip(means, stds))
+    if not largest <= FLOAT_MAX[store_dtype]:
+        raise ConfigError(f"{mean_name} {','.join(f'{m:g}' for m in mean)} with {std_name} "
+                          f"{','.join(f'{s:g}' for s in std)} stores pixel values up to {largest:.3g}, beyond "
+                          f"{store_dtype}'s {FLOAT_MAX[store_dtype]:g}; use a larger {std_name}"
+                          f"{' or ' + dtype_name + ' float32' if store_dtype == 'float16' else ''}")
 
 
 @dataclasses.dataclass(frozen=True)

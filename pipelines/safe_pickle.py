@@ -17,6 +17,9 @@ import numpy as np
 from gpufeed.errors import InputError, UnsafePickleError
 
 
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]
+
+
 def _numpy_globals() -> dict[tuple[str, str], object]:
     # Taken from numpy's own reducers, so the objects are right for numpy 1 and 2 alike.
     reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
@@ -46,13 +49,57 @@ _BUILTINS = {name: getattr(__import__("builtins"), name)
 
 
 class _SafeUnpickler(pickle.Unpickler):
-    def __init__(self, file, where: str):
+    """``size``: the pickle's own size, which bounds what one object it asks for may take (1 MiB at least):
+    arrays and bytes of real data arrive in the stream, so only a request for an empty one of a given size can
+    ask for more, as a 51-byte pickle asking for ``bytearray(2**31)`` would."""
+
+    def __init__(self, file, where: str, size: int):
         super().__init__(file, encoding="bytes")
-        self.where = where
+        self.where, self.size, self.limit = where, size, max(size, 1 << 20)
         self.allowed = _numpy_globals()
         self.allowed.update({("builtins", n): f for n, f in _BUILTINS.items()})
         self.allowed.update({("__builtin__", n): f for n, f in _BUILTINS.items()})
         self.allowed[("_codecs", "encode")] = _latin1_encode
+        unpickler = self
+
+        class _Ndarray(np.ndarray):
+            """``numpy.ndarray`` as the pickle names it: the type ``_reconstruct`` is given (then a plain
+            ndarray is made), or a call that makes a plain ndarray of a size checked first."""
+
+            def __new__(cls, shape, dtype=float, *args, **kwargs):
+                nbytes = unpickler._nbytes(shape, dtype)
+                if nbytes > unpickler.limit:
+                    raise unpickler._refuse("an array", nbytes)
+                return np.ndarray(shape, dtype, *args, **kwargs)
+
+        self._ndarray_type = _Ndarray
+        sized = {"bytearray": self._bytearray, "_reconstruct": self._reconstruct, "ndarray": _Ndarray}
+        for key in list(self.allowed):
+            if key[1] in sized:
+                self.allowed[key] = sized[key[1]]
+
+    def _refuse(self, what: str, nbytes: int):
+        return UnsafePickleError(self.where, f"is a {self.size}-byte pickle asking for {what} of {nbytes} bytes "
+                                 f"(at most {self.limit} are allowed: real data arrives in the file itself), refused "
+                                 "before anything was allocated", "use the official dataset file")
+
+    def _bytearray(self, *args):
+        if args and isinstance(args[0], int) and args[0] > self.limit:
+            raise self._refuse("an empty bytearray", args[0])
+        return bytearray(*args)
+
+    def _nbytes(self, shape, dtype) -> int:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        n = np.dtype(dtype if not isinstance(dtype, bytes) else dtype.decode("latin1")).itemsize
+        for d in shape:
+            n *= max(int(d), 0)
+        return n
+
+    def _reconstruct(self, subtype, shape, dtype):
+        nbytes = self._nbytes(shape, dtype)
+        if nbytes > self.limit:
+            raise self._refuse("an empty array", nbytes)
+        return _RECONSTRUCT(np.ndarray if subtype is self._ndarray_type else subtype, shape, dtype)
 
     def find_class(self, module, name):
         found = self.allowed.get((module, name))
@@ -73,7 +120,7 @@ def load(data: bytes, where: str):
     Strings pickled by Python 2 come back as ``bytes`` (``encoding='bytes'``, as torchvision loads CIFAR).
     """
     try:
-        return _SafeUnpickler(io.BytesIO(data), where).load()
+        return _SafeUnpickler(io.BytesIO(data), where, len(data)).load()
     except UnsafePickleError:
         raise
     except Exception as e:  # a damaged pickle fails in many ways; all of them mean the same to the user

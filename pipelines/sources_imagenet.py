@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import posixpath
 import re
@@ -520,7 +521,8 @@ class FolderSource(_ImageSource):
             label = _parse_label(fields)
             if not rel or label is None:
                 self.problem(LabelError(f"{url}:{n}", f"is {line!r}, not 'index<TAB>label<TAB>path' (im2rec) or "
-                                        "'path label' (Caffe) with a non-negative integer label", "fix the line"))
+                                        f"'path label' (Caffe) with an integer label 0..{MAX_LIST_CLASSES - 1} (or "
+                                        "several finite ones)", "fix the line"))
                 continue
             item = self._file_item(self.root.join(self.root.path, rel), rel, label, {})
             if item is not None:
@@ -542,14 +544,23 @@ class FolderSource(_ImageSource):
                                  "relative to")
 
 
+#: The most classes a list file's labels may name (its class list has a line per class up to the largest
+#: label): ImageNet-21k has 21,841, Google Landmarks v2 203,094. A label beyond is taken for an id in the
+#: label column, not a class, rather than be written out as millions of class lines.
+MAX_LIST_CLASSES = 1_000_000
+
+
 def _parse_label(fields: list[str]):
-    """One non-negative integer class, or (im2rec multi-label) a tuple of floats; ``None`` if malformed."""
+    """One non-negative integer class below :data:`MAX_LIST_CLASSES`, or (im2rec multi-label) a tuple of
+    finite floats; ``None`` if malformed."""
     try:
         values = [float(x) for x in fields]
     except ValueError:
         return None
+    if not values or not all(math.isfinite(v) for v in values):
+        return None
     if len(values) > 1:
         return tuple(values)
-    if len(values) == 1 and values[0] >= 0 and values[0] == int(values[0]):
+    if 0 <= values[0] < MAX_LIST_CLASSES and values[0] == int(values[0]):
         return int(values[0])
     return None

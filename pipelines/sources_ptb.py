@@ -7,11 +7,12 @@ tokens (inputs ``ids[:-1]``, targets ``ids[1:]``), or whole sentences with their
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
 
-from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
+from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound, UnsafeArchiveError
 from gpufeed.pipelines.archive import ArchiveLimits, stream_tar
 from gpufeed.pipelines.base import InlineRef, Item, Skipped
 from gpufeed.pipelines.sources import BaseSource, Root, Vocabulary
@@ -23,6 +24,15 @@ ARCHIVE_DIR = "simple-examples/data"
 EOS = "<eos>"
 UNK = "<unk>"
 MODES = ("window", "sentence")
+#: The most text read of one split's file: six times Penn Treebank's training text (5.1 MB), so a small
+#: archive that inflates to hundreds of megabytes (or a wrong file) is refused before it is held in memory.
+MAX_TEXT_BYTES = 32 << 20
+
+
+def _too_large(where: str) -> InputError:
+    return InputError(where, f"holds more than {MAX_TEXT_BYTES >> 20} MiB of text, the most gpufeed reads of one Penn "
+                      "Treebank file (its training text is 5.1 MB), so it was not read",
+                      f"point SRC at Mikolov's simple-examples data (ptb.train.txt and the others, or {ARCHIVE})")
 
 
 def tokenize(text: str) -> list[list[str]]:
@@ -83,13 +93,22 @@ class PtbSource(BaseSource):
             if self.archive:
                 url = self.root.url(self.archive)
                 by_name = {f"{ARCHIVE_DIR}/{f}": s for s, f in FILES.items()}
-                for name, data in stream_tar(url, lambda n: n in by_name, limits=self.limits, on_problem=self.problem):
-                    raw[by_name[name]] = (data, f"{url}::{name}")
+                limits = dataclasses.replace(self.limits, max_read_size=min(self.limits.max_read_size, MAX_TEXT_BYTES))
+                try:
+                    for name, data in stream_tar(url, lambda n: n in by_name, limits=limits, on_problem=self.problem):
+                        raw[by_name[name]] = (data, f"{url}::{name}")
+                except UnsafeArchiveError as e:
+                    if "read into memory at most" not in e.reason:
+                        raise
+                    raise _too_large(e.path) from None
             else:
                 for split, fname in FILES.items():
                     path = self.root.join(self.folder, fname)
                     if self.root.isfile(path):
-                        raw[split] = (self.root.read(path), self.root.url(path))
+                        data = self.root.read(path, limit=MAX_TEXT_BYTES)
+                        if len(data) > MAX_TEXT_BYTES:
+                            raise _too_large(self.root.url(path))
+                        raw[split] = (data, self.root.url(path))
             if "train" not in raw:
                 raise SourceNotFound(self.root, f"{FILES['train']}{' in ' + ARCHIVE_DIR if self.archive else ''}",
                                      "the vocabulary is built from the training text")

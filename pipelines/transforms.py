@@ -121,6 +121,7 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
             options = dataclasses.replace(options, encode="jpeg")
             meta["converted"] = f"{change}: stored as an RGB JPEG (quality {options.quality})"
         box, out_hw = output_geometry(info.height, info.width, options)
+        check_stored_size(out_hw, options, origin)
         reduce = reduction_for(info, (box[2] / out_hw[0], box[3] / out_hw[1]))
         img = decode(data, info, origin, gray=options.gray, reduce=reduce)
         img = crop_resize(img, (info.height, info.width), box, out_hw)
@@ -168,8 +169,26 @@ def _pixels(data: np.ndarray, options: ImageOptions, origin: str) -> np.ndarray:
         img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
     if options.geometry_changes:
         box, out_hw = output_geometry(img.shape[0], img.shape[1], options)
+        check_stored_size(out_hw, options, origin)
         img = crop_resize(img, img.shape[:2], box, out_hw)
     return img
+
+
+def check_stored_size(out_hw, options: ImageOptions, origin: str) -> None:
+    """Refuse, before anything is allocated, an image the options would store larger than a decoded one may be
+    (``max_pixels``) or with a side no JPEG holds: a 20000x1 PNG resized to 256 on its shorter side would be
+    5,120,000 pixels wide."""
+    from gpufeed.errors import DecompressionBombError
+    from gpufeed.pipelines import MAX_SIDE
+
+    h, w = out_hw
+    fix = "cap the longer side with --max-size, or leave the image out with --on-error skip"
+    if h * w > options.max_pixels:
+        raise DecompressionBombError(origin, f"would be stored as {w}x{h} = {h * w} pixels, over the limit of "
+                                     f"{options.max_pixels} (--max-pixels)", fix)
+    if max(h, w) > MAX_SIDE:
+        raise InputError(origin, f"would be stored as {w}x{h}, a side over {MAX_SIDE} pixels, the most a JPEG "
+                         "holds", fix)
 
 
 def _encode(img: np.ndarray, is_bgr: bool, options: ImageOptions, origin: str):

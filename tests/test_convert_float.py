@@ -105,16 +105,36 @@ def test_float16_normalised_with_a_statistics_prepass_in_every_format(cifar, tmp
 
 
 def test_verify_rejects_non_finite_pixels(cifar, tmp_path, ray_local):
+    """A std so small that pixels overflow float16 is refused when given; a file holding infinite pixels anyway
+    (written by another tool, with a manifest made to agree) is not accepted by verify as a good output."""
+    import hashlib
+
+    from gpufeed.errors import ConfigError
     from gpufeed.formats import get_format
 
+    with pytest.raises(ConfigError, match="--mean 0,0,0 with --std 0.001,0.001,0.001 stores pixel values up to "
+                                          "2.55e\\+05, beyond float16's 65504"):
+        _cifar_options(cifar, tmp_path / "o", formats=("tfrecord",), normalize=False, mean=(0, 0, 0),
+                       std=(1e-3, 1e-3, 1e-3), splits=("test",))
     out = tmp_path / "o"
     convert(_cifar_options(cifar, out, formats=("tfrecord",), normalize=False, mean=(0, 0, 0),
-                           std=(1e-3, 1e-3, 1e-3), splits=("test",)))
-    # A std that small overflows float16: verify must not accept infinite pixels as a good output.
+                           std=(1, 1, 1), splits=("test",)))
+    shard = out / "tfrecord" / "test-00000-of-00001"
+    fmt = get_format("tfrecord")
+    samples = list(fmt.reader(str(shard)))
+    samples[0].payload = np.full_like(samples[0].payload, np.inf)
+    with fmt.writer(str(shard)) as w:
+        for s in samples:
+            w.write(s)
+    doc = json.loads((out / "manifest.json").read_text())
+    for f in doc["files"]:
+        if f["path"].startswith("tfrecord/"):
+            data = (out / f["path"]).read_bytes()
+            f.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(CorruptRecordError, match="NaN or infinity"):
         verify(str(out))
-    sample = next(iter(get_format("tfrecord").reader(str(out / "tfrecord" / "test-00000-of-00001"))))
-    assert sample.payload.dtype == np.float16
+    assert next(iter(fmt.reader(str(shard)))).payload.dtype == np.float16
 
 
 def test_pass_through_statistics_count_each_image_once(tmp_path, ray_local):
