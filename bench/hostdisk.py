@@ -61,7 +61,7 @@ def run_pattern(path: str, pattern: str, seconds: float, throttle=None, seed: in
 
     Returns requests/s (``iops``), ``mb_per_s`` (10**6 bytes), ``requests``, ``bytes``, ``seconds`` and
     ``device_bytes`` (what the kernel read from disk meanwhile)."""
-    size_req, threads, is_random = PATTERNS[pattern]
+    size_req, threads, is_random = PATTERNS[pattern] if isinstance(pattern, str) else pattern
     size = os.path.getsize(path)
     slots = max(1, size // size_req)
     counts = [0] * threads
@@ -107,7 +107,8 @@ def run_pattern(path: str, pattern: str, seconds: float, throttle=None, seed: in
     elapsed = time.perf_counter() - start
     requests = sum(counts)
     nbytes = requests * size_req
-    return {"pattern": pattern, "request_bytes": size_req, "queue_depth": threads, "requests": requests,
+    return {"pattern": pattern if isinstance(pattern, str) else random_pattern(size_req, threads),
+            "request_bytes": size_req, "queue_depth": threads, "requests": requests,
             "bytes": nbytes, "seconds": elapsed, "iops": requests / elapsed, "mb_per_s": nbytes / elapsed / 1e6,
             "device_bytes": proc_io()["read_bytes"] - before}
 
@@ -131,6 +132,61 @@ def measure_host(directory: str, seconds: float = 1.0, file_bytes: int = 256 * M
         os.unlink(path)
     _measured[key] = out
     return out
+
+
+def random_pattern(request_bytes: int, queue_depth: int) -> str:
+    return f"rand_{request_bytes // KiB}k_qd{queue_depth}"
+
+
+#: Where measured ceilings are kept: a disk's ceiling for one request size and queue depth is measured once per
+#: machine and read back afterwards (``bench train`` asks for it before every grid).
+CEILINGS_FILE = "hostdisk-ceilings.json"
+
+
+def _ceilings_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpufeed", CEILINGS_FILE)
+
+
+def ceiling(directory: str, record_bytes: int, queue_depth: int, seconds: float = 2.0,
+            file_bytes: int = 1024 * MiB) -> dict | None:
+    """The cold random-read ceiling of the disk under ``directory`` for requests of ``record_bytes`` (rounded up
+    to 4 KiB) at ``queue_depth``: ``mb_per_s``, ``iops``, ``pattern``, ``disk``, ``measured`` (when). Measured
+    once per disk, request size and queue depth, and kept (:data:`CEILINGS_FILE` in the user cache); ``None``
+    where the test's reads did not come from the device (the page cache could not be evicted)."""
+    import json
+
+    from gpufeed.bench.results import disk_info
+
+    info = disk_info(directory)
+    disk = ":".join(str(info.get(k)) for k in ("disk", "model", "size_bytes", "fstype"))
+    size = -(-max(1, int(record_bytes)) // (4 * KiB)) * 4 * KiB
+    key = f"{disk}|{random_pattern(size, queue_depth)}"
+    path = _ceilings_path()
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        kept = {}
+    if key in kept:
+        return kept[key]
+    test = test_file(directory, file_bytes)
+    try:
+        evict(test)
+        r = run_pattern(test, (size, queue_depth, True), seconds)
+    finally:
+        os.unlink(test)
+    if not r["bytes"] or r["device_bytes"] / r["bytes"] < 0.5:
+        return None
+    found = {"mb_per_s": r["mb_per_s"], "iops": r["iops"], "pattern": r["pattern"], "disk": disk,
+             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    kept[key] = found
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(kept, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return found
 
 
 def row_figures(host: dict) -> dict:

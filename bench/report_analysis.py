@@ -268,7 +268,7 @@ def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
     blocks: list[Block] = []
     table = Table("Several GPUs, one DistributedDataParallel rank and one loader each, per configuration",
                   ["task", "GPUs", "format", "tier", "decode", "each rank img/s", "each rank AU", "slowest AU",
-                   "total img/s", "cores (slowest rank)"], [])
+                   "total img/s", "cores (slowest rank)", "what limits it"], [])
     for task in sorted({params(r).get("task") for r in runs}):
         base = [x["per_s"] for r in synthetic if params(r).get("task") == task for x in r["ranks"]]
         mine = [r for r in runs if params(r).get("task") == task]
@@ -286,7 +286,7 @@ def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
             table.rows.append([str(task), str(q.get("gpus")), str(r.get("format")), tier_label(r),
                                str(q.get("decode")), " / ".join(fmt_num(x["per_s"]) for x in ranks),
                                " / ".join(fmt_pct(x["au"]) for x in ranks), fmt_pct(figure(r, "au")),
-                               fmt_num(r.get("total_per_s")), _cores(r)])
+                               fmt_num(r.get("total_per_s")), _cores(r), limit_text(r)])
     blocks.append(table)
     return blocks
 
@@ -1006,7 +1006,7 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
     ratios = ratio_to_baseline(train, baseline)
     t = Table("Training and inference loop", ["task", "format", "stored", "tier", "cache", "decode",
                                               "accelerator", "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
-                                              "wait p50 ms", "wait p99 ms", "workers", "batch"], [])
+                                              "wait p50 ms", "wait p99 ms", "workers", "batch", "what limits it"], [])
     synthetic: dict[tuple, list[dict]] = defaultdict(list)
     for r in train:
         if is_synthetic(r):
@@ -1016,7 +1016,7 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
         t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]),
                        fmt_num(across["median"]),
                        fmt_pct(across["spread"]) + f" ({len(rs)} calls)" if len(rs) > 1 else fmt_spread(rs[0]),
-                       "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", ""))])
+                       "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", "")), "-"])
     for r in sorted((r for r in train if not is_synthetic(r)),
                     key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored(r)),
                                    str(r.get("tier")), str(params(r).get("cold")), loader_label(r))):
@@ -1028,11 +1028,22 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
                        _accelerator_cell(r), fmt_num(r.get("median")), fmt_spread(r),
                        f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
                        fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
-                       fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", ""))])
+                       fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", "")),
+                       limit_text(r)])
     t.note = (f"AU = compute time / wall time, the compute time being the synthetic-data loop's (tensors already in "
               f"accelerator memory); bold marks AU >= {AU_TARGET:.0%}. Tiers marked * are emulated. spread = (max - "
-              "min) / median over repeats. wait = time a step waited for its batch.")
+              "min) / median over repeats. wait = time a step waited for its batch. what limits it: for a run "
+              "below 90% AU, the resource at 90% of its ceiling over the timed steps (the disk against its "
+              "measured cold rate for those records at that queue depth, the cores, the JPEG engines), or none: "
+              "then the loader itself limited it, not the disk.")
     return t
+
+
+def limit_text(row: dict) -> str:
+    """What limited a training row that missed 90% AU (its ``limit``, :mod:`gpufeed.bench.bottleneck`); "-" for
+    one that did not, or one measured before rows said."""
+    found = row.get("limit")
+    return found["text"] if found else "-"
 
 
 def _accelerator_cell(row: dict) -> str:

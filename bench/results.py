@@ -265,6 +265,32 @@ def cpu_ticks() -> tuple[int, int]:
     return t["total"] - t["idle"] - t["iowait"], t["total"]
 
 
+class ResourceWindow:
+    """What the machine's shared resources did during a timed window: the bytes the block device holding
+    ``path`` read (what reached the device, not the page cache), its busy share, and the share of every core
+    that was busy. :meth:`stop` returns ``disk_read_mb_per_s``, ``disk_read_bytes``, ``disk_busy`` (fractions of
+    the window) and ``cpu_busy``; each is left out where the kernel does not say."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.disk = disk_counters(path) if path else None
+        self.cpu = cpu_ticks()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        seconds = time.perf_counter() - self.t0
+        out: dict[str, float] = {}
+        disk = disk_counters(self.path) if self.disk else None
+        if disk and seconds > 0:
+            read = disk["read_bytes"] - self.disk["read_bytes"]
+            out.update(disk_read_bytes=read, disk_read_mb_per_s=read / seconds / 1e6,
+                       disk_busy=min((disk["busy_ms"] - self.disk["busy_ms"]) / 1e3 / seconds, 1.0))
+        busy, total = cpu_ticks()
+        if total > self.cpu[1]:
+            out["cpu_busy"] = (busy - self.cpu[0]) / (total - self.cpu[1])
+        return out
+
+
 def machine_info(data_path: str | None = None) -> dict[str, Any]:
     """CPU, cores, RAM, GPUs, kernel, and (given ``data_path``) the disk and filesystem holding the data."""
     info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": _cpu_model(),

@@ -41,7 +41,8 @@ import numpy as np
 
 from gpufeed.bench import MEMORY_TIER, SYNTHETIC
 from gpufeed.errors import ConfigError
-from gpufeed.pipelines.loader import DECODES, default_workers
+from gpufeed.machine import usable_cores
+from gpufeed.pipelines.loader import AUTO, DECODES, default_workers
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``, the loader's default).
@@ -65,7 +66,8 @@ PTB_BATCH = {"train": 20, "infer": 20}
 CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
-          "loader_mem_mb": "MB"}
+          "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
+          "cpu_busy": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -338,6 +340,9 @@ class LoopRun:
     cpu_share: float | None = None  # hybrid decoding: the share of each batch the CPU workers took at the end
     cpu_cores: float | None = None  # CPU seconds of this process and its workers per second of the timed steps
     loader_mem_mb: float | None = None  # memory the processes under this one (the loader's workers) hold alone (USS)
+    #: The machine's shared resources over the timed steps (:class:`gpufeed.bench.results.ResourceWindow`): the
+    #: data's block device read MB/s and busy share, the share of every core busy.
+    resources: dict = dataclasses.field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
@@ -352,12 +357,13 @@ class LoopRun:
                 "data_wait_share": float(sum(self.waits_s) / self.wall_s),
                 "step_ms": self.wall_s / self.steps * 1e3,
                 **{name: getattr(self, name) for name in ("cpu_share", "cpu_cores", "loader_mem_mb")
-                   if getattr(self, name) is not None}}
+                   if getattr(self, name) is not None},
+                **self.resources}
 
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
                warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None,
-               epoch_batches: int | None = None) -> LoopRun:
+               epoch_batches: int | None = None, data_path: str | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -373,8 +379,11 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     timed steps past the first epoch's end: there the loader's pipeline drains and refills (a pause a real
     epoch of thousands of steps hides, ten timed steps do not) and the second epoch reads what the first left
     in the page cache.
+
+    ``data_path``: the data read, whose block device's reads are counted over the timed steps beside the cores'
+    use (:class:`~gpufeed.bench.results.ResourceWindow`), so a row says what each resource did while it ran.
     """
-    from gpufeed.bench.results import children_private_bytes, cpu_seconds
+    from gpufeed.bench.results import ResourceWindow, children_private_bytes, cpu_seconds
 
     it = iter(batches)
     start = time.perf_counter()
@@ -392,6 +401,7 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
             synchronize()  # the time is the device's, not the launch queue's
     synchronize()
     waits = []
+    window = ResourceWindow(data_path)
     cpu0 = cpu_seconds()
     start = time.perf_counter()
     for _ in range(steps):
@@ -404,9 +414,10 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     # The CPU reading closes the window; the workers' memory is read after it (reading every worker's smaps
     # takes long enough for 16 busy workers to add over a core to a reading taken after it).
     cpu = cpu_seconds() - cpu0
+    resources = window.stop()
     held = children_private_bytes()
     return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=cpu / wall,
-                   loader_mem_mb=None if held is None else held / 1e6)
+                   loader_mem_mb=None if held is None else held / 1e6, resources=resources)
 
 
 # ---------------------------------------------------------------------------------------------- the benchmark
@@ -579,7 +590,7 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
-                             _warmup_s(accel), ranks.agree, epoch_batches=len(loader))
+                             _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0])
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -694,6 +705,15 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     from gpufeed.bench.dataset import dataset_fields, load_dataset_info
 
     kind = resolve_accelerator(opts.accelerator, emulable=opts.dataset_image == "imagenet")
+    chosen = None
+    if AUTO in opts.decodes:
+        from gpufeed.pipelines.loader import choose_decode
+
+        chosen = ("cpu", "the model reads no JPEGs") if opts.dataset_image != "imagenet" else (
+            choose_decode("cuda" if kind == "cuda" else "cpu", opts.gpus))
+        log(f"decode auto: {chosen[0]} ({chosen[1]})")
+        opts = dataclasses.replace(opts, decodes=tuple(dict.fromkeys(chosen[0] if d == AUTO else d
+                                                                     for d in opts.decodes)))
     if "gpu" in opts.decodes and kind != "cuda":
         raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
                           "--decode cpu (the accelerator is emulated here)")
@@ -731,6 +751,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         opts = dataclasses.replace(opts, vocab=int(info["vocab"]), seq_len=int(info["seq_len"]))
     rows = []
     unit = "seq/s" if opts.ptb else "img/s"
+    ceilings = _disk_ceilings(dst, info, formats, tiers, opts)
 
     def emit(row):
         row = writer.write(row) if writer is not None else row
@@ -745,11 +766,19 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         else:
             head = {**tiers[first.tier].row_fields(), "format": first.fmt,
                     "params": {**opts.params(first.task, first.decode, first.described, first.read_ahead),
+                               **({"decode_auto": chosen[1]} if chosen and chosen[0] == first.decode else {}),
                                "resize": info.get("resize"),
                                "store": info.get("store"),
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
                     **dataset_fields(info, first.fmt), **first.validity}
-        return {"bench": "train", **head, **rank_summary(cells, unit)}
+        row = {"bench": "train", **head, **rank_summary(cells, unit)}
+        if first.tier is not None and not opts.ptb:
+            from gpufeed.bench.bottleneck import limit, resources
+            from gpufeed.pipelines.loader import HW_RATE
+
+            row["resources"] = resources(row, ceilings.get((first.tier, first.fmt)), HW_RATE, usable_cores())
+            row["limit"] = limit(row)
+        return row
 
     dst = os.path.abspath(dst)
     if opts.gpus > 1:
@@ -758,6 +787,33 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         for cell in measure_cells(kind, dst, info, formats, tiers, opts):
             emit(row_of([cell]))
     return rows
+
+
+def _disk_ceilings(dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions) -> dict:
+    """``{(tier index, format): ceiling}``: what the disk under each tier's data reads cold for that format's
+    records at the loader's queue depth (every rank's workers, a record each), measured once per machine and
+    disk (:func:`gpufeed.bench.hostdisk.ceiling`), or an emulated tier's own limit for that pattern. Measured
+    before the grid, so no measurement runs beside a timed one."""
+    from gpufeed.bench.hostdisk import ceiling, random_pattern
+    from gpufeed.bench.read import tier_dataset
+
+    out = {}
+    depth = max(1, opts.workers) * opts.gpus
+    for t, tier in enumerate(tiers):
+        for fmt in formats:
+            record = int(info["formats"][fmt]["record_bytes"])
+            if tier.limits is not None:
+                iops = tier.limits.qd_iops(record, depth)
+                out[(t, fmt)] = {"mb_per_s": iops * record / 1e6, "pattern": random_pattern(record, depth),
+                                 "source": f"the {tier.name} profile"}
+                continue
+            try:
+                found = ceiling(tier_dataset(tier, dst), record, depth)
+            except OSError:
+                found = None  # no room or no rights for the test file: the rows say nothing of the disk's ceiling
+            if found:
+                out[(t, fmt)] = {**found, "source": "measured cold on this machine"}
+    return out
 
 
 def rank_summary(cells: list, unit: str) -> dict:
@@ -860,7 +916,8 @@ def _one_line(row: dict) -> str:
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
             + (f"  {cores:.2f} cores" if cores is not None else "")
-            + f"  ({p['accelerator_mode']} {p['accelerator']})")
+            + f"  ({p['accelerator_mode']} {p['accelerator']})"
+            + (f"  limit: {row['limit']['text']}" if row.get("limit") else ""))
 
 
 # ------------------------------------------------------------------------------------------------------ the CLI
@@ -884,9 +941,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tier_arguments(parser)
     parser.add_argument("--formats", type=_csv(FORMATS), default=",".join(FORMATS), help="formats to feed from")
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
-    parser.add_argument("--decode", type=_csv(DECODES), default="cpu",
-                        help="where JPEGs are decoded, one or several: cpu (DataLoader workers), gpu (nvJPEG on "
-                             "the SMs), hw (the GPU's JPEG engines, nvImageCodec), hybrid (CPU workers and engines)")
+    parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
+                        help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks from the cores, "
+                             "the ranks and the GPU's JPEG engines: cpu for one GPU with 24 cores or more, else "
+                             "hybrid), "
+                             "cpu (DataLoader workers), gpu (nvJPEG on the SMs), hw (the GPU's JPEG engines, "
+                             "nvImageCodec), hybrid (CPU workers and engines)")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",
                         help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
     parser.add_argument("--profile", default="h200",
@@ -901,7 +961,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=10,
                         help="untimed steps at the start of every run (worker start-up, cuDNN autotuning)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="DataLoader worker processes (default: usable cores, at most 16)")
+                        help="DataLoader worker processes per rank (default: each rank's share of the usable cores, "
+                             "less one for its own process where --gpus ranks share the node; at most 16)")
     parser.add_argument("--image-size", type=int, default=None,
                         help=f"crop size fed to the model (default 224; {CIFAR_SIZE} for the CIFAR models)")
     parser.add_argument("--augment-on", type=_csv(("cpu", "gpu")), default="cpu",
@@ -958,14 +1019,14 @@ def options_from_args(args) -> TrainOptions:
         raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
                           "ResNet-50 on ImageNet (drop --accelerator emulated)")
     if args.model in PTB_MODELS:
-        if tuple(args.decode) != ("cpu",) or tuple(args.augment_on) != ("cpu",):
+        if tuple(args.decode) not in (("cpu",), (AUTO,)) or tuple(args.augment_on) != ("cpu",):
             raise ConfigError(f"--model {args.model} reads token ids, which need no decoding and no augmentation: "
                               "drop --decode and --augment-on")
         if args.image_size is not None:
             raise ConfigError(f"--image-size is for the image models; --model {args.model} reads windows of the "
                               "length they were converted with (--seq-len)")
     elif args.model in CIFAR_MODELS:
-        if tuple(args.decode) != ("cpu",):
+        if tuple(args.decode) not in (("cpu",), (AUTO,)):
             raise ConfigError(f"--model {args.model} reads CIFAR's stored pixels: --decode cpu (choose where the "
                               "augmentation runs with --augment-on cpu,gpu)")
     elif tuple(args.augment_on) != ("cpu",):
@@ -973,7 +1034,7 @@ def options_from_args(args) -> TrainOptions:
                           "augmentation runs on the GPU with --decode gpu, hw or hybrid")
     if args.batch_size is not None and args.batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, not {args.batch_size}")
-    workers = default_workers() if args.workers is None else args.workers
+    workers = default_workers(args.gpus) if args.workers is None else args.workers
     if workers < 0:
         raise ConfigError(f"--workers must be >= 0, not {workers}")
     if args.accelerator != "cuda":

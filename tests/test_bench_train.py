@@ -89,6 +89,13 @@ def test_emulated_grid_writes_rows_for_every_format(dataset, tmp_path):
         else:
             assert r["tier"] == "host" and r["mode"] == "measured" and r["params"]["cold"] is True
             assert r["n_samples"] == N and r["sample_bytes"] > 10_000 and r["valid"] is True
+            # What each shared resource did over the timed steps, beside its ceiling.
+            res = r["resources"]
+            assert 0.0 <= res["cpu_busy"] <= 1.0 and res["cores"] >= 1 and res["decodes_per_s"]["cpu"] > 0
+            assert res["disk_read_mb_per_s"] >= 0 and res["disk_ceiling"]["mb_per_s"] > 0
+            assert res["disk_ceiling"]["source"] == "measured cold on this machine"
+            assert res["disk_ceiling"]["pattern"].endswith("_qd1")  # one worker, one rank: one read in flight
+            assert "limit" in r
     # The CPU path needs neither a GPU nor torchvision.
     assert "torchvision" not in sys.modules
 
@@ -267,3 +274,27 @@ def test_ranks_measure_every_configuration_in_step(tmp_path):
     with pytest.raises(ConfigError, match="--gpus runs real GPUs"):
         train.options_from_args(_parse([dst, "--results", str(tmp_path / "r.jsonl"), "--gpus", "2",
                                         "--accelerator", "emulated"]))
+
+
+@pytest.mark.parametrize("resources, au, expected", [
+    ({"disk_read_mb_per_s": 1620.0, "disk_ceiling": {"mb_per_s": 1700.0}, "cpu_busy": 0.4, "cores": 64},
+     0.7, ("disk", "disk: 1.62 of 1.70 GB/s")),
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.97, "cores": 32},
+     0.6, ("cpu", "CPU: 97% of 32 cores busy")),
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.2, "cores": 32,
+      "decodes_per_s": {"hw": 12_000.0}, "engines_per_s": 13_000.0}, 0.8, ("engines", "JPEG engines: 12,000 of")),
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.5, "cores": 32,
+      "decodes_per_s": {"hw": 3_000.0}, "engines_per_s": 13_000.0}, 0.8, (None, "the loader itself limits")),
+    ({"disk_read_mb_per_s": 4900.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.99}, 0.95, None),
+])
+def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loader(resources, au, expected):
+    """Never the disk's fault unless the disk was at 90% of what it reads cold at that size and depth."""
+    from gpufeed.bench.bottleneck import limit
+
+    found = limit({"metrics": {"au": {"median": au}}, "resources": resources})
+    if expected is None:
+        assert found is None
+    else:
+        assert found["resource"] == expected[0] and expected[1] in found["text"]
+        if expected[0] is None:
+            assert "disk: 0.30 of 5.00 GB/s" in found["text"] and "not the disk" in found["text"]

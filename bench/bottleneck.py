@@ -1,0 +1,71 @@
+"""What limited a training run: each shared resource's use over the timed steps beside its ceiling, and the one
+at 90% of it or more; where none was, the loader itself (a defect to fix, never the disk's fault).
+
+A row of ``gpufeed bench train`` carries ``resources`` (:func:`resources`): the data's block device (MB/s read
+against the disk's measured cold ceiling for the records' size at the loader's queue depth,
+:func:`gpufeed.bench.hostdisk.ceiling`, or an emulated tier's own limit), the share of every core busy, the JPEG
+decodes per second on each path (CPU workers, the GPU's engines) against the engines' rate, and the slowest
+rank's share of time waiting for data. :func:`limit` names the resource that limited a run that missed
+:data:`MISSED` AU, in words a report prints as they are.
+"""
+
+from __future__ import annotations
+
+#: A run is explained from AU below this (the report's "fed" line is gpufeed.bench.AU_TARGET).
+MISSED = 0.90
+#: A resource limits a run when its use reaches this share of its ceiling.
+NEAR = 0.90
+
+
+def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, cores: int) -> dict:
+    """The ``resources`` block of a train row from its (slowest rank's) metrics: ``ceiling`` the disk's
+    (``mb_per_s``, ``pattern``, ``source``), ``engines_per_s`` one GPU's JPEG engines' rate where they decode."""
+    m = row.get("metrics") or {}
+
+    def median(name):
+        return (m.get(name) or {}).get("median")
+
+    p = row.get("params") or {}
+    decode, rate = p.get("decode"), row.get("median")
+    share = median("cpu_share")
+    decodes = {}
+    if decode and rate:
+        cpu = 1.0 if decode == "cpu" else (share or 0.0) if decode == "hybrid" else 0.0
+        if cpu:
+            decodes["cpu"] = rate * cpu
+        if decode in ("hw", "hybrid"):
+            decodes["hw"] = rate * (1.0 - cpu)
+        if decode == "gpu":
+            decodes["gpu"] = rate
+    out = {"disk_read_mb_per_s": median("disk_read_mb_per_s"), "disk_busy": median("disk_busy"),
+           "disk_ceiling": ceiling, "cpu_busy": median("cpu_busy"), "cores": cores,
+           "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
+           "wait_share": median("data_wait_share")}
+    return {k: v for k, v in out.items() if v not in (None, {})}
+
+
+def limit(row: dict) -> dict | None:
+    """``{"resource": "disk" | "cpu" | "engines" | None, "text": ...}`` for a row whose AU missed
+    :data:`MISSED`: the resources at :data:`NEAR` of their ceilings, or none (then the loader limited it)."""
+    au = ((row.get("metrics") or {}).get("au") or {}).get("median")
+    r = row.get("resources")
+    if au is None or au >= MISSED or not r:
+        return None
+    found, seen = [], []
+    disk, ceiling = r.get("disk_read_mb_per_s"), (r.get("disk_ceiling") or {}).get("mb_per_s")
+    if disk is not None and ceiling:
+        text = f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s"
+        (found if disk >= NEAR * ceiling else seen).append(("disk", text))
+    busy = r.get("cpu_busy")
+    if busy is not None:
+        text = f"CPU: {busy:.0%} of {r.get('cores', '?')} cores busy"
+        (found if busy >= NEAR else seen).append(("cpu", text))
+    hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
+    if hw is not None and engines:
+        text = f"JPEG engines: {hw:,.0f} of {engines:,.0f} img/s"
+        (found if hw >= NEAR * engines else seen).append(("engines", text))
+    if found:
+        return {"resource": found[0][0], "text": "; ".join(t for _, t in found)}
+    what = "; ".join(t for _, t in seen) or "nothing measured"
+    return {"resource": None, "text": f"no resource at {NEAR:.0%} of its ceiling ({what}): the loader itself limits "
+                                      "this run, not the disk"}
