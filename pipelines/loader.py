@@ -22,6 +22,11 @@ Where the JPEGs are decoded (``decode``):
 * ``hybrid``: each batch split between the CPU workers and the engines by their measured rates, so both are
   busy: the workers time each image they decode, the engines' batches are timed as they run beside the model,
   and the CPU share is the workers' rate over the sum of both (it starts from expected rates). docs/loader.md.
+* ``auto`` (the default): ``cpu`` for a node's only GPU with 24 cores or more (enough for one H200 training
+  ResNet-50), or where no GPU has JPEG engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason``
+  says why).
+  Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
+  share of the usable cores (:func:`default_workers`), less one for its own process where ranks share the node.
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
@@ -58,6 +63,8 @@ import numpy as np
 from gpufeed.errors import ConfigError
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
+#: ``decode="auto"``: one of :data:`DECODES`, chosen by :func:`choose_decode`.
+AUTO = "auto"
 #: Columns of a crop drawn in the workers for the GPU paths: height, width (upright), the box (top, left, h, w),
 #: flip, EXIF orientation.
 CROP_COLUMNS = 8
@@ -78,16 +85,58 @@ HW_RATE = 13_000.0
 #: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's. At 10
 #: every training run fed less on the GPU machine (results/gpu-nice-h100.txt): the loop is not short of cores.
 WORKER_NICE = 0
-#: DataLoader workers by default: one per usable core, at most this many (the H200 machine's core count).
-MAX_DEFAULT_WORKERS = 16
+#: DataLoader workers per rank by default: its share of the usable cores, at most this many. One H200 on 32 cores
+#: fed from 16 CPU workers kept only 44% of the cores busy and waited for its batches (AU 0.86); the cap bounds
+#: the pinned batches the workers hold ahead (two each, 38 MB apiece at 256 x 224 x 224 x 3).
+MAX_DEFAULT_WORKERS = 32
 _INSTALL = "pip install 'gpufeed[gpu]'"
 
 
-def default_workers() -> int:
-    """DataLoader workers when none are given: one per usable core, at most :data:`MAX_DEFAULT_WORKERS`."""
+def default_workers(ranks: int = 1) -> int:
+    """DataLoader workers per rank when none are given: one per core of the rank's share of the usable cores, at
+    most :data:`MAX_DEFAULT_WORKERS`. Where several ranks share the node, each rank's own process (the training
+    loop, the engines' decoder threads, NCCL) keeps a core of its share: 16 workers for each of 4 ranks took all
+    64 cores of the 4-GPU node before the main processes had any. One rank alone shares its cores with its
+    workers, as measured best on 16 cores (results/gpu-nice-h100.txt)."""
     from gpufeed.machine import usable_cores
 
-    return max(1, min(MAX_DEFAULT_WORKERS, usable_cores()))
+    ranks = max(1, ranks)
+    share = usable_cores() // ranks - (1 if ranks > 1 else 0)
+    return max(1, min(MAX_DEFAULT_WORKERS, share))
+
+
+#: GPUs with hardware JPEG decoders (NVJPG engines), as nvImageCodec's hardware backend drives them.
+ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "L4", "L40")
+#: Cores from which the CPU workers alone feed one GPU training ResNet-50 when it is the node's only rank (one
+#: H200 on 32 cores, 32 workers: AU 0.967 against 0.90 with the engines; results/gpu-ranks-h200x2.txt). Where
+#: ranks share a node, the engines take a share whatever the cores: 2 ranks on 64 cores fed from 31 CPU
+#: workers each got 0.82, from the engines 0.88 (results/gpu-ranks-h100x4.txt).
+CPU_ENOUGH_CORES = 24
+
+
+def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
+    """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, and how many ranks
+    share the node: ``cpu`` for the node's only rank with :data:`CPU_ENOUGH_CORES` cores or more (or without a
+    GPU); else ``hybrid`` (CPU workers and engines, each batch split by their measured rates) on a GPU with
+    engines and nvImageCodec installed; else ``cpu``."""
+    from gpufeed.machine import usable_cores
+
+    torch = _import_torch()
+    per_rank = usable_cores() // max(1, ranks)
+    device = resolve_device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return "cpu", "no CUDA GPU"
+    if ranks <= 1 and per_rank >= CPU_ENOUGH_CORES:
+        return "cpu", f"{per_rank} cores feed the node's one GPU from the CPU workers alone"
+    name = torch.cuda.get_device_name(device)
+    if not any(gpu in name for gpu in ENGINE_GPUS):
+        return "cpu", f"{per_rank} cores per rank, and the {name} has no JPEG engines gpufeed drives"
+    try:
+        import_nvimgcodec()
+        import torchvision.ops  # noqa: F401
+    except (ConfigError, ImportError):
+        return "cpu", f"{per_rank} cores per rank; the engines need {_INSTALL}"
+    return "hybrid", f"{per_rank} cores per rank: the CPU workers and the {name}'s JPEG engines share each batch"
 
 
 def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
@@ -657,7 +706,10 @@ class HybridRates:
     end of its GPU work, beside the model. The share is the workers' rate over the sum, so both sides finish a
     batch's part at once. Per-image rates do not depend on the share, so the split holds its mark even though
     the workers prepare batches far ahead of it (a DataLoader holds two per worker: steering by the loop's
-    waits, one step per batch, ran into its bound before those batches reached the loop).
+    waits, one step per batch, ran into its bound before those batches reached the loop). Giving the workers
+    more (90% of what they decode of the loop's demand) fed 2 H200s on 32 cores worse, 0.84 against 0.88 per
+    rank: the busier cores slowed the ranks' own processes more than the engines' part slowed the GPU
+    (results/gpu-ranks-h200x2.txt).
 
     ``cpu_rate`` and ``hw_rate`` (images/s of all workers, of all decoder threads) are the starting guesses;
     each batch's figures move them by :attr:`SMOOTHING`."""
@@ -685,6 +737,15 @@ class HybridRates:
 
 
 # ------------------------------------------------------------------------------------------------- the loader
+
+
+def _first_record_kind(paths, format: str | None) -> str:
+    """What the first record of ``paths`` holds (``encoded``, ``raw``, ``tokens``)."""
+    from gpufeed.formats import get_format
+
+    paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    with get_format(format or format_of(paths)).reader(paths[0]) as reader:
+        return next(iter(reader)).kind
 
 
 def format_of(paths: Sequence[str]) -> str:
@@ -733,15 +794,21 @@ class Loader:
     the ids every record must hold (``seq_len + 1``) and ``vocab`` the model's vocabulary size, both checked
     per record in the workers when given (:class:`TokenWindow`)."""
 
-    def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = "cpu",
+    def __init__(self, paths, format: str | None = None, batch_size: int = 256, decode: str = AUTO,
                  augment: str = "train", size: int = 224, rank: int | None = None, world_size: int | None = None,
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool = False, cpu_share: float | None = None, worker_nice: int = WORKER_NICE):
         torch = _import_torch()
+        self.decode_reason = None
+        if decode == AUTO:
+            decode, self.decode_reason = (("cpu", "stored pixels and token ids need no JPEG decoding")
+                                          if augment in ("cifar", "tokens") else choose_decode(device, world_size or 1))
+            if decode != "cpu" and _first_record_kind(paths, format) != "encoded":
+                decode, self.decode_reason = "cpu", "raw pixel records need no JPEG decoding"
         if decode not in DECODES:
-            raise ConfigError(f"decode={decode!r} is not one of {', '.join(DECODES)}")
+            raise ConfigError(f"decode={decode!r} is not one of {', '.join((*DECODES, AUTO))}")
         if augment not in AUGMENTS:
             raise ConfigError(f"augment={augment!r} is not one of {', '.join(AUGMENTS)}")
         if augment_on not in AUGMENT_ON:
@@ -781,7 +848,7 @@ class Loader:
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
             import_nvimgcodec()
-        self.workers = default_workers() if workers is None else workers
+        self.workers = default_workers(world_size or 1) if workers is None else workers
         train = augment == "train"
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
@@ -1012,7 +1079,7 @@ def _require_cuda(torch, device, decode: str) -> None:
         raise ConfigError(f"decode={decode!r} crops on the GPU with torchvision: {_INSTALL}") from None
 
 
-def loader(paths: str | Sequence[str], format: str | None = None, batch_size: int = 256, decode: str = "cpu",
+def loader(paths: str | Sequence[str], format: str | None = None, batch_size: int = 256, decode: str = AUTO,
            augment: str = "train", **options) -> Loader:
     """Batches ``(x, y)`` on the GPU from gpufeed files; see this module's documentation and :class:`Loader`."""
     return Loader(paths, format=format, batch_size=batch_size, decode=decode, augment=augment, **options)

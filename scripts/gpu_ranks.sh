@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Several real GPUs fed at once (issue 11): `gpufeed bench train --gpus 2` on the 2-GPU machine (2x H200, 32
-# cores): two DistributedDataParallel ranks, NCCL gradients, each rank with its own loader (16 DataLoader
-# workers) reading its half of every format, cold cache, ResNet-50 training (and inference); then the same grid
-# with --gpus 1 on the same machine, so each rank's AU stands beside one GPU's alone.
+# Several real GPUs fed at once (issues 11, 29): `gpufeed bench train --gpus N` on a multi-GPU machine: N
+# DistributedDataParallel ranks, NCCL gradients, each rank with its own loader (by default its share of the
+# cores as DataLoader workers, `--decode auto` plus the paths named) reading its share of every format, cold
+# cache, ResNet-50 training (and inference); then the same grid with fewer ranks on the same machine, so each
+# rank's AU stands beside one GPU's alone. Every row says what each resource did (the disk's MB/s against its
+# measured cold ceiling, the cores, the JPEG engines) and, below AU 0.90, which one limited it.
 # Carries nvImageCodec, lmdb and crc32c (.whl-decode, made by scripts/device_wheels.sh); no Ray.
 #
 #   device run (kind nvidia-h200-x2), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks.sh
-#   RUNS="2:train" DECODES=hw OUT=$OUT bash scripts/gpu_ranks.sh      # a subset (RUNS: GPUS:TASK ...)
+#   RUNS="2:train" DECODES=auto,hw OUT=$OUT bash scripts/gpu_ranks.sh   # a subset (RUNS: GPUS:TASK ...)
+#   WORKERS=16 ...                                                       # workers per rank (default: the loader's)
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,10 +34,10 @@ for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   left=$(( ${DEADLINE_S:-570} - (SECONDS - START) ))
   if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
   limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
-  stamp "--gpus $gpus, $task, decode ${DECODES:-hw,cpu} (at most $limit s)"
+  stamp "--gpus $gpus, $task, decode ${DECODES:-auto,hw,cpu} (at most $limit s)"
   timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" --gpus "$gpus" --task "$task" \
-    --decode "${DECODES:-hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" --workers "${WORKERS:-16}" \
-    --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
+    ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
 done
 stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"

@@ -371,3 +371,15 @@ def test_image_pool_settings_need_the_nvidia_driver():
         pytest.skip("this machine has the NVIDIA driver")
     with pytest.raises(ConfigError, match="libcuda.so.1"):
         L.set_image_pool(torch.device("cpu"), keep_bytes=1)
+
+
+def test_decode_auto_and_workers_per_rank_come_from_the_node():
+    """Without a GPU auto is the CPU path; workers per rank are the rank's share of the cores, less one for the
+    rank's own process where ranks share the node, at least one."""
+    from gpufeed.machine import usable_cores
+
+    assert L.choose_decode("cpu") == ("cpu", "no CUDA GPU")
+    cores = usable_cores()
+    assert L.default_workers() == max(1, min(L.MAX_DEFAULT_WORKERS, cores))
+    assert L.default_workers(2) == max(1, min(L.MAX_DEFAULT_WORKERS, cores // 2 - 1))
+    assert L.default_workers(cores * 4) == 1
