@@ -83,25 +83,40 @@ class _TreeCPU:
 
 
 def convert_command(dataset: str, src: str, fmt: str, out: str, workers: int, extra=()) -> list[str]:
+    # Its stderr is a pipe (run_convert relays it): the progress comes as a plain line every 30 s, not a bar.
     return [sys.executable, "-m", "gpufeed", "convert", dataset, src, "--to", fmt, "--out", out,
-            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
+            "--workers", str(workers), "--no-resume", *extra]
 
 
-
-def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: float | None = None) -> dict:
-    """Run one conversion command and measure it."""
+def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: float | None = None,
+                echo=None) -> dict:
+    """Run one conversion command and measure it. ``echo(line)`` gets each line the conversion prints on
+    stderr as it prints it (its progress: a line every 30 s where stderr is not a terminal)."""
     stat0 = _cpu_stat()
     thr0 = throttle.stats() if throttle is not None else None
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []
+
+    def relay():
+        for line in proc.stderr:
+            said.append(line)
+            if echo is not None:
+                echo(line.rstrip("\n"))
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
     with _TreeCPU(proc.pid) as tree:
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            stdout = proc.stdout.read()
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.wait()
             raise GpufeedError(f"`{' '.join(cmd)}` ran past {timeout} s; give a smaller source or a larger "
                                "--timeout") from None
+    reader.join()
+    stderr = "".join(said)
     wall = time.perf_counter() - t0
     stat1 = _cpu_stat()
     if proc.returncode != 0:
@@ -146,7 +161,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("src", metavar="SRC", help="source dataset as shipped (e.g. from `gpufeed synth imagenet`)")
     parser.add_argument("--dataset", default="imagenet", help="dataset kind of SRC (as `gpufeed convert` takes)")
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="scratch directory for outputs on emulated tiers (default: SRC.bench-out)")
+                        help="scratch directory for outputs on emulated tiers (default: a temporary folder in the "
+                             "working directory, removed at the end; never beside SRC)")
     add_tier_arguments(parser)
     parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
     parser.add_argument("--workers", type=int_list, default=[usable_cores()],
@@ -166,7 +182,21 @@ def add_arguments(parser) -> None:
                         help="seconds per pattern when measuring the host disk before emulating")
 
 
-def bench_convert(args) -> list[dict]:
+def bench_convert(args, progress=None) -> list[dict]:
+    """The grid of ``gpufeed bench convert``; ``progress(line)`` gets a line as each conversion starts (and the
+    conversion's own progress lines)."""
+    import tempfile
+
+    if args.out is not None:
+        return _bench_convert(args, os.path.abspath(args.out), progress)
+    scratch = tempfile.mkdtemp(prefix="gpufeed-bench-convert-", dir=os.getcwd())
+    try:
+        return _bench_convert(args, scratch, progress)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _bench_convert(args, scratch: str, progress) -> list[dict]:
     from gpufeed.bench.cache import evict, files_under
     from gpufeed.bench.cli import tiers_from_args
     from gpufeed.bench.emulate import Throttle
@@ -188,12 +218,15 @@ def bench_convert(args) -> list[dict]:
         raise ConfigError(f"--formats {args.formats!r}: choose from {', '.join(FORMATS)}")
     src_files = files_under(src)
     src_bytes = sum(os.path.getsize(f) for f in src_files)
-    scratch = os.path.abspath(args.out or src.rstrip("/") + ".bench-out")
     extra = (["--resize", str(args.resize)] if args.resize else []) + (
         ["--address", args.address] if args.address else []) + ["--on-error", args.on_error]
     writer = ResultWriter(args.results, data_path=scratch if os.path.exists(scratch) else src)
     rows = []
-    for tier in tiers_from_args(args, scratch):
+    tiers = tiers_from_args(args, scratch)
+    from gpufeed.bench.read import Eta
+
+    clock = Eta(len(tiers) * len(formats) * len(args.workers) * (args.warmup + args.repeats), progress)
+    for tier in tiers:
         tier_src = _tier_source(tier, src)
         base = os.path.join(tier.path, "gpufeed-bench-out") if tier.path else scratch
         os.makedirs(base, exist_ok=True)
@@ -210,11 +243,14 @@ def bench_convert(args) -> list[dict]:
                     shutil.rmtree(out, ignore_errors=True)
                     evict(tier_src)
 
-                def once(_i, cmd=cmd, out=out, workers=workers):
+                def once(i, cmd=cmd, out=out, workers=workers, fmt=fmt):
+                    run = "warm-up" if i < args.warmup else f"run {i - args.warmup + 1} of {args.repeats}"
+                    clock.next(f"{tier.name} {fmt} w={workers}, {run}")
+                    echo = (lambda line: progress(f"  {line}")) if progress is not None else None
                     if tier.mode == "emulated":
                         with Throttle.emulate(tier.limits, state_dir=base) as t:
-                            return run_convert(cmd, out, workers, throttle=t, timeout=args.timeout)
-                    return run_convert(cmd, out, workers, timeout=args.timeout)
+                            return run_convert(cmd, out, workers, throttle=t, timeout=args.timeout, echo=echo)
+                    return run_convert(cmd, out, workers, timeout=args.timeout, echo=echo)
 
                 runs = repeat(once, args.repeats, args.warmup, before_each=prepare)
                 row = {"bench": "convert", **tier.row_fields(), "format": fmt,
@@ -239,7 +275,7 @@ _UNITS = {"wall_s": "s", "images_per_s": "images/s", "write_mb_per_s": "MB/s", "
 
 
 def run(args) -> int:
-    for r in bench_convert(args):
+    for r in bench_convert(args, progress=lambda line: print(line, file=sys.stderr, flush=True)):
         m = r["metrics"]
         wait = m.get("emulated_wait_share", m["machine_iowait_share"])["median"]
         print(f"{r['tier']:<9}{r['format']:<9}w={r['params']['workers']:<3}{r['median']:>8.1f} images/s  "

@@ -432,7 +432,7 @@ def bench_read(args, progress=None) -> list[dict]:
     writer = ResultWriter(args.results, data_path=args.dst)
     rows = []
     total = len(tiers) * len(formats) * len(modes) * len(grid["workers"]) * len(caches)
-    clock = _Eta(total, progress)
+    clock = Eta(total, progress)
     for tier in tiers:
         directory = tier_dataset(tier, os.path.abspath(args.dst))
         disk = disk_info(directory).get("disk")
@@ -487,7 +487,7 @@ def bench_read(args, progress=None) -> list[dict]:
     return rows
 
 
-class _Eta:
+class Eta:
     """``[3/12] ssd tfrecord raw w=2 cold (41 s so far, about 1.6 min left)``: one line per configuration."""
 
     def __init__(self, total: int, out):

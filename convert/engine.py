@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import threading
 import time
 

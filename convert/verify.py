@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import os
 
 from gpufeed import io

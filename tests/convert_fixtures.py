@@ -69,3 +69,13 @@ def journal_shards(out) -> int:
             return f.read().count(b'"event":"shard"')
     except FileNotFoundError:
         return 0
+
+
+def wait_for_shards(proc, out, n: int, timeout: float = 120.0) -> None:
+    """Wait until the run ``proc`` has journalled ``n`` shards into ``out`` (or ended, or ``timeout`` passed)."""
+    import time
+
+    deadline = time.time() + timeout
+    while journal_shards(out) < n and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+

@@ -54,3 +54,27 @@ def test_a_bad_input_stops_the_benchmark_naming_the_option_that_skips_it(ray_loc
     assert main([*args, "--on-error", "skip"]) == 0
     (row,) = load_results(str(results))
     assert row["params"]["on_error"] == "skip" and "--on-error skip" in row["params"]["command"]
+
+
+def test_bench_convert_says_what_it_runs_and_writes_nothing_beside_the_source(ray_local, tmp_path, capsys,
+                                                                            monkeypatch):
+    """A line as each conversion starts (with the converter's own progress after it), and without --out a
+    temporary folder in the working directory, removed at the end: nothing next to the user's dataset."""
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    data = tmp_path / "datasets"
+    src = data / "imagenet"
+    synth_imagenet(str(src), classes=2, per_class=4, val_per_class=1, bad_files=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    results = tmp_path / "convert.jsonl"
+    rc = main(["bench", "convert", str(src), "--results", str(results), "--formats", "tfrecord,recordio",
+               "--workers", "1", "--repeats", "1", "--warmup", "0",
+               "--address", ray_local.get_runtime_context().gcs_address])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "[1/2] host tfrecord w=1, run 1 of 1 (0 s so far)" in err and "[2/2] host recordio w=1, run 1 of 1" in err
+    assert "  listed 10 inputs" in err  # the conversion's own lines, relayed
+    assert sorted(p.name for p in data.iterdir()) == ["imagenet"]
+    assert list(work.iterdir()) == []

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
+from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
 from gpufeed.convert.verify import verify
 from gpufeed.errors import DestinationError, IncompleteOutputError, UnsafeManifestError
@@ -197,9 +197,7 @@ def test_no_resume_after_a_kill_clears_what_the_killed_run_wrote(src, tmp_path, 
     out = str(tmp_path / "out")
     args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
     proc = cli(args, address)
-    deadline = time.time() + 120
-    while journal_shards(out) < 3 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_shards(proc, out, 3)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     code = cli([*args, "--no-resume"], address)

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
+from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
@@ -33,9 +33,7 @@ def _start_and_kill(args, address, out, after: int, sig=signal.SIGKILL):
     (counting from zero would signal a resumed run at once, while Python is still starting up)."""
     target = journal_shards(out) + after
     proc = cli(args, address)
-    deadline = time.time() + 120
-    while journal_shards(out) < target and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_shards(proc, out, target)
     assert proc.poll() is None, _finish(proc)
     proc.send_signal(sig)
     return _finish(proc)
@@ -319,9 +317,7 @@ def _local_run(src, out, *extra):
 
 
 def _busy(proc, out):
-    deadline = time.time() + 60
-    while journal_shards(out) < 1 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_shards(proc, out, 1, timeout=60)
     assert proc.poll() is None, _finish(proc)
     children = psutil.Process(proc.pid).children(recursive=True)
     assert len(children) >= 3  # the fork server, its processes (and the resource tracker)

@@ -269,7 +269,7 @@ def test_a_destination_too_small_for_an_lmdb_is_an_output_error_naming_it(src, t
                                               "device\\); free space"):
             convert(options(src, small / "out", splits=("val",), formats=("lmdb",)))
     finally:
-        subprocess.run(["umount", str(small)], check=True)
+        subprocess.run(["umount", "--lazy", str(small)], check=True)
 
 
 def test_a_failure_that_is_no_input_error_names_the_input_and_no_remote_url(tmp_path, ray_local):

@@ -6,6 +6,7 @@ clear error naming the file and the fix, exit code 2 from the CLI, nothing lost,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes
+from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
@@ -45,9 +46,7 @@ def test_a_second_run_into_the_same_destination_is_refused_before_it_deletes_any
     out = str(tmp_path / "out")
     args = cli_args(src, out, "--workers", "1", "--shard-size", "1")
     first = cli(args, address)
-    deadline = time.time() + 120
-    while journal_shards(out) < 1 and first.poll() is None and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for_shards(first, out, 1)
     assert first.poll() is None, first.communicate()
     first.send_signal(signal.SIGSTOP)  # mid-run, holding the destination (as a slow run would)
     deadline = time.time() + 30
@@ -259,46 +258,39 @@ def test_a_read_only_destination_is_an_output_error_naming_it(src, tmp_path, ray
         subprocess.run(["umount", str(out)], check=True)
 
 
-def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, ray_local):
+def _edited_in_place_after_a_stop(src, tmp_path, strict: bool):
+    """A run of a copy of ``src`` stopped after two shards, then one input of a converted shard edited in place:
+    the same inode, size and (``os.utime``) modification time. Returns the run's options."""
     source = tmp_path / "imagenet"
     shutil.copytree(src, source)
-    out = tmp_path / "out"
-    opts = options(source, out, workers=1, splits=("train",), shard_size=2, strict=True)
+    opts = options(source, tmp_path / "out", workers=1, splits=("train",), shard_size=2, strict=strict)
     with pytest.raises(KeyboardInterrupt):
         convert(opts, StopAfter(2))
-    converted, _ = _shard_inputs(out, opts, "train")
+    converted, _ = _shard_inputs(tmp_path / "out", opts, "train")
     victim = pathlib.Path(converted[-1].ref.url)
     st = victim.stat()
     data = bytearray(victim.read_bytes())
     data[-3] ^= 0xFF  # inside the JPEG's entropy-coded data, before its end marker
+    time.sleep(0.01)
     with open(victim, "r+b") as f:  # in place: same inode and size
         f.write(data)
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same modification time
+    now = victim.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    return opts
+
+
+def test_strict_notices_an_edit_that_keeps_size_mtime_and_inode(src, tmp_path, ray_local):
+    opts = _edited_in_place_after_a_stop(src, tmp_path, strict=True)
     with pytest.raises(ConfigError, match="this conversion started with --strict"):
-        convert(options(source, out, workers=1, splits=("train",), shard_size=2))
+        convert(dataclasses.replace(opts, strict=False))
     with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 converted shard\(s\)"):
         convert(opts)
 
 
 def test_an_edit_that_keeps_size_mtime_and_inode_is_noticed_without_strict(src, tmp_path, ray_local):
     """The change time moves on any write, whatever the writer does to the modification time."""
-    source = tmp_path / "imagenet"
-    shutil.copytree(src, source)
-    out = tmp_path / "out"
-    opts = options(source, out, workers=1, splits=("train",), shard_size=2)
-    with pytest.raises(KeyboardInterrupt):
-        convert(opts, StopAfter(2))
-    converted, _ = _shard_inputs(out, opts, "train")
-    victim = pathlib.Path(converted[-1].ref.url)
-    st = victim.stat()
-    data = bytearray(victim.read_bytes())
-    data[-3] ^= 0xFF
-    time.sleep(0.01)
-    with open(victim, "r+b") as f:
-        f.write(data)
-    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert (victim.stat().st_size, victim.stat().st_mtime_ns, victim.stat().st_ino) == (
-        st.st_size, st.st_mtime_ns, st.st_ino)
+    opts = _edited_in_place_after_a_stop(src, tmp_path, strict=False)
     with pytest.raises(ConfigError, match=r"inputs of the train split changed .* in 1 converted shard\(s\)"):
         convert(opts)
 
