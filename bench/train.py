@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from gpufeed.bench import MEMORY_TIER, SYNTHETIC
-from gpufeed.errors import ConfigError
+from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines.loader import AUTO, DECODES, default_workers
 
@@ -433,6 +433,8 @@ class TrainOptions:
     batch_size: int | None = None
     steps: int = 50
     warmup_steps: int = 10
+    #: Neither given: fitted to a dataset too small for them (cold runs read each record once).
+    fit_steps: bool = False
     repeats: int = 3
     warmup_runs: int = 0
     workers: int = 0
@@ -749,6 +751,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
             raise ConfigError(f"{dst} holds Penn Treebank sentences of different lengths; --model {opts.model} "
                               "trains on windows: convert with --ptb-mode window")
         opts = dataclasses.replace(opts, vocab=int(info["vocab"]), seq_len=int(info["seq_len"]))
+    opts = _fitted_steps(opts, info, log)
     rows = []
     unit = "seq/s" if opts.ptb else "img/s"
     ceilings = _disk_ceilings(dst, info, formats, tiers, opts)
@@ -787,6 +790,27 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         for cell in measure_cells(kind, dst, info, formats, tiers, opts):
             emit(row_of([cell]))
     return rows
+
+
+#: Fewest timed steps a fitted run keeps (below, the dataset is too small and the run says so).
+MIN_FITTED_STEPS = 3
+
+
+def _fitted_steps(opts: TrainOptions, info: dict, log: Callable[[str], None]) -> TrainOptions:
+    """The default 10 warm-up and 50 timed steps, or, where neither was given and a cold run (each record read
+    once) of each rank's share of the dataset holds fewer batches, as many as it holds: a quarter warm-up (at most
+    10), the rest timed; `gpufeed bench dataset`'s default 2,000 records then make 1 + 6 training steps of 256."""
+    if not opts.fit_steps or not opts.cold:
+        return opts
+    batches = min((int(info["n"]) // opts.gpus) // opts.batch(task) for task in opts.tasks)
+    if batches >= opts.warmup_steps + opts.steps:
+        return opts
+    warmup = min(opts.warmup_steps, batches // 4)
+    if batches - warmup < MIN_FITTED_STEPS:
+        return opts  # the runs' own check says what to do
+    log(f"the dataset holds {batches} batches per rank: {warmup} warm-up and {batches - warmup} timed steps "
+        "(a larger dataset, `gpufeed bench dataset -n`, measures more)")
+    return dataclasses.replace(opts, warmup_steps=warmup, steps=batches - warmup)
 
 
 def _disk_ceilings(dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions) -> dict:
@@ -951,15 +975,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: CUDA when torch sees a GPU and torchvision is installed, else emulated")
     parser.add_argument("--profile", default="h200",
                         help="emulated accelerator profile (gpufeed.bench.accelerator.PROFILES)")
-    parser.add_argument("--model", default="resnet50",
-                        help="on CUDA: a torchvision ImageNet model (resnet50), "
+    parser.add_argument("--model", default=None,
+                        help="default: the one that reads what DST holds (resnet50, cifar-resnet18 or ptb-lstm); "
+                             "on CUDA: a torchvision ImageNet model (resnet50), "
                              f"{', '.join(CIFAR_MODELS)} (bench dataset --image cifar) or {', '.join(PTB_MODELS)} "
                              "(a 2-layer 650-unit LSTM language model; --image ptb or a converted Penn Treebank)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="samples per step (default 256 for train, 512 for infer; 20 for ptb-lstm)")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per run")
-    parser.add_argument("--warmup-steps", type=int, default=10,
-                        help="untimed steps at the start of every run (worker start-up, cuDNN autotuning)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps per run (default 50, or with --warmup-steps not given either, as many as a "
+                             "cold run of a smaller dataset holds)")
+    parser.add_argument("--warmup-steps", type=int, default=None,
+                        help="untimed steps at the start of every run (worker start-up, cuDNN autotuning; default "
+                             "10, fitted with --steps)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader worker processes per rank (default: each rank's share of the usable cores, "
                              "less one for its own process where --gpus ranks share the node; at most 16)")
@@ -995,6 +1023,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args) -> TrainOptions:
+    fit_steps = args.steps is None and args.warmup_steps is None
+    args.steps = 50 if args.steps is None else args.steps
+    args.warmup_steps = 10 if args.warmup_steps is None else args.warmup_steps
+    if args.model is None:
+        args.model = _model_for(args.dst)
     for name in ("steps", "repeats"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
@@ -1048,7 +1081,20 @@ def options_from_args(args) -> TrainOptions:
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=tuple(args.read_ahead),
-                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice)
+                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
+                        fit_steps=fit_steps)
+
+
+def _model_for(dst: str) -> str:
+    """The model that reads what ``dst`` holds, where ``--model`` is not given: ResNet-50 for ImageNet-like images,
+    the first CIFAR ResNet for CIFAR, the LSTM for Penn Treebank."""
+    from gpufeed.bench.dataset import load_dataset_info
+
+    try:
+        image = load_dataset_info(dst).get("image", "imagenet")
+    except (GpufeedError, OSError, ValueError, KeyError):
+        return "resnet50"  # what is wrong with DST is said where it is read
+    return {"cifar": CIFAR_MODELS[0], "ptb": PTB_MODELS[0]}.get(image, "resnet50")
 
 
 def run(args) -> int:

@@ -200,6 +200,10 @@ def test_ptb_benchmark_dataset_and_refusals(tmp_path, dataset):
                        (["--model", "ptb-lstm", "--image-size", "32"], "--image-size is for the image models")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([str(tmp_path / "p"), "--results", results, *argv]))
+    # Without --model, the model that reads the dataset (it then needs a GPU here, and says so).
+    assert train.options_from_args(_parse([str(tmp_path / "p"), "--results", results])).model == "ptb-lstm"
+    with pytest.raises(ConfigError, match="--model ptb-lstm runs on a CUDA GPU"):
+        train.options_from_args(_parse([str(tmp_path / "p"), "--results", results, "--accelerator", "emulated"]))
     # A model pointed at the wrong kind of dataset is told which model reads it.
     opts = train.TrainOptions(model="ptb-lstm", accelerator="auto")
     with pytest.raises(ConfigError, match="holds imagenet samples and --model ptb-lstm reads ptb"):
@@ -298,3 +302,24 @@ def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loade
         assert found["resource"] == expected[0] and expected[1] in found["text"]
         if expected[0] is None:
             assert "disk: 0.30 of 5.00 GB/s" in found["text"] and "not the disk" in found["text"]
+
+
+def test_the_defaults_fit_a_small_dataset_and_the_model_comes_from_it(dataset, tmp_path, capsys):
+    """`bench dataset` (small by default) then `bench train` with its defaults runs: the warm-up and timed
+    steps are fitted to the batches a cold run holds; given steps are kept (and refused when too many). The
+    model is the one that reads what the dataset holds."""
+    from gpufeed.bench.results import load_results
+
+    results = tmp_path / "train.jsonl"
+    args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--repeats", "1", "--warmup", "0",
+                   "--workers", "1", "--task", "train", "--formats", "tfrecord"])
+    assert args._bench_module.run(args) == 0
+    assert "the dataset holds 6 batches per rank: 1 warm-up and 5 timed steps" in capsys.readouterr().err
+    rows = load_results(str(results))
+    assert {(r["params"]["steps"], r["params"]["warmup_steps"]) for r in rows} == {(5, 1)}
+    with pytest.raises(ConfigError, match="fewer than the 10 warm-up \\+ 50 timed steps"):
+        args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--steps", "50", "--repeats",
+                       "1", "--warmup", "0", "--workers", "1", "--task", "train", "--formats", "tfrecord"])
+        args._bench_module.run(args)
+    assert train.options_from_args(_parse([dataset, "--results", str(results)])).model == "resnet50"
+    assert train._model_for(str(tmp_path / "nothing-here")) == "resnet50"
