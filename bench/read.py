@@ -432,15 +432,19 @@ def bench_read(args, progress=None) -> list[dict]:
     writer = ResultWriter(args.results, data_path=args.dst)
     rows = []
     total = len(tiers) * len(formats) * len(modes) * len(grid["workers"]) * len(caches)
+    # Every emulated tier is checked against the host disk before the first run (its figures are known then):
+    # one the host cannot emulate stops the command before it has measured anything, not after the others.
+    checked = {}
+    for tier in tiers:
+        if tier.mode == "emulated":
+            directory = tier_dataset(tier, os.path.abspath(args.dst))
+            host = measure_host(directory, seconds=args.host_seconds)
+            checked[tier.name] = (host, require_valid(tier, host, args.allow_invalid))
     clock = Eta(total, progress)
     for tier in tiers:
         directory = tier_dataset(tier, os.path.abspath(args.dst))
         disk = disk_info(directory).get("disk")
-        invalid = None
-        host = None
-        if tier.mode == "emulated":
-            host = measure_host(directory, seconds=args.host_seconds)
-            invalid = require_valid(tier, host, args.allow_invalid)
+        host, invalid = checked.get(tier.name, (None, None))
         for fmt in formats:
             paths = dataset_paths(info, directory, fmt)
             fmt_fields = dataset_fields(info, fmt)

@@ -82,6 +82,18 @@ def test_default_grid_is_quick_with_a_line_per_configuration(imagenet_like, tmp_
     assert "[1/6] ultra " in err and "[6/6] ultra " in err and "left)" in err
 
 
+def test_a_tier_the_host_cannot_emulate_stops_the_command_before_the_first_run(imagenet_like, tmp_path, capsys):
+    """Every tier's figures are known before anything runs: nvme (150,000 IOPS) after ultra on this machine's
+    disk stops the command at once, not after measuring ultra's configurations (issue: 12 runs, then the error
+    and no table)."""
+    results = tmp_path / "read.jsonl"
+    rc = main(["bench", "read", imagenet_like, "--tier", "ultra", "--tier", "nvme", "--results", str(results),
+               "--samples", "4", "--batch-size", "4", "--host-seconds", "0.1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not clearly faster than profile nvme" in err and "[1/" not in err
+    assert not results.exists() or not load_results(str(results))
+
+
 def test_build_and_read_without_torch_or_ray(tmp_path):
     """The GPU machine has no Ray and a CPU box may have no torch: both paths must work with neither."""
     import json
