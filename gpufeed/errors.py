@@ -71,7 +71,8 @@ class LabelError(InputError):
 
 
 class SourceNotFound(GpufeedError, FileNotFoundError):
-    """A dataset root or a file it needs does not exist: ``SourceNotFound(path, what, fix=None)``."""
+    """A dataset root or a file it needs does not exist: ``SourceNotFound(path, what, fix=None)``; ``what=None``:
+    nothing at all is at ``path``."""
 
     def __init__(self, path, what, fix=None):
         super().__init__(path, what, fix)
@@ -80,7 +81,7 @@ class SourceNotFound(GpufeedError, FileNotFoundError):
     @property
     def reason(self) -> str:
         """What is wrong, without the path or the fix (a summary lists it beside the path, under the fix)."""
-        return f"{self.what} not found"
+        return "does not exist" if self.what is None else f"{self.what} not found"
 
     def __str__(self):
         text = f"{self.path}: {self.reason}"

@@ -50,6 +50,9 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     """
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+    root = Root(src)
+    if not root.exists(root.path):
+        raise SourceNotFound(src, None, "check the path: SRC is the dataset as shipped, a folder or an archive")
     if dataset == "imagenet":
         from gpufeed.pipelines.sources_imagenet import ImageNetSource as cls
     elif dataset == "folder":
@@ -57,14 +60,14 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     elif dataset in ("cifar10", "cifar100"):
         from gpufeed.pipelines.sources_cifar import CifarSource
 
-        return CifarSource(Root(src), on_error, dataset, **options)
+        return CifarSource(root, on_error, dataset, **options)
     elif dataset == "ptb":
         from gpufeed.pipelines.sources_ptb import PtbSource as cls
     else:
         from gpufeed.pipelines import DATASETS
 
         raise ConfigError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-    return cls(Root(src), on_error, **options)
+    return cls(root, on_error, **options)
 
 
 #: The largest input file gpufeed reads (ImageNet's largest JPEG is ~15 MB): a larger one is refused by

@@ -322,3 +322,13 @@ def test_the_readme_main_job_gpufeed_demo(tmp_path, ray_local, capsys):
     assert "OK:" in text and "records read back: train/lmdb 15, train/recordio 15, train/tfrecord 15" in text
     for fmt in ("lmdb", "recordio", "tfrecord"):
         assert (out / "out" / fmt).is_dir()
+
+
+@pytest.mark.parametrize("dataset", ["imagenet", "folder", "cifar10", "ptb"])
+def test_a_src_that_does_not_exist_is_said_so(tmp_path, dataset, capsys):
+    from gpufeed.convert.cli import main
+
+    missing = tmp_path / "no-such-dataset"
+    assert main(["convert", dataset, str(missing), "--to", "tfrecord", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"gpufeed: error: {missing}: does not exist; check the path: SRC "
+                                                    "is the dataset as shipped, a folder or an archive")

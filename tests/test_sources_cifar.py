@@ -124,8 +124,11 @@ def test_truncated_binary_and_missing_files_are_clear_errors(tmp_path, c10):
     (folder / "batches.meta.txt").write_bytes((c10 / "cifar-10-batches-bin/batches.meta.txt").read_bytes())
     with pytest.raises(InputError, match="not a whole number of 3073-byte records"):
         open_source("cifar10", str(tmp_path)).splits()
-    with pytest.raises(FileNotFoundError, match="cifar-10-python.tar.gz"):
+    with pytest.raises(FileNotFoundError, match="nothing: does not exist; check the path"):
         open_source("cifar10", str(tmp_path / "cifar-10-batches-bin" / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="cifar-10-python.tar.gz"):  # there, but not CIFAR: what it needs
+        open_source("cifar10", str(tmp_path / "empty"))
 
 
 def test_labels_outside_the_class_list_follow_the_policy(tmp_path):
