@@ -124,7 +124,9 @@ def file_problem(url: str, entry: dict) -> str | None:
     if kind != "file":
         return f"a {kind}, not a file gpufeed wrote"
     parts = entry.get("parts") or ()
-    size, digests = _sha256(url, parts)
+    size = io.file_size(url)
+    if size == entry["bytes"]:  # else not read at all
+        size, digests = _sha256(url, parts)
     if size != entry["bytes"]:
         return f"{size} bytes, {entry['bytes']} recorded: truncated or replaced"
     if parts:
@@ -140,22 +142,19 @@ def file_problem(url: str, entry: dict) -> str | None:
     return None
 
 
+_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"),
+          (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"))
+
+
 def _kind(url: str) -> str | None:
     """``"file"``, ``"folder"``, ``"symlink"``, ``"FIFO"``, ``"device"``... for what is at ``url`` (not
     followed, for a local path), or ``None`` when nothing is."""
     if io.is_local(url):
         try:
             mode = os.lstat(io.local_path(url)).st_mode
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        except NotADirectoryError:
-            return None
-        if stat.S_ISREG(mode):
-            return "file"
-        return {stat.S_ISDIR: "folder", stat.S_ISLNK: "symlink", stat.S_ISFIFO: "FIFO", stat.S_ISSOCK: "socket",
-                stat.S_ISCHR: "device", stat.S_ISBLK: "device"}.get(
-            next((f for f in (stat.S_ISDIR, stat.S_ISLNK, stat.S_ISFIFO, stat.S_ISSOCK, stat.S_ISCHR,
-                              stat.S_ISBLK) if f(mode)), None), "special file")
+        return next((name for test, name in _KINDS if test(mode)), "special file")
     fs, p = io.url_to_fs(url)
     try:
         info = fs.info(p)
@@ -266,6 +265,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
             files.extend(f"{rel}/{child.rstrip('/').rsplit('/', 1)[-1]}" for child in io.listdir(io.join(out, rel)))
         elif kind is not None:
             files.append(rel)
+    files = list(dict.fromkeys(files))  # a listed file inside a folder in the way comes twice
     hashed = [r for r in files if r in evidence.digests]
     if progress is not None and hashed:
         size = sum(evidence.digests[r]["bytes"] for r in hashed)
