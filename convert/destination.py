@@ -18,19 +18,20 @@ input like any other: anyone who can write a shared dataset folder can edit them
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import posixpath
 import stat
 
 from gpufeed import io
-from gpufeed.errors import DestinationError, UnsafeManifestError
-
 from gpufeed.convert.state import STATE_DIR as STATE
+from gpufeed.errors import DestinationError, UnsafeManifestError
 
 #: Shown at most this many of the files in the way (then a count).
 _LISTED = 10
 
 
+@functools.cache
 def top_level_files() -> tuple[str, ...]:
     """The class lists and statistics a conversion writes beside the formats' folders."""
     from gpufeed.pipelines.sources import CLASS_FILES
@@ -39,10 +40,12 @@ def top_level_files() -> tuple[str, ...]:
     return (*CLASS_FILES, MEAN_STD_JSON, MEAN_BINARYPROTO)
 
 
-def _formats():
+@functools.cache
+def _formats() -> tuple:
+    """Every format as a conversion configures it by default (each recognises its names however configured)."""
     from gpufeed.formats import FORMATS, get_format
 
-    return [get_format(name) for name in FORMATS]
+    return tuple(get_format(name) for name in FORMATS)
 
 
 def owned_split(rel: str, formats=None) -> tuple[str, str] | None:
@@ -257,15 +260,16 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
 
     from gpufeed.machine import usable_cores
 
-    files, folders = [], []
+    files, folders = {}, []  # relative path -> what is there (a listed file inside a folder in the way: once)
     for rel in sorted(set(rels)):
         kind = _kind(io.join(out, rel))
         if kind == "folder" and _folder_output(rel):
             folders.append(rel)
-            files.extend(f"{rel}/{child.rstrip('/').rsplit('/', 1)[-1]}" for child in io.listdir(io.join(out, rel)))
+            for child in io.listdir(io.join(out, rel)):
+                inside = f"{rel}/{child.rstrip('/').rsplit('/', 1)[-1]}"
+                files[inside] = _kind(io.join(out, inside))
         elif kind is not None:
-            files.append(rel)
-    files = list(dict.fromkeys(files))  # a listed file inside a folder in the way comes twice
+            files[rel] = kind
     hashed = [r for r in files if r in evidence.digests]
     if progress is not None and hashed:
         size = sum(evidence.digests[r]["bytes"] for r in hashed)
@@ -274,12 +278,11 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
     with ThreadPoolExecutor(max(1, min(usable_cores(), 16))) as pool:
         problems = dict(zip(hashed, pool.map(lambda r: file_problem(io.join(out, r), evidence.digests[r]), hashed)))
     refused = []
-    for rel in files:
+    for rel, kind in files.items():
         if rel in problems:
             if problems[rel] is not None:
                 refused.append(f"{rel}: changed since gpufeed wrote it ({problems[rel]})")
             continue
-        kind = _kind(io.join(out, rel))
         if kind == "file" and (rel in evidence.reserved or _temporary(rel) and (evidence.digests or evidence.reserved)):
             continue
         refused.append(f"{rel}: a {kind}, which gpufeed never writes" if kind != "file" else
@@ -295,7 +298,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
         io.remove(io.join(out, rel))
     for rel in folders:
         io.remove_empty_dir(io.join(out, rel))
-    return files
+    return list(files)
 
 
 def _folder_output(rel: str) -> bool:

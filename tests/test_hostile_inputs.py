@@ -272,21 +272,38 @@ def test_a_destination_too_small_for_an_lmdb_is_an_output_error_naming_it(src, t
         subprocess.run(["umount", "--lazy", str(small)], check=True)
 
 
-def test_a_failure_that_is_no_input_error_names_the_input_and_no_remote_url(tmp_path, ray_local):
-    """A record no format can hold (a label beyond int32 for a Caffe Datum) fails inside the encoder: the input
-    is named and --on-error applies; nothing says to check a remote URL for a local destination."""
-    from gpufeed.pipelines import sources_imagenet
+def test_a_record_no_format_can_hold_is_skipped_naming_the_input_and_no_remote_url(tmp_path, ray_local):
+    """Labels a Caffe Datum cannot hold (several floats into an int32 label): the input is named, --on-error
+    applies, and nothing says to check a remote URL for a local destination."""
+    import cv2
 
     root = tmp_path / "imgs"
     root.mkdir()
-    import cv2
-
     cv2.imwrite(str(root / "a.png"), np.full((8, 8, 3), 9, np.uint8))
     cv2.imwrite(str(root / "b.png"), np.full((8, 8, 3), 9, np.uint8))
     (root / "train.lst").write_text("0\t0\ta.png\n1\t1.5\t2.5\tb.png\n")
     summary = convert(options(str(root / "train.lst"), tmp_path / "out", dataset="folder", formats=("lmdb",),
                               workers=1, resize=None))
-    assert sources_imagenet.MAX_LIST_CLASSES == 1_000_000
     assert summary.samples["train"]["written"] == 1
     (origin, reason), = summary.skipped
     assert origin.endswith("b.png") and "remote" not in reason
+
+
+def test_any_other_failure_converting_one_input_is_an_error_of_that_input():
+    """A decoder's or encoder's own exception (here a real one from OpenCV) becomes an input error naming the
+    input, so --on-error applies to it; gpufeed's own errors stay what they are."""
+    import cv2
+
+    from gpufeed.convert.worker import _input_error
+    from gpufeed.errors import OutputError
+    from gpufeed.pipelines.base import FileRef, Item
+
+    item = Item("cat/x.png", 0, FileRef("/data/cat/x.png"))
+    try:
+        cv2.resize(np.zeros((0, 0, 3), np.uint8), (4, 4))
+    except cv2.error as e:
+        found = _input_error(e, item)
+    assert isinstance(found, InputError) and found.path == "/data/cat/x.png"
+    assert found.reason.startswith("could not be converted (error: ") and "--on-error skip" in str(found)
+    full = OutputError("/out/x: cannot be written (No space left on device)")
+    assert _input_error(full, item) is full
