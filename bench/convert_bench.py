@@ -97,6 +97,7 @@ def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     said: list[str] = []
+    printed: list[str] = []
 
     def relay():
         for line in proc.stderr:
@@ -104,19 +105,21 @@ def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: 
             if echo is not None:
                 echo(line.rstrip("\n"))
 
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=relay, daemon=True),
+               threading.Thread(target=lambda: printed.append(proc.stdout.read()), daemon=True)]
+    for t in readers:
+        t.start()
     with _TreeCPU(proc.pid) as tree:
         try:
-            stdout = proc.stdout.read()
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
             raise GpufeedError(f"`{' '.join(cmd)}` ran past {timeout} s; give a smaller source or a larger "
                                "--timeout") from None
-    reader.join()
-    stderr = "".join(said)
+    for t in readers:
+        t.join()
+    stdout, stderr = "".join(printed), "".join(said)
     wall = time.perf_counter() - t0
     stat1 = _cpu_stat()
     if proc.returncode != 0:

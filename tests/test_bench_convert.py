@@ -78,3 +78,20 @@ def test_bench_convert_says_what_it_runs_and_writes_nothing_beside_the_source(ra
     assert "  listed 10 inputs" in err  # the conversion's own lines, relayed
     assert sorted(p.name for p in data.iterdir()) == ["imagenet"]
     assert list(work.iterdir()) == []
+
+
+def test_a_conversion_past_its_timeout_is_stopped_and_said(tmp_path):
+    """The relayed output does not keep the benchmark waiting past --timeout for a conversion that hangs."""
+    import sys
+    import time
+
+    import pytest
+
+    from gpufeed.bench.convert_bench import run_convert
+    from gpufeed.errors import GpufeedError
+
+    t0 = time.monotonic()
+    with pytest.raises(GpufeedError, match="ran past 1.0 s"):
+        run_convert([sys.executable, "-c", "import time; print('working', flush=True); time.sleep(60)"],
+                    str(tmp_path), 1, timeout=1.0)
+    assert time.monotonic() - t0 < 20
