@@ -3,7 +3,7 @@
 ``/proc/sys/vm/drop_caches`` is root-only, but ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops a file's clean,
 unmapped pages for anyone who can open it. Dirty pages stay, so each file is ``fsync``-ed first; pages still
 mapped by a process stay too, so an open LMDB environment (which maps ``data.mdb``) must be closed before
-eviction: :func:`evict` refuses while this process maps a file it was asked to evict. ``mincore``-based tools
+eviction: :func:`evict` refuses while any process maps a file it was asked to evict. ``mincore``-based tools
 misreport files one cannot write, so the proof of a cold read is :func:`proc_io`'s ``read_bytes``: the bytes
 the kernel actually fetched from storage for a process (or thread).
 
@@ -20,6 +20,8 @@ Example::
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 
 from gpufeed.errors import ConfigError
 
@@ -49,30 +51,62 @@ def files_under(path: str) -> list[str]:
     return sorted(p for p in out if os.path.isfile(p) and not os.path.islink(p))
 
 
-def _mapped_files() -> set[str]:
+def _mapped_files(pid: int | str = "self") -> set[str]:
     mapped = set()
     try:
-        with open("/proc/self/maps") as f:
+        with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[5].startswith("/"):
                     mapped.add(parts[5].rstrip("\n").removesuffix(" (deleted)"))
-    except OSError:
+    except OSError:  # gone, or another user's
         pass
     return mapped
 
 
-def evict(*paths: str) -> int:
+def mapping_processes(files: Sequence[str]) -> dict[int, list[str]]:
+    """``{pid: [files it maps]}`` over every process this user can see, this one included: a page mapped by any
+    process (another rank's reader, a DataLoader worker still exiting) survives ``DONTNEED``."""
+    wanted = {os.path.realpath(f) for f in files}
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            found = sorted(wanted & _mapped_files(entry))
+            if found:
+                out[int(entry)] = found
+    return out
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120] or "?"
+    except OSError:
+        return "exited"
+
+
+def evict(*paths: str, grace_s: float = 10.0) -> int:
     """Drop every file at or under ``paths`` from the page cache (sync, then fadvise DONTNEED).
 
-    Returns the bytes covered. Raises ConfigError if this process still maps one of them (close the LMDB
-    environment or other mmap first: mapped pages cannot be evicted)."""
+    Returns the bytes covered. Raises ConfigError if this process maps one of them (close the LMDB environment or
+    other mmap first: mapped pages cannot be evicted), or if another process still maps one after ``grace_s``
+    seconds (processes that are exiting, such as a closed loader's workers, are waited for)."""
     files = [f for p in paths for f in files_under(p)]
-    mapped = _mapped_files()
-    still = [f for f in files if os.path.realpath(f) in mapped]
+    mine = _mapped_files()
+    still = [f for f in files if os.path.realpath(f) in mine]
     if still:
         raise ConfigError(f"{still[0]} is memory-mapped by this process, so its pages cannot be evicted; close "
                           "the LMDB environment (or reader) that maps it before evicting")
+    deadline = time.monotonic() + grace_s
+    while True:
+        others = mapping_processes(files)
+        if not others:
+            break
+        if time.monotonic() >= deadline:
+            pid, found = next(iter(others.items()))
+            raise ConfigError(f"{found[0]} is memory-mapped by process {pid} ({_command(pid)}), so its pages cannot "
+                              f"be evicted; end that process (or close its reader) before a cold run")
+        time.sleep(0.1)
     # Every dirty page on the machine is written first, not only these files': a cold run that starts while a
     # dataset just built is still being written back shares the disk with that writeback.
     os.sync()

@@ -49,6 +49,32 @@ def test_evict_refuses_mapped_files(tree):
     evict(path)
 
 
+def test_evict_waits_for_another_process_that_maps_a_file_then_names_it(tree):
+    """Another rank's reader or a closed loader's worker still exiting keeps its mapped pages: eviction waits a
+    moment for it to go, and names the process that stays."""
+    import subprocess
+    import sys
+    import time
+
+    path = str(tree / "a.bin")
+    code = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, "
+            "access=mmap.ACCESS_READ); m[:1]; print('mapped', flush=True); time.sleep(float(sys.argv[2]))")
+    child = subprocess.Popen([sys.executable, "-c", code, path, "60"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "mapped\n"
+        with pytest.raises(ConfigError, match=f"memory-mapped by process {child.pid} \\(.*python"):
+            evict(path, grace_s=0.3)
+    finally:
+        child.kill()
+        child.wait()
+    child = subprocess.Popen([sys.executable, "-c", code, path, "0.5"], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "mapped\n"
+    t0 = time.monotonic()
+    assert evict(path) == SIZE // 2  # waited for it to exit
+    assert time.monotonic() - t0 < 5
+    child.wait()
+
+
 def test_lmdb_environment_must_be_closed_first(tmp_path):
     import lmdb
 
