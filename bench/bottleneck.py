@@ -5,7 +5,8 @@ A row of ``gpufeed bench train`` carries ``resources`` (:func:`resources`): the 
 against the disk's measured cold ceiling for the records' size at the loader's queue depth,
 :func:`gpufeed.bench.hostdisk.ceiling`, or an emulated tier's own limit), the share of every core busy, the JPEG
 decodes per second on each path (CPU workers, the GPU's engines) against the engines' rate, and the slowest
-rank's share of time waiting for data. :func:`limit` names the resource that limited a run that missed
+rank's share of time waiting for data and of its main thread's time running (the thread that takes each batch and
+launches the model's kernels). :func:`limit` names the resource that limited a run that missed
 :data:`MISSED` AU, in words a report prints as they are.
 """
 
@@ -40,12 +41,12 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
     out = {"disk_read_mb_per_s": median("disk_read_mb_per_s"), "disk_busy": median("disk_busy"),
            "disk_ceiling": ceiling, "cpu_busy": median("cpu_busy"), "cores": cores,
            "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
-           "wait_share": median("data_wait_share")}
+           "main_thread_busy": median("main_thread_busy"), "wait_share": median("data_wait_share")}
     return {k: v for k, v in out.items() if v not in (None, {})}
 
 
 def limit(row: dict) -> dict | None:
-    """``{"resource": "disk" | "cpu" | "engines" | None, "text": ...}`` for a row whose AU missed
+    """``{"resource": "disk" | "cpu" | "engines" | "main thread" | None, "text": ...}`` for a row whose AU missed
     :data:`MISSED`: the resources at :data:`NEAR` of their ceilings, or none (then the loader limited it)."""
     au = ((row.get("metrics") or {}).get("au") or {}).get("median")
     r = row.get("resources")
@@ -64,6 +65,12 @@ def limit(row: dict) -> dict | None:
     if hw is not None and engines:
         text = f"JPEG engines: {hw:,.0f} of {engines:,.0f} img/s"
         (found if hw >= NEAR * engines else seen).append(("engines", text))
+    main = r.get("main_thread_busy")
+    if main is not None:
+        # The GPU starved while the thread that takes its batches and launches its kernels was this busy: with
+        # the launch queue empty it does not spin, so its time went to the loop's own host work.
+        text = f"the rank's main thread: {main:.0%} of one core"
+        (found if main >= NEAR else seen).append(("main thread", text))
     if found:
         return {"resource": found[0][0], "text": "; ".join(t for _, t in found)}
     what = "; ".join(t for _, t in seen) or "nothing measured"

@@ -212,6 +212,26 @@ class Throttle:
             except FileNotFoundError:
                 pass
 
+    @classmethod
+    @contextmanager
+    def joined(cls, state_path: str):
+        """Throttle this process (and the children it starts) by a device another process created and removes:
+        the ranks of one benchmark share one emulated disk, as they would share the real one."""
+        from gpufeed.io import ENV_VAR, HOOK_VAR
+
+        previous = {var: os.environ.get(var) for var in (ENV_VAR, HOOK_VAR)}
+        try:
+            t = cls.attach(state_path)
+            os.environ[HOOK_VAR] = f"{__name__}:{cls.__name__}.attach"
+            os.environ[ENV_VAR] = os.fspath(state_path)
+            yield t
+        finally:
+            for var, value in previous.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+
     def _reserve(self, nbytes: int, ops: int, write: bool, t0: float, serial: int = 1) -> float:
         """Take ``ops`` and ``nbytes`` from the buckets for ``serial`` requests issued one after another from
         ``t0`` (each waits for the one before: page faults); return when the last may complete."""

@@ -26,7 +26,7 @@ from gpufeed.bench import AU_TARGET
 from gpufeed.bench.report_analysis import (Block, Plot, Report, Section, Table, answer, choose_baseline,
                                            demands, emulated_table, every_configuration, figure, finding_checks,
                                            finding_table, fmt_num, fmt_pct, fmt_spread, generic_table,
-                                           loader_label, machine_table, of_bench, params, ratio_to_baseline,
+                                           loader_label, machine_table, of_bench, params, ratio_to_baseline, real_gpus_fed,
                                            side_dataset, side_sections, sized_disks, storage_tiers, stored_size,
                                            tier_label, train_table)
 from gpufeed.bench.report_plots import (plot_au, plot_convert_time, plot_latency, plot_read_throughput,
@@ -57,7 +57,7 @@ def build_report(rows: Sequence[dict], baseline: str | None = None, sources: Seq
                       [*sides, Section("Machines and versions", [machine_table(everything),
                                                                   _versions_text(everything)])])
     base = choose_baseline(rows, baseline)
-    sections = [Section("The answer", answer(rows, resize_to)), *sides]
+    sections = [Section("The answer", real_gpus_fed(everything) + answer(rows, resize_to)), *sides]
     sized = sized_disks(rows, demands(rows), resize_to)[1]
     if sized:
         sections.append(Section("Disks sized as bought", sized))

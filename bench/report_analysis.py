@@ -592,6 +592,48 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
     return blocks
 
 
+def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
+    """How many real GPUs of one node each disk fed, from `bench train` runs with 1, 2, ... ranks (``--gpus N``)
+    of one model, task and GPU: per tier and format, the most ranks whose slowest rank reached 90% AU (the best
+    decode path for each N), every N measured with its slowest rank's AU, and what limited the first N that
+    missed. Nothing where no run used more than one GPU: one GPU alone says nothing about the node."""
+    train = [r for r in of_bench(rows, "train") if not is_synthetic(r) and not accelerator_emulated(r)
+             and side_dataset(r) in (None, "ranks") and figure(r, "au") is not None]
+    if not any((params(r).get("gpus") or 1) > 1 for r in train):
+        return []
+    groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for r in train:
+        p = params(r)
+        key = (str(p.get("model")), str(p.get("task")), str(p.get("accelerator")), tier_label(r), str(r.get("format")))
+        n = int(p.get("gpus") or 1)
+        if n not in groups[key] or figure(r, "au") > figure(groups[key][n], "au"):
+            groups[key][n] = r
+    table = Table("GPUs fed, measured with real GPUs (bench train --gpus N: one DistributedDataParallel rank and "
+                  "one loader per GPU, reading cold)",
+                  ["model", "task", "GPU", "tier", "format", "GPUs fed (every rank AU >= 90%)",
+                   "slowest rank's AU with N GPUs", "what limits the first N below"], [])
+    best: dict[tuple, tuple[int, str, list[int]]] = {}
+    for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
+        model, task, gpu, tier, fmt = key
+        by_n = groups[key]
+        fed = [n for n, r in by_n.items() if figure(r, "au") >= AU_TARGET]
+        most = max(fed) if fed else 0
+        missed = sorted(n for n in by_n if n > most)
+        measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ({params(by_n[n]).get('decode')})"
+                             for n in sorted(by_n))
+        table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
+                           limit_text(by_n[missed[0]]) if missed else "-"])
+        top = best.get((model, task, gpu, tier), (-1, "", []))
+        ns = sorted(set(top[2]) | set(by_n))
+        best[(model, task, gpu, tier)] = (most, fmt, ns) if most > top[0] else (*top[:2], ns)
+    sentences = []
+    for (model, task, gpu, tier), (most, fmt, ns) in best.items():
+        doing = {"train": "training", "infer": "running inference of"}.get(task, task)
+        sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
+                         + (f" (from {fmt})" if most else "") + f", measured with {', '.join(map(str, ns))} GPUs")
+    return ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
+
+
 def _gpus_fed_line(rows: Sequence[dict], d: Demand) -> list[Block]:
     """One sentence under a task's AU matrix: how many of its accelerators each disk keeps at >= 90% AU
     (`gpufeed bench feed` rows of that task and accelerator), per stored record size; nothing without them."""

@@ -269,12 +269,14 @@ class ResourceWindow:
     """What the machine's shared resources did during a timed window: the bytes the block device holding
     ``path`` read (what reached the device, not the page cache), its busy share, and the share of every core
     that was busy. :meth:`stop` returns ``disk_read_mb_per_s``, ``disk_read_bytes``, ``disk_busy`` (fractions of
-    the window) and ``cpu_busy``; each is left out where the kernel does not say."""
+    the window), ``cpu_busy`` and ``main_thread_busy`` (the share of the window this process's main thread ran,
+:func:`thread_cpu_seconds`); each is left out where the kernel does not say."""
 
     def __init__(self, path: str | None):
         self.path = path
         self.disk = disk_counters(path) if path else None
         self.cpu = cpu_ticks()
+        self.main = thread_cpu_seconds()
         self.t0 = time.perf_counter()
 
     def stop(self) -> dict[str, float]:
@@ -288,7 +290,24 @@ class ResourceWindow:
         busy, total = cpu_ticks()
         if total > self.cpu[1]:
             out["cpu_busy"] = (busy - self.cpu[0]) / (total - self.cpu[1])
+        main = thread_cpu_seconds()
+        if main is not None and self.main is not None and seconds > 0:
+            out["main_thread_busy"] = min((main - self.main) / seconds, 1.0)
         return out
+
+
+def thread_cpu_seconds(tid: int | None = None) -> float | None:
+    """CPU seconds (user + system) one thread of this process has used; by default the main thread, whose id is
+    the process id. A training loop's main thread launches the model's kernels and takes each batch: near one
+    core busy, it is the loop's limit whatever the cores and the disk do. None where /proc does not say."""
+    tid = os.getpid() if tid is None else tid
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # After the command's closing parenthesis: state is field 3, utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_info(data_path: str | None = None) -> dict[str, Any]:

@@ -67,7 +67,7 @@ CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
-          "cpu_busy": "fraction"}
+          "cpu_busy": "fraction", "main_thread_busy": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -632,10 +632,11 @@ class Cell:
 
 
 def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions,
-                  ranks: Ranks = Ranks(), device: str = "cuda", wrap: Callable | None = None) -> Iterator[Cell]:
+                  shared: dict | None = None, ranks: Ranks = Ranks(), device: str = "cuda",
+                  wrap: Callable | None = None) -> Iterator[Cell]:
     """The grid as this rank measures it: per task, the synthetic baseline, then every tier x decode x
     format (x augmentation side for CIFAR training). ``wrap`` turns the accelerator's model into a
-    DistributedDataParallel one."""
+    DistributedDataParallel one; ``shared``: the emulated tiers' devices every rank joins (:func:`shared_tiers`)."""
     from gpufeed.bench.read import dataset_paths, tier_dataset
 
     for task in opts.tasks:
@@ -650,7 +651,7 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
         cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
         for t, tier in enumerate(tiers):
             data_dir = tier_dataset(tier, dst)
-            with tier_scope(tier, data_dir, opts.allow_invalid) as validity:
+            with tier_scope(tier, data_dir, opts.allow_invalid, shared=(shared or {}).get(t)) as validity:
                 for decode, read_ahead, augment_on, fmt in itertools.product(
                         opts.decodes, opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",), formats):
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
@@ -681,23 +682,65 @@ def compute_step_time(synthetic_runs: list[LoopRun]) -> float:
     return statistics.median(r.wall_s / r.steps for r in synthetic_runs)
 
 
-@contextlib.contextmanager
-def tier_scope(tier, data_dir: str, allow_invalid: bool, accounting: str = "device"):
-    """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
-    under ``data_dir`` outruns it, then throttle this process and its DataLoader workers (they inherit the
-    emulator through the environment; ``accounting`` as :meth:`Throttle.emulate` takes it). Yields the rows'
-    validity fields (and the host disk's figures)."""
-    if tier.limits is None:
-        yield {"valid": True, "invalid_reason": None}
-        return
-    from gpufeed.bench.emulate import Throttle
+def tier_validity(tier, data_dir: str, allow_invalid: bool) -> dict:
+    """An emulated tier's validity fields for its rows: whether the host disk under ``data_dir`` outruns it
+    (raising where it does not, unless ``allow_invalid``), and the host disk's figures."""
     from gpufeed.bench.hostdisk import measure_host, require_valid, row_figures
 
     host = measure_host(data_dir)
     reason = require_valid(tier, host, allow_invalid)
+    return {"valid": reason is None, "invalid_reason": reason, "host_disk": row_figures(host)}
+
+
+@contextlib.contextmanager
+def tier_scope(tier, data_dir: str, allow_invalid: bool, accounting: str = "device", shared: dict | None = None):
+    """Run inside ``tier``: nothing to do for a real mount; for an emulated profile, check that the host disk
+    under ``data_dir`` outruns it, then throttle this process and its DataLoader workers (they inherit the
+    emulator through the environment; ``accounting`` as :meth:`Throttle.emulate` takes it). Yields the rows'
+    validity fields (and the host disk's figures). ``shared`` (``{"state": path, "validity": fields}``): the
+    device :func:`shared_tiers` made for every rank of the run, joined instead of made."""
+    if tier.limits is None:
+        yield {"valid": True, "invalid_reason": None}
+        return
+    from gpufeed.bench.emulate import Throttle
+
+    if shared is not None:
+        with Throttle.joined(shared["state"]):
+            yield shared["validity"]
+        return
+    validity = tier_validity(tier, data_dir, allow_invalid)
     with Throttle.emulate(tier.limits, accounting=accounting, state_dir=data_dir):
-        yield {"valid": reason is None, "invalid_reason": reason,
-               "host_disk": row_figures(host)}
+        yield validity
+
+
+@contextlib.contextmanager
+def shared_tiers(tiers: list, dst: str, allow_invalid: bool, accounting: str = "device"):
+    """``{tier index: {"state", "validity"}}`` for the emulated ``tiers``: one device each, made here (each
+    checked against the host disk once) and joined by every rank, so N ranks share the tier's one budget of
+    requests and bytes as N GPUs of one node share its disk. Removed afterwards. Nothing is exported to this
+    process's environment: a rank is throttled only inside its tier's scope."""
+    import tempfile
+
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.read import tier_dataset
+
+    made = {}
+    try:
+        for t, tier in enumerate(tiers):
+            if tier.limits is None:
+                continue
+            data_dir = tier_dataset(tier, dst)
+            validity = tier_validity(tier, data_dir, allow_invalid)
+            fd, path = tempfile.mkstemp(prefix="gpufeed-tier-", suffix=".state", dir=data_dir)
+            os.close(fd)
+            made[t] = {"state": path, "validity": validity}
+            Throttle.create(path, tier.limits, accounting=accounting)
+        yield made
+    finally:
+        for entry in made.values():
+            Throttle._attached.pop(entry["state"], None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry["state"])
 
 
 def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions, writer=None,
@@ -739,10 +782,6 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
             raise ConfigError(f"--gpus {opts.gpus} runs one DistributedDataParallel rank per GPU and this machine has "
                               f"{have}; use --gpus {max(1, have)}, or `gpufeed bench feed` for emulated accelerators "
                               "sharing the disk")
-        emulated = [t.name for t in tiers if t.limits is not None]
-        if emulated:
-            raise ConfigError(f"--gpus {opts.gpus} reads real mounts only, and {', '.join(emulated)} is emulated: name "
-                              "mounts (--tier NAME=PATH), or use `gpufeed bench feed` for emulated tiers")
     if opts.dataset_image != "imagenet" and kind != "cuda":
         raise ConfigError(f"--model {opts.model} needs a CUDA GPU with torch and torchvision; the emulated "
                           "accelerators model ResNet-50 on ImageNet")
@@ -785,7 +824,8 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
 
     dst = os.path.abspath(dst)
     if opts.gpus > 1:
-        run_ranks(opts.gpus, (kind, dst, info, formats, tiers, opts), lambda cells: emit(row_of(cells)))
+        with shared_tiers(tiers, dst, opts.allow_invalid) as shared:
+            run_ranks(opts.gpus, (kind, dst, info, formats, tiers, opts, shared), lambda cells: emit(row_of(cells)))
     else:
         for cell in measure_cells(kind, dst, info, formats, tiers, opts):
             emit(row_of([cell]))
@@ -908,7 +948,6 @@ def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, 
     import torch
     import torch.distributed as dist
 
-    kind, dst, info, formats, tiers, opts = grid
     if device_kind == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
@@ -921,7 +960,7 @@ def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, 
             accel.model = DistributedDataParallel(accel.model, device_ids=[rank] if device_kind == "cuda" else None)
 
     try:
-        for cell in measure_cells(kind, dst, info, formats, tiers, opts, Ranks(rank, world),
+        for cell in measure_cells(*grid, ranks=Ranks(rank, world),
                                   device="cuda" if device_kind == "cuda" else "cpu", wrap=wrap):
             results.put((rank, cell))
     finally:

@@ -10,6 +10,7 @@
 #   device run (kind nvidia-h200-x2), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks.sh
 #   RUNS="2:train" DECODES=auto,hw OUT=$OUT bash scripts/gpu_ranks.sh   # a subset (RUNS: GPUS:TASK ...)
 #   WORKERS=16 ...                                                       # workers per rank (default: the loader's)
+#   EMULATED=essd-pl1 ...      # also an emulated cloud tier on the same disk, one device shared by every rank
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
   limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
   stamp "--gpus $gpus, $task, decode ${DECODES:-auto,hw,cpu} (at most $limit s)"
-  timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" --gpus "$gpus" --task "$task" \
+  timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" \
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
     ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"

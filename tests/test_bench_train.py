@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import numpy as np
@@ -275,6 +276,20 @@ def test_ranks_measure_every_configuration_in_step(tmp_path):
     with pytest.raises(ConfigError, match="rank failed: .*fewer than one batch of 40 for each of 2 ranks"):
         train.run_ranks(2, ("cuda", dst, info, ["lmdb"], [TierSpec("host", path=dst)], small), got.append,
                         device_kind="cpu")
+    # An emulated tier: one device, made once and joined by both ranks, takes both ranks' reads.
+    tiers = [TierSpec("ultra")]
+    invalid_ok = dataclasses.replace(opts, allow_invalid=True)
+    with train.shared_tiers(tiers, dst, allow_invalid=True) as shared:
+        got.clear()
+        train.run_ranks(2, ("cuda", dst, info, ["tfrecord"], tiers, invalid_ok, shared), got.append,
+                        device_kind="cpu")
+        from gpufeed.bench.emulate import Throttle
+
+        stats = Throttle.attach(shared[0]["state"]).stats()
+        state = shared[0]["state"]
+    assert [(cells[0].tier, cells[0].fmt) for cells in got] == [(None, "synthetic"), (0, "tfrecord")]
+    assert all(cell.validity == shared[0]["validity"] for cell in got[1])
+    assert stats["requests"] > 0 and stats["bytes_read"] > 0 and not os.path.exists(state)
     with pytest.raises(ConfigError, match="--gpus runs real GPUs"):
         train.options_from_args(_parse([dst, "--results", str(tmp_path / "r.jsonl"), "--gpus", "2",
                                         "--accelerator", "emulated"]))
@@ -289,6 +304,8 @@ def test_ranks_measure_every_configuration_in_step(tmp_path):
       "decodes_per_s": {"hw": 12_000.0}, "engines_per_s": 13_000.0}, 0.8, ("engines", "JPEG engines: 12,000 of")),
     ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.5, "cores": 32,
       "decodes_per_s": {"hw": 3_000.0}, "engines_per_s": 13_000.0}, 0.8, (None, "the loader itself limits")),
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.2, "cores": 64,
+      "main_thread_busy": 0.97}, 0.84, ("main thread", "the rank's main thread: 97% of one core")),
     ({"disk_read_mb_per_s": 4900.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.99}, 0.95, None),
 ])
 def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loader(resources, au, expected):

@@ -358,6 +358,12 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
     assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,224 img/s when it never waits. Best: lmdb "
             "with hw decoding, slowest rank at AU 86.1%, 7,289 img/s in all; below 90%: not fed.") in ranks
     assert "| train | 2 | lmdb | local | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 | - |" in ranks
+    # The answer's first lines: how many real GPUs each disk fed, from the runs with 1 and 2 ranks.
+    fed = report.render_markdown(report.build_report(rows), str(tmp_path / "f"), "f").split("## The answer")[1]
+    assert fed.lstrip().startswith("**GPUs fed, measured with real GPUs on one node:** local feeds **1** NVIDIA "
+                                   "H200 training resnet50 (from recordio), measured with 1, 2 GPUs; local feeds "
+                                   "**0** NVIDIA H200s running inference of resnet50, measured with 1, 2 GPUs.")
+    assert "| resnet50 | train | NVIDIA H200 | local | recordio | 1 | 1: " in fed
     # The rows measured since say, per configuration below 90%, what limited it.
     ranks = report.render_markdown(report.build_report(rows), str(tmp_path / "s"), "s").split("## Several GPUs")[1]
     assert ("| train | 2 | recordio | local | hybrid | 3,851 / 3,865 | 88.3% / 88.6% | 88.3% | 7,715 | 6.58 | no "
