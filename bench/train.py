@@ -580,14 +580,16 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
 
     def one(_i):
         loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, read_ahead)
-        need = opts.warmup_steps + opts.steps
+        need = opts.warmup_steps + opts.steps + loader.batches_ahead
         if opts.cold and need > len(loader):
             loader.close()
             raise ConfigError(
                 f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
                 f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
-                f"{opts.steps} timed steps of a cold run read once (a second epoch would read the page cache): "
-                f"build a larger dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps, "
+                f"{opts.steps} timed steps + the {loader.batches_ahead} batches its {loader.workers} workers hold "
+                f"ahead, which a cold run reads once (a second epoch would read the page cache, and batches read "
+                f"ahead before the timed steps would leave them nothing to read from the disk): build a larger "
+                f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
                 f"or --no-cold")
         batches = _cycle(loader)
         try:
@@ -842,14 +844,18 @@ def _fitted_steps(opts: TrainOptions, info: dict, log: Callable[[str], None]) ->
     10), the rest timed; `gpufeed bench dataset`'s default 2,000 records then make 1 + 6 training steps of 256."""
     if not opts.fit_steps or not opts.cold:
         return opts
-    batches = min((int(info["n"]) // opts.gpus) // opts.batch(task) for task in opts.tasks)
+    from gpufeed.pipelines.loader import PREFETCH_FACTOR
+
+    ahead = opts.workers * PREFETCH_FACTOR
+    held = min((int(info["n"]) // opts.gpus) // opts.batch(task) for task in opts.tasks)
+    batches = held - ahead
     if batches >= opts.warmup_steps + opts.steps:
         return opts
     warmup = min(opts.warmup_steps, batches // 4)
     if batches - warmup < MIN_FITTED_STEPS:
         return opts  # the runs' own check says what to do
-    log(f"the dataset holds {batches} batches per rank: {warmup} warm-up and {batches - warmup} timed steps "
-        "(a larger dataset, `gpufeed bench dataset -n`, measures more)")
+    log(f"the dataset holds {held} batches per rank, {ahead} of them read ahead by the workers: {warmup} warm-up "
+        f"and {batches - warmup} timed steps (a larger dataset, `gpufeed bench dataset -n`, measures more)")
     return dataclasses.replace(opts, warmup_steps=warmup, steps=batches - warmup)
 
 

@@ -89,6 +89,8 @@ WORKER_NICE = 0
 #: fed from 16 CPU workers kept only 44% of the cores busy and waited for its batches (AU 0.86); the cap bounds
 #: the pinned batches the workers hold ahead (two each, 38 MB apiece at 256 x 224 x 224 x 3).
 MAX_DEFAULT_WORKERS = 32
+#: Batches each DataLoader worker prepares ahead of the loop (the DataLoader's ``prefetch_factor``).
+PREFETCH_FACTOR = 2
 _INSTALL = "pip install 'gpufeed[gpu]'"
 
 
@@ -893,6 +895,12 @@ class Loader:
         """``hybrid``: the share of each batch the CPU workers decode now."""
         return None if self._share is None else self._share.value
 
+    @property
+    def batches_ahead(self) -> int:
+        """Batches the workers hold ready ahead of the loop once it runs: a measurement that starts after them
+        reads from the disk only what comes after these."""
+        return self.workers * PREFETCH_FACTOR
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = self._order.epoch = epoch
 
@@ -914,6 +922,7 @@ class Loader:
             self._batches = torch.utils.data.DataLoader(
                 self.dataset, batch_size=self.batch_size, sampler=self._order, num_workers=self.workers,
                 drop_last=self.drop_last, collate_fn=self._collate,
+                prefetch_factor=PREFETCH_FACTOR if self.workers else None,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
                 persistent_workers=self.workers > 0,
                 worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice),

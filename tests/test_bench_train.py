@@ -331,9 +331,10 @@ def test_the_defaults_fit_a_small_dataset_and_the_model_comes_from_it(dataset, t
     args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--repeats", "1", "--warmup", "0",
                    "--workers", "1", "--task", "train", "--formats", "tfrecord"])
     assert args._bench_module.run(args) == 0
-    assert "the dataset holds 6 batches per rank: 1 warm-up and 5 timed steps" in capsys.readouterr().err
+    assert ("the dataset holds 6 batches per rank, 2 of them read ahead by the workers: 1 warm-up and 3 timed steps"
+            in capsys.readouterr().err)
     rows = load_results(str(results))
-    assert {(r["params"]["steps"], r["params"]["warmup_steps"]) for r in rows} == {(5, 1)}
+    assert {(r["params"]["steps"], r["params"]["warmup_steps"]) for r in rows} == {(3, 1)}
     with pytest.raises(ConfigError, match="fewer than the 10 warm-up \\+ 50 timed steps"):
         args = _parse([dataset, "--results", str(results), "--batch-size", "8", "--steps", "50", "--repeats",
                        "1", "--warmup", "0", "--workers", "1", "--task", "train", "--formats", "tfrecord"])
