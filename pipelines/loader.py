@@ -60,6 +60,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
@@ -880,6 +881,9 @@ class Loader:
                                   even=True, read_ahead=read_ahead)
         self.dataset.close()  # workers open their own readers
         self.epoch = 0
+        # The emulated storage tier this loader was made in, handed to its workers as they start: one started
+        # from a fork server has the server's environment, which may predate the tier.
+        self._tier = {var: os.environ.get(var) for var in gpufeed_io.TIER_VARS}
         self._order = _EpochOrder(len(self.dataset), seed, self.shuffle)
         self._decoder = None
         self._batches = None
@@ -925,7 +929,7 @@ class Loader:
                 prefetch_factor=PREFETCH_FACTOR if self.workers else None,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
                 persistent_workers=self.workers > 0,
-                worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice),
+                worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice, tier=self._tier),
                 multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
@@ -963,10 +967,17 @@ class Loader:
             yield (normalise(x) if self.normalize else x), y
 
 
-def _init_worker(worker_id: int, nice: int = 0) -> None:
-    """A DataLoader worker's start: one OpenCV thread (:func:`_one_thread_per_worker`), then ``nice`` added to
-    its niceness, so that the training loop's process, which launches the model's kernels, takes a core the
-    moment it needs one instead of waiting behind busy workers (they still use every core it leaves idle)."""
+def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> None:
+    """A DataLoader worker's start: the loader's emulated storage tier (``tier``: the variables of
+    :data:`gpufeed.io.TIER_VARS` as the loader saw them, None for unset), one OpenCV thread
+    (:func:`_one_thread_per_worker`), then ``nice`` added to its niceness, so that the training loop's process,
+    which launches the model's kernels, takes a core the moment it needs one instead of waiting behind busy
+    workers (they still use every core it leaves idle)."""
+    for var, value in (tier or {}).items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
     _one_thread_per_worker(worker_id)
     if nice:
         os.nice(nice)

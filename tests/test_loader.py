@@ -190,6 +190,26 @@ def test_workers_run_at_the_niceness_asked_and_the_loop_at_its_own(dataset):
         ld.close()
 
 
+def test_workers_from_a_fork_server_started_before_a_tier_read_through_that_tier(dataset, tmp_path):
+    """The GPU paths start their workers from a fork server, whose environment is the one it started with: a
+    loader made inside an emulated tier hands the tier to its workers itself, so their reads are charged to it."""
+    import multiprocessing
+
+    from gpufeed.bench.emulate import Throttle
+    from gpufeed.bench.tiers import get_profile
+    from gpufeed.pipelines.loader import Loader
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.Process(target=os.getpid).start()  # the server starts now, outside any tier
+    with Throttle.emulate(get_profile("ultra").limits(500), accounting="requests", state_dir=tmp_path) as t:
+        ld = Loader(dataset["recordio"]["paths"], batch_size=4, workers=2)
+        ld._start_method = lambda: "forkserver"  # as the engines' paths start them
+        t.reset_stats()  # what the loader read here itself (its first record) is not the workers'
+        next(iter(ld))
+        ld.close()
+        assert t.stats()["requests"] > 0
+
+
 def test_normalize_gives_nchw_float(dataset):
     x, _ = next(iter(gpufeed.loader(dataset["lmdb"]["paths"], batch_size=4, workers=0, normalize=True)))
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
