@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="parallel workers (one CPU each): local processes without --address (--executor), Ray "
                         "tasks on a cluster")
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
-                   help="splits to convert, e.g. train,val (default: every split SRC holds%(default).0s)")
+                   help="splits to convert, e.g. train,val (default: every split SRC holds; a list file's split is "
+                        "named after the list, train.lst -> train, or by the one name given here%(default).0s)")
     geo = p.add_mutually_exclusive_group()
     geo.add_argument("--resize", type=int, default=None, metavar="N",
                      help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize; default: no resize%(default).0s)")
@@ -89,7 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "not shuffled)")
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                    help="seeded global shuffle of each split at write time (sequential readers need it); "
-                        "--no-shuffle keeps the source order. Default: on, except for ptb, whose windows "
+                        "--no-shuffle keeps the source order (a list file's line order; an im2rec list's index "
+                        "column is the RecordIO id either way). Default: on, except for ptb, whose windows "
                         "language models read in stream order%(default).0s")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed; same seed, same bytes")
     p.add_argument("--on-error", choices=ON_ERROR, default="fail",

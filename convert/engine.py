@@ -152,6 +152,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     plans, items_by_split, listed = {}, {}, {}
     for s in splits:
         items = source.items(s)
+        if options.list_file is not None:
+            _check_inputs_outside(items, out, options.src)
         listed[s] = len(items)
         if options.limit is not None and options.limit < len(items):
             keep = split_order(len(items), s, options.seed, options.effective_shuffle)[:options.limit]
@@ -213,6 +215,20 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         if journal is not None:
             journal.close()
         lock.release()
+
+
+def _check_inputs_outside(items, out: str, src: str) -> None:
+    """No input a list file names may lie inside the destination (a folder source's own check keeps --out out
+    of the folder): the next run would read what this one wrote, or this one overwrite an input. Paths are
+    compared as spelled and with the destination's links followed (no call per input)."""
+    if not io.is_local(out):
+        return
+    inside = tuple({os.path.realpath(out).rstrip(os.sep) + os.sep, os.path.abspath(out).rstrip(os.sep) + os.sep})
+    for it in items:
+        url = getattr(it.ref, "url", None)
+        if url is not None and io.is_local(url) and os.path.abspath(io.local_path(url)).startswith(inside):
+            raise ConfigError(f"{it.origin}, an input {src} lists, is inside --out {out}; choose a destination "
+                              "that holds none of the inputs")
 
 
 def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | None) -> Summary | None:

@@ -25,6 +25,8 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
 
     ref = item.ref
     parts = [repr(item.label)]
+    if "list_index" in item.meta:  # an im2rec list's own index, the record's id
+        parts.append(f"list index {item.meta['list_index']}")
     if isinstance(ref, (FileRef, TarMemberRef)):
         key = ref.url
         if key not in cache or isinstance(ref, FileRef):

@@ -179,6 +179,9 @@ class ConvertOptions:
             raise ConfigError(f"SRC {self.src} is a file: an im2rec .lst or Caffe list is read by the folder "
                               f"dataset (gpufeed convert folder {self.src} --root IMAGE_DIR ...); "
                               f"{self.dataset} reads the folder or archive the dataset ships as")
+        if self.list_file is not None and self.splits is not None and len(self.splits) != 1:
+            raise ConfigError(f"a list file converts to one split, and --split names {len(self.splits)}: give one "
+                              f"name (by default the list's own, {os.path.basename(self.src).rsplit('.', 1)[0]})")
         if self.root is not None and self.list_file is None:
             raise ConfigError("--root says where a list file's paths start; SRC is not a list file, so drop --root "
                               "(or give the list file as SRC with the folder dataset)")
@@ -193,6 +196,8 @@ class ConvertOptions:
                               "folder of an earlier gpufeed convert run")
         if "://" in self.src or "://" in self.out:
             return
+        if self.list_file is not None:
+            return  # the inputs are the files the list names: the engine checks that none is inside --out
         src, out = os.path.realpath(self.source_root), os.path.realpath(self.out)
         if os.path.isdir(src) and (out == src or out.startswith(src.rstrip(os.sep) + os.sep)):
             raise ConfigError(f"--out {self.out} is inside the source {self.src}: its files would be read as "
@@ -268,7 +273,7 @@ class ConvertOptions:
         if self.dataset in ("cifar10", "cifar100", "imagenet"):
             return {"allow_incomplete": self.allow_incomplete}
         if self.list_file is not None:
-            return {"list_file": os.path.abspath(self.list_file)}
+            return {"list_file": os.path.abspath(self.list_file), "split": self.splits[0] if self.splits else None}
         return {}
 
     def output_key(self) -> dict:

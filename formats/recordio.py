@@ -302,8 +302,11 @@ class RecordIOFormat(Format):
             # --on-error skip before any format has written the sample.
             raise InputError(sample.meta.get("source", sample.key), "the name holds a tab or newline, which a .lst "
                              "line cannot", "rename the file, or leave it out with --on-error skip")
-        if not 0 <= sample.index < 1 << 64:
-            raise InputError(sample.key, f"index {sample.index} does not fit the IRHeader's unsigned 64-bit id")
+        # The record's id (IRHeader id, .idx key, .lst number): an im2rec list's own index where the sample
+        # came from one, as im2rec keeps it; else the sample's planned position.
+        rid = sample.meta.get("list_index", sample.index)
+        if not 0 <= rid < 1 << 64:
+            raise InputError(sample.key, f"index {rid} does not fit the IRHeader's unsigned 64-bit id")
         body, shape, dtype = _payload_bytes(sample)
         labels = sample.labels
         if sample.is_multilabel:
@@ -321,10 +324,10 @@ class RecordIOFormat(Format):
         if size > MAX_RECORD:
             raise RecordTooLargeError(sample.key, size, MAX_RECORD,
                                       "RecordIO records must stay under 2**29 bytes: store the image smaller")
-        head = IRHEADER.pack(flag, label, sample.index, 0)
+        head = IRHEADER.pack(flag, label, rid, 0)
         crc = crc32c.crc32c(body, crc32c.crc32c(extra, crc32c.crc32c(head)))
-        value = b"".join((IRHEADER.pack(flag, label, sample.index, crc), extra, body))
-        return EncodedRecord(str(sample.index).encode(), value, sample.index, sample.key, tuple(labels),
+        value = b"".join((IRHEADER.pack(flag, label, rid, crc), extra, body))
+        return EncodedRecord(str(rid).encode(), value, rid, sample.key, tuple(labels),
                              sample.kind, shape, dtype)
 
     def decode(self, key: bytes, value, path: str = "?", record_index: int | None = None,

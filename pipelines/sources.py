@@ -294,15 +294,20 @@ class BaseSource:
                               f"it has {', '.join(self.splits()) or 'none'}")
         if split not in self._items:
             items = self._list(split)
-            self._items[split] = self.unique(sorted(items, key=lambda it: it.key))
+            self._items[split] = self.unique(items if self.listed_order else sorted(items, key=lambda it: it.key))
         return self._items[split]
+
+    #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
+    listed_order = False
 
     def unique(self, items: list[Item]) -> list[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
         out: list[Item] = []
+        seen: dict[str, Item] = {}
         for it in items:
-            if out and out[-1].key == it.key:
-                self.problem(LabelError(it.origin, f"has the key {it.key!r} of {out[-1].origin}; keys must be "
+            first = seen.setdefault(it.key, it)
+            if first is not it:
+                self.problem(LabelError(it.origin, f"has the key {it.key!r} of {first.origin}; keys must be "
                                         "unique within a split", "remove or rename one of them"))
                 continue
             out.append(it)

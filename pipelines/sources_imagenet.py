@@ -447,24 +447,27 @@ class FolderSource(_ImageSource):
 
     Classes are the sorted union of class folder names. A list file (``list_file=``) is an im2rec ``.lst``
     (``index<TAB>label[<TAB>label...]<TAB>path``) or a Caffe list (``path label``); its paths are relative to
-    ``src`` and its stem names the split (``train.lst`` -> ``train``).
+    ``src``, its items keep the list's order, an im2rec list's index column is each item's ``list_index`` (the
+    record id RecordIO stores, as im2rec does), and its stem names the split (``train.lst`` -> ``train``,
+    ``mydata_val.lst`` -> ``mydata_val``, as im2rec names ``mydata_val.rec``) unless ``split`` names it.
     """
 
     name = "folder"
     SPLIT_NAMES = ("train", "val", "validation", "valid", "test")
 
-    def __init__(self, root: Root, on_error: str = "fail", list_file: str | None = None, **options):
+    def __init__(self, root: Root, on_error: str = "fail", list_file: str | None = None, split: str | None = None,
+                 **options):
         if options:
             raise ConfigError(f"unknown folder source options: {', '.join(sorted(options))}")
         super().__init__(root, on_error)
         if not root.isdir(root.path):
             raise SourceNotFound(root, "the image folder", "point SRC at root/<class>/* or root/<split>/<class>/*")
         self.list_file = list_file
+        self.listed_order = bool(list_file)
         self._list_items: list[Item] | None = None
         self._classes: ClassInfo | None = None
         if list_file:
-            stem = _stem(list_file)
-            self._splits = {stem if stem in self.SPLIT_NAMES else "train": None}
+            self._splits = {split_of_list(list_file, split): None}
         else:
             dirs = [n for n, is_dir in root.listdir(root.path) if is_dir]
             if not dirs:
@@ -505,6 +508,7 @@ class FolderSource(_ImageSource):
         except FileNotFoundError as e:
             raise SourceNotFound(url, "the list file") from e
         items = []
+        indexes: dict[int, int] = {}
         first = True
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -512,9 +516,21 @@ class FolderSource(_ImageSource):
             if first:
                 self._check_first_path(url, line)
                 first = False
+            meta = {}
             if "\t" in line:
                 parts = line.split("\t")
                 rel, fields = parts[-1], parts[1:-1]
+                index = _parse_index(parts[0])
+                if index is None:
+                    self.problem(LabelError(f"{url}:{n}", f"starts with {parts[0]!r}, not an im2rec index (an integer "
+                                            f"0..2**64-1)", "fix the line"))
+                    continue
+                if index in indexes:
+                    self.problem(LabelError(f"{url}:{n}", f"repeats the index {index} of line {indexes[index]}; "
+                                            "im2rec indexes are the records' ids, one per line", "renumber the list"))
+                    continue
+                indexes[index] = n
+                meta["list_index"] = index
             else:
                 rel, _, lab = line.strip().rpartition(" ")
                 fields = [lab]
@@ -524,7 +540,7 @@ class FolderSource(_ImageSource):
                                         f"'path label' (Caffe) with an integer label 0..{MAX_LIST_CLASSES - 1} (or "
                                         "several finite ones)", "fix the line"))
                 continue
-            item = self._file_item(self.root.join(self.root.path, rel), rel, label, {})
+            item = self._file_item(self.root.join(self.root.path, rel), rel, label, meta)
             if item is not None:
                 items.append(item)
         if first:
@@ -542,6 +558,29 @@ class FolderSource(_ImageSource):
             raise SourceNotFound(self.root.join(self.root.path, rel), f"the first file {url} lists",
                                  f"its paths start from --root, now {self.root.path}: give the folder they are "
                                  "relative to")
+
+
+#: A split name a list file gives (its stem, or --split): what every format puts in its file names.
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def split_of_list(list_file: str, split: str | None = None) -> str:
+    """The split a list file converts to: ``split`` where given, else the list's stem, as im2rec names its
+    ``.rec`` after its ``.lst`` (``train.lst`` -> ``train``, ``mydata_val.lst`` -> ``mydata_val``)."""
+    name = split if split is not None else _stem(list_file)
+    if not SPLIT_NAME.fullmatch(name) or name.endswith("."):
+        where = "--split" if split is not None else f"the list file's name {list_file}"
+        raise ConfigError(f"{where} gives the split name {name!r}; a split name is letters, digits, '_', '-' and '.' "
+                          "(it names every output file): rename the list, or give --split NAME")
+    return name
+
+
+def _parse_index(text: str) -> int | None:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        return None
+    return value if 0 <= value < 1 << 64 else None
 
 
 #: The most classes a list file's labels may name (its class list has a line per class up to the largest

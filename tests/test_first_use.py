@@ -133,6 +133,34 @@ def test_im2rec_list_with_several_labels_from_the_cli(list_files, tmp_path, ray_
         assert got[n] == (float(i % 3), float(i % 2))
 
 
+def test_im2rec_layout_lists_and_outputs_side_by_side_keep_order_and_indexes(list_files, tmp_path, ray_local):
+    """im2rec users keep train.lst beside the images and write the .rec next to them: --out under the list's
+    folder is fine (its inputs are the lines it names); --no-shuffle keeps the list's order and its index
+    column, which becomes each record's id, .idx key and .lst number as im2rec makes them."""
+    train, lists, names = list_files
+    shutil.copytree(train, os.path.join(lists, "imgs"))
+    order = [names[i] for i in (4, 1, 5, 0, 3, 2)]  # not sorted
+    ids = [40, 7, 13, 2, 99, 5]
+    (open(os.path.join(lists, "pets_train.lst"), "w")
+     .write("".join(f"{i}\t{k % 3}\timgs/{n}\n" for k, (i, n) in enumerate(zip(ids, order)))))
+    out = os.path.join(lists, "o")
+    assert main(["convert", "folder", os.path.join(lists, "pets_train.lst"), "--to", "recordio", "--out", out,
+                 "--workers", "2", "--no-progress", "--no-shuffle"]) == 0
+    rec = RecordIOReader(os.path.join(out, "recordio", "pets_train.rec"))
+    assert [(rec[i].key, rec[i].index) for i in range(len(rec))] == [(f"imgs/{n}", i) for i, n in zip(ids, order)]
+    idx = open(os.path.join(out, "recordio", "pets_train.idx")).read().splitlines()
+    assert [int(line.split("\t")[0]) for line in idx] == ids
+    lst = open(os.path.join(out, "recordio", "pets_train.lst")).read().splitlines()
+    assert [int(line.split("\t")[0]) for line in lst] == ids
+    # A list that names a file inside --out is refused, naming it.
+    inside = os.path.join(lists, "o2")
+    shutil.copytree(os.path.join(lists, "imgs"), os.path.join(inside, "imgs"))
+    (open(os.path.join(lists, "bad.lst", ), "w").write(f"0\t0\to2/imgs/{names[0]}\n"))
+    with pytest.raises(ConfigError, match=f"o2/imgs/{names[0]}, an input .*bad.lst lists, is inside --out"):
+        convert(ConvertOptions(dataset="folder", src=os.path.join(lists, "bad.lst"), formats=("recordio",),
+                               out=inside, workers=1, progress=False), Progress(False))
+
+
 def test_caffe_list_from_the_cli_root_defaults_to_the_lists_folder(list_files, tmp_path, ray_local, capsys):
     train, lists, names = list_files
     out = str(tmp_path / "caffe")

@@ -203,9 +203,19 @@ def test_folder_tree_splits_and_list_files(tmp_path):
     (tmp_path / "train.lst").write_text("0\t1.000000\ttrain/dog/sub/dog1.png\n1\t0.000000\ttrain/cat/sub/cat1.png\n")
     lst = open_source("folder", str(tmp_path), list_file="train.lst")
     assert lst.splits() == ["train"]
-    assert [(it.key, it.label) for it in lst.items("train")] == [("train/cat/sub/cat1.png", 0),
-                                                                ("train/dog/sub/dog1.png", 1)]
+    # The list's order and its index column (the records' ids), not sorted or renumbered.
+    assert [(it.key, it.label, it.meta["list_index"]) for it in lst.items("train")] == [
+        ("train/dog/sub/dog1.png", 1, 0), ("train/cat/sub/cat1.png", 0, 1)]
     assert read_ref(lst.items("train")[0].ref) == jpeg(1)
+    # The split is the list's stem, as im2rec names the .rec after the .lst, or what --split says.
+    (tmp_path / "pets_val.lst").write_text("7\t0\tval/cat/sub/cat1.png\n3\t1\tval/dog/sub/dog1.png\n")
+    assert open_source("folder", str(tmp_path), list_file="pets_val.lst").splits() == ["pets_val"]
+    assert open_source("folder", str(tmp_path), list_file="pets_val.lst", split="val").splits() == ["val"]
+    with pytest.raises(ConfigError, match="split name 'a b'"):
+        open_source("folder", str(tmp_path), list_file="pets_val.lst", split="a b")
+    (tmp_path / "dup.lst").write_text("7\t0\tval/cat/sub/cat1.png\n7\t1\tval/dog/sub/dog1.png\n")
+    with pytest.raises(LabelError, match="dup.lst:2.*repeats the index 7 of line 1"):
+        open_source("folder", str(tmp_path), list_file="dup.lst").items("dup")
     (tmp_path / "val.txt").write_text("val/cat/sub/cat1.png 3\nval/dog/sub/dog1.png x\n")
     with pytest.raises(LabelError, match="val.txt:2"):
         open_source("folder", str(tmp_path), list_file="val.txt").items("val")
