@@ -249,6 +249,19 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
         return Summary(out, doc["splits"], [tuple(s) for s in doc["skipped"]], doc["bytes_written"], 0.0,
                        unit=_unit(options), converted=[tuple(c) for c in doc.get("converted", ())],
                        note="already complete; nothing to do (add --no-resume to convert again)")
+    differing = {k for k in set(recorded) | set(key) if recorded.get(k) != key.get(k)}
+    held = sorted(doc.get("splits") or {})
+    if recorded != key and not options.overwrite and differing <= {"splits", "src"} and held:
+        # Another split of the same conversion (im2rec's val.lst after train.lst): --overwrite would delete
+        # what DST holds, so it is not the advice.
+        from gpufeed.pipelines.sources_imagenet import split_of_list
+
+        mine = options.splits or ([split_of_list(options.list_file)] if options.list_file else ["more"])
+        raise ConfigError(f"{out} holds the finished {', '.join(held)} split{'s' if len(held) > 1 else ''} of "
+                          f"{recorded.get('src')}; a later run cannot add a split to a finished destination: write "
+                          f"this one to its own --out (e.g. {out.rstrip('/')}-{'-'.join(mine)}"
+                          f"), or convert every split in one run (--overwrite would delete the "
+                          f"{', '.join(held)} output)")
     if recorded != key and not options.overwrite:
         diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "

@@ -152,6 +152,14 @@ def test_im2rec_layout_lists_and_outputs_side_by_side_keep_order_and_indexes(lis
     assert [int(line.split("\t")[0]) for line in idx] == ids
     lst = open(os.path.join(out, "recordio", "pets_train.lst")).read().splitlines()
     assert [int(line.split("\t")[0]) for line in lst] == ids
+    # val.lst into the same --out: not joined yet, and the advice is never --overwrite (which deletes train).
+    (open(os.path.join(lists, "pets_val.lst"), "w").write(f"0\t0\timgs/{names[0]}\n"))
+    before = sorted(os.listdir(os.path.join(out, "recordio")))
+    with pytest.raises(ConfigError, match="holds the finished pets_train split of .*pets_train.lst; a later run "
+                                          "cannot add a split .*its own --out \\(e.g. .*o-pets_val\\)"):
+        convert(ConvertOptions(dataset="folder", src=os.path.join(lists, "pets_val.lst"), formats=("recordio",),
+                               out=out, workers=1, progress=False, shuffle=False), Progress(False))
+    assert sorted(os.listdir(os.path.join(out, "recordio"))) == before
     # A list that names a file inside --out is refused, naming it.
     inside = os.path.join(lists, "o2")
     shutil.copytree(os.path.join(lists, "imgs"), os.path.join(inside, "imgs"))
