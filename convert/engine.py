@@ -231,6 +231,17 @@ def _check_inputs_outside(items, out: str, src: str) -> None:
                               "that holds none of the inputs")
 
 
+def _named_splits(options: ConvertOptions) -> list[str] | None:
+    """The splits a run converts where known before listing: ``--split``, or a list file's one."""
+    if options.splits:
+        return list(options.splits)
+    if options.list_file:
+        from gpufeed.pipelines.sources_imagenet import split_of_list
+
+        return [split_of_list(options.list_file)]
+    return None
+
+
 def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | None) -> Summary | None:
     """A destination that already holds a finished conversion: the same one (nothing to do), another one
     (refused, unless ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write
@@ -251,17 +262,15 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
                        note="already complete; nothing to do (add --no-resume to convert again)")
     differing = {k for k in set(recorded) | set(key) if recorded.get(k) != key.get(k)}
     held = sorted(doc.get("splits") or {})
-    if recorded != key and not options.overwrite and differing <= {"splits", "src"} and held:
+    mine = _named_splits(options)
+    if (recorded != key and not options.overwrite and differing <= {"splits", "src"} and held and mine
+            and not set(mine) & set(held)):
         # Another split of the same conversion (im2rec's val.lst after train.lst): --overwrite would delete
         # what DST holds, so it is not the advice.
-        from gpufeed.pipelines.sources_imagenet import split_of_list
-
-        mine = options.splits or ([split_of_list(options.list_file)] if options.list_file else ["more"])
         raise ConfigError(f"{out} holds the finished {', '.join(held)} split{'s' if len(held) > 1 else ''} of "
                           f"{recorded.get('src')}; a later run cannot add a split to a finished destination: write "
-                          f"this one to its own --out (e.g. {out.rstrip('/')}-{'-'.join(mine)}"
-                          f"), or convert every split in one run (--overwrite would delete the "
-                          f"{', '.join(held)} output)")
+                          f"this one to its own --out (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every "
+                          f"split in one run (--overwrite would delete the {', '.join(held)} output)")
     if recorded != key and not options.overwrite:
         diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "

@@ -72,7 +72,7 @@ class ConvertOptions:
     mean: tuple[float, ...] | None = None  # pixel units 0-255, RGB
     std: tuple[float, ...] | None = None
     shards: int | None = None
-    shard_size: int = SAMPLES_PER_SHARD
+    shard_size: int | None = None  # samples per shard; None: SAMPLES_PER_SHARD, small splits cut finer (plan)
     shard_bytes: int | None = None  # instead of shard_size: about this many input bytes per shard
     limit: int | None = None  # convert only this many inputs of each split (a seeded sample)
     shuffle: bool | None = None
@@ -134,7 +134,7 @@ class ConvertOptions:
         check_image_options(self, flags=True)
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
-        if self.shard_size < 1:
+        if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"--shard-size must be at least 1, not {self.shard_size}")
         if self.shard_bytes is not None and self.shard_bytes < 1:
             raise ConfigError(f"--shard-bytes must be a positive size, e.g. 256MB, not {self.shard_bytes}")

@@ -45,9 +45,20 @@ class SplitPlan:
         return len(self.order)
 
 
-def default_shards(n: int, shard_size: int = SAMPLES_PER_SHARD) -> int:
-    """About ``shard_size`` samples per shard, at least one shard."""
-    return max(1, round(n / shard_size))
+#: A small split is still cut into this many shards (of at least :data:`MIN_SHARD_SAMPLES` each) when no shard
+#: size is given, so its conversion runs on several workers: 1,204 images at 1,250 a shard were one shard, and
+#: --workers 2 took as long as one. From the split alone, never from the workers: the bytes do not depend on them.
+MIN_SHARDS = 16
+MIN_SHARD_SAMPLES = 100
+
+
+def default_shards(n: int, shard_size: int | None = None) -> int:
+    """About ``shard_size`` samples per shard, at least one shard. Without a size: :data:`SAMPLES_PER_SHARD`
+    each (TensorFlow's ImageNet layout), but at least :data:`MIN_SHARDS` of :data:`MIN_SHARD_SAMPLES` or more
+    where the split has the samples for them."""
+    if shard_size is not None:
+        return max(1, round(n / shard_size))
+    return max(1, round(n / SAMPLES_PER_SHARD), min(MIN_SHARDS, n // MIN_SHARD_SAMPLES))
 
 
 def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
@@ -69,7 +80,7 @@ def shard_digest(identities) -> str:
 
 
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
-               shard_size: int = SAMPLES_PER_SHARD, identities: list[bytes] | None = None) -> SplitPlan:
+               shard_size: int | None = None, identities: list[bytes] | None = None) -> SplitPlan:
     """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
     :func:`gpufeed.convert.identity.item_identity`), digested per shard; ``None`` where each shard's worker
     digests its inputs as it reads them (``shard_digests`` is then empty)."""

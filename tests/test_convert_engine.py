@@ -331,3 +331,17 @@ def test_label_offset_gives_tensorflow_labels_in_tfrecord_only(src, tmp_path, ra
     verify(str(out))
     with pytest.raises(ConfigError, match="label-offset"):
         options(src, out, formats=("recordio",), label_offset=1)
+
+
+@pytest.mark.parametrize("n, shard_size, shards", [
+    (1204, None, 12),    # a small split still shared by several workers (it was one shard of 1,204)
+    (50, None, 1),       # too few samples for shards of 100
+    (50_000, None, 40),  # ImageNet val: 1,250 a shard, as TensorFlow's layout
+    (1_281_167, None, 1025),
+    (1204, 1250, 1),     # a size the user gives is kept
+])
+def test_default_shards_come_from_the_split_alone(n, shard_size, shards):
+    from gpufeed.convert.plan import default_shards, plan_split
+
+    assert default_shards(n, shard_size) == shards
+    assert len(plan_split("train", [str(i) for i in range(n)], 0, False, None, shard_size).shards) == shards
