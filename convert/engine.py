@@ -61,6 +61,7 @@ class Summary:
     unit: str = "images"  # what a sample is: images, or token records (Penn Treebank)
     dry_run: bool = False  # nothing was written: ``planned`` is what a run would write
     converted: list = dataclasses.field(default_factory=list)  # [(origin, why)]: re-encoded in pass-through
+    normalization: dict | None = None  # the statistics files written (manifest.json's "normalization")
 
     @property
     def written(self) -> int:
@@ -711,7 +712,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     if queued:  # the converting threads' waits for a core, where the OS reports them
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     summary.timeline.update(_per_sample_costs(events))
-    manifest_mod.write(options, summary, source.classes(), stats)
+    summary.normalization = manifest_mod.write(options, summary, source.classes(), stats)["normalization"]
     remove_state(state_dir)
     if not io.is_local(out):
         sinks.remove_tree(sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))

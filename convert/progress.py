@@ -8,6 +8,8 @@ import time
 
 #: Seconds between progress lines where the output is not a terminal (a log file, CI, nohup).
 LOG_INTERVAL_S = 30.0
+#: Seconds of converting before a time left is estimated (the first shards finish in a burst).
+ETA_AFTER_S = 5.0
 
 
 class Progress:
@@ -15,8 +17,9 @@ class Progress:
     not a terminal, a bar redrawn with carriage returns would make one endless line of a log: a plain line
     every :data:`LOG_INTERVAL_S` seconds (and one per phase) says the same."""
 
-    def __init__(self, enabled: bool = True, file=None, log_interval: float = LOG_INTERVAL_S):
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, file=None, log_interval: float = LOG_INTERVAL_S,
+                 eta_after_s: float = ETA_AFTER_S):
+        self.enabled, self.eta_after_s = enabled, eta_after_s
         self.file = file or sys.stderr
         isatty = getattr(self.file, "isatty", None)
         self.tty = bool(isatty and isatty())
@@ -83,9 +86,11 @@ class Progress:
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
         rate = self._done / elapsed
         text = (f"{self._done:,} of {self._total:,} {self._unit} ({100 * self._done / max(self._total, 1):.0f}%), "
-                f"{rate:,.0f} {self._unit}/s, {self._bytes / elapsed / 1e6:.1f} MB/s")
-        if rate > 0 and self._done < self._total:
-            text += f", about {(self._total - self._done) / rate:.0f} s left"
+                f"{rate:,.0f} {self._unit}/s since converting began, {self._bytes / elapsed / 1e6:.1f} MB/s")
+        left = (self._total - self._done) / rate if rate > 0 else None
+        # Said once the rate means something (a few seconds in), and never as "about 0 s" with work left.
+        if left is not None and self._done < self._total and elapsed >= self.eta_after_s:
+            text += f", about {left:.0f} s left" if left >= 1 else ", under a second left"
         return text
 
     def close(self) -> None:
@@ -138,9 +143,14 @@ def format_summary(summary, max_skipped: int = 20) -> str:
             if len(entries) > max_skipped:
                 lines.append(f"  ... and {len(entries) - max_skipped} more (all listed in manifest.json)")
     if summary.complete and summary.seconds:
-        lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s: "
+        # The whole run's rate (listing, start-up and finishing included): the progress bar's is the
+        # converting phase's, so it reads higher.
+        lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s from start to finish: "
                      f"{summary.images_per_second:.0f} {unit}/s, "
-                     f"{summary.bytes_written / summary.seconds / 1e6:.1f} MB/s")
+                     f"{summary.bytes_written / summary.seconds / 1e6:.1f} MB/s over the whole run")
+    norm = getattr(summary, "normalization", None) or {}
+    if norm.get("mean_binaryproto_skipped"):
+        lines.append(f"no mean.binaryproto: {norm['mean_binaryproto_skipped']}")
     if summary.complete:
         lines.append(f"output: {summary.out} (manifest.json lists every file; check it with "
                      f"`gpufeed verify {summary.out}`)")

@@ -196,6 +196,22 @@ def _png_orientation(data: bytes) -> int:
     return 1
 
 
+def without_icc_profile(data: bytes) -> bytes:
+    """A PNG's bytes for decoding, without its ``iCCP`` chunk (an embedded colour profile): OpenCV does not apply
+    profiles, and libpng checks them, printing ``libpng warning: iCCP: ...`` straight to the process's stderr for
+    a profile it dislikes (many photos carry one), with no file named. The stored bytes keep it (pass-through)."""
+    pos, n = len(PNG_MAGIC), len(data)
+    while pos + 8 <= n:
+        length, kind = _PNG_CHUNK.unpack_from(data, pos)
+        if kind in (b"IDAT", b"IEND"):
+            break
+        end = pos + 12 + length  # length, type, data, CRC
+        if kind == b"iCCP":
+            return data[:pos] + data[end:]
+        pos = end
+    return data
+
+
 def _probe_pillow(data: bytes, origin: str, fmt: str) -> ImageInfo:
     from PIL import Image
 
@@ -245,7 +261,8 @@ def decode(data: bytes, info: ImageInfo, origin: str, gray: bool = False, reduce
         img = _cv2_decode(data, _JPEG_FLAGS[(gray, reduce)] | cv2.IMREAD_IGNORE_ORIENTATION, "JPEG: libjpeg",
                           origin)
     elif info.format == "PNG":
-        img = _to_8bit_bgr(_cv2_decode(data, cv2.IMREAD_UNCHANGED, "PNG: libpng", origin), gray)
+        img = _to_8bit_bgr(_cv2_decode(without_icc_profile(data), cv2.IMREAD_UNCHANGED, "PNG: libpng", origin),
+                           gray)
     else:
         img = _decode_pillow(data, info, origin, gray)
     if info.orientation != 1:

@@ -316,8 +316,13 @@ def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
 
     from gpufeed.convert.progress import Progress
 
+    early = io.StringIO()
+    p = Progress(True, early, log_interval=0)
+    p.start(100, 0)
+    p.update(24, 1_000)  # a burst of finished shards in the first second: no "about 0 s left" guess
+    assert "left" not in early.getvalue() and "img/s since converting began" in early.getvalue()
     log = io.StringIO()
-    p = Progress(True, log, log_interval=0)
+    p = Progress(True, log, log_interval=0, eta_after_s=0)
     p.phase("listing /data")
     p.start(100, 0)
     p.update(40, 4_000_000)
@@ -328,7 +333,7 @@ def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
     lines = log.getvalue().splitlines()
     assert "\r" not in log.getvalue()
     assert lines[:2] == ["listing /data ...", "converting: 100 img"]
-    assert lines[2].startswith("converting: 40 of 100 img (40%), ") and "s left" in lines[2]
+    assert lines[2].startswith("converting: 40 of 100 img (40%), ") and " left" in lines[2]
     assert lines[3].startswith("starting Ray (40 of 100 img (40%)")
     assert lines[-1].startswith("finishing the train lmdb output (100 of 100 img (100%)")
 
@@ -368,3 +373,13 @@ def test_a_src_that_does_not_exist_is_said_so(tmp_path, dataset, capsys):
     assert main(["convert", dataset, str(missing), "--to", "tfrecord", "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip().endswith(f"gpufeed: error: {missing}: does not exist; check the path: SRC "
                                                     "is the dataset as shipped, a folder or an archive")
+
+
+def test_a_run_that_writes_no_mean_image_says_why_in_its_summary(src, tmp_path, ray_local):
+    """--normalize with images of different sizes (--resize keeps the aspect) writes mean_std.json and no
+    mean.binaryproto, which Caffe needs at the data's size: the summary says so, not only manifest.json."""
+    o = ConvertOptions(dataset="imagenet", src=src, formats=("lmdb",), out=str(tmp_path / "o"), workers=1,
+                       progress=False, resize=48, normalize=True, limit=6, splits=("train",), on_error="skip")
+    text = format_summary(convert(o, Progress(False)))
+    assert "no mean.binaryproto: images differ in size; Caffe needs a mean image" in text
+    assert not os.path.exists(tmp_path / "o" / "mean.binaryproto")

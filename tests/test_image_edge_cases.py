@@ -298,3 +298,24 @@ def test_damaged_bytes_end_in_an_image_or_a_bad_image_error(seeds, data):
     except BadImageError:
         return
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+
+
+def test_a_png_colour_profile_libpng_dislikes_prints_nothing_and_decodes(capfd):
+    """libpng prints `libpng warning: iCCP: ...` on the process's stderr, naming no file, for a profile it
+    dislikes; the profile is not used in decoding, so it is left out of what libpng sees (the stored bytes keep
+    it)."""
+    import zlib
+
+    from gpufeed.pipelines.imageio import decode, without_icc_profile
+
+    pixels = np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    png = cv2.imencode(".png", pixels)[1].tobytes()
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    profiled = png[:33] + chunk(b"iCCP", b"ICC Profile\0\0" + zlib.compress(b"not a profile" * 3)) + png[33:]
+    assert without_icc_profile(profiled) == png and without_icc_profile(png) is png
+    img = decode(profiled, probe(profiled, "photo.png"), "photo.png")
+    assert np.array_equal(img, pixels)
+    assert "libpng" not in capfd.readouterr().err
