@@ -310,6 +310,7 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
                           "must be writable: fix its permissions or mount, or choose another --out") from e
     if not options.resume:
         remove_state(state_dir)
+        sinks.remove_memory_spools(out)
 
 
 def _dry_run(options, out, plans) -> Summary:
@@ -375,6 +376,10 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     driver_writes = options.driver_writes or out.startswith("memory://")
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
+    if ordered and io.is_local(out) and options.address is None:
+        # Every worker is on this machine: spools in memory, never written back to the disk.
+        per_shard = max((sp.stop - sp.start for p in plans.values() for sp in p.shards), default=0)
+        spool_dir = sinks.memory_spools(out, 2 * max(1, options.workers) * per_shard * len(ordered)) or spool_dir
     float_dtype = options.store_dtype if options.store_dtype != "uint8" else None
     for fmt in options.formats:
         sinks.makedirs(sinks.join(out, fmt))
@@ -714,6 +719,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     summary.timeline.update(_per_sample_costs(events))
     summary.normalization = manifest_mod.write(options, summary, source.classes(), stats)["normalization"]
     remove_state(state_dir)
+    sinks.remove_memory_spools(out)
     if not io.is_local(out):
         sinks.remove_tree(sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
         io.remove_empty_dir(sinks.join(out, STATE_DIR))

@@ -62,6 +62,28 @@ def test_driver_killed_mid_run_resumes_to_identical_bytes(src, address, tmp_path
     verify(out)
 
 
+def test_spools_of_a_local_run_stay_in_memory_and_a_killed_run_resumes_from_them(src, tmp_path):
+    """Every worker on this machine: the split sinks' spools go to a memory folder of this destination's (never
+    written back to the disk), which a killed run leaves for its rerun and a finished one removes."""
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
+    _start_and_kill(args, None, out, after=1)
+    assert os.path.isdir(memory_spool_dir(out)) and not os.path.exists(os.path.join(out, ".gpufeed", "spool"))
+    code, _, err = _finish(cli(args))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+    assert not os.path.exists(memory_spool_dir(out)) and not os.path.exists(memory_spool_dir(ref))
+    # Killed again, then started afresh: --no-resume drops what the killed run left in memory too.
+    _start_and_kill([*args, "--no-resume"], None, out, after=1)
+    code, _, err = _finish(cli([*args, "--no-resume"]))
+    assert code == 0 and tree_bytes(out) == tree_bytes(ref), err
+    assert not os.path.exists(memory_spool_dir(out))
+
+
 def _kill_one_worker_running(name: str, stop: threading.Event, killed: list) -> None:
     """SIGKILL the first Ray worker of this test session seen running task ``name``."""
     me = psutil.Process()
