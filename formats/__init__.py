@@ -1,4 +1,4 @@
-"""On-disk formats: MXNet RecordIO, Caffe LMDB and TFRecord, behind one contract (:mod:`.base`)."""
+"""On-disk formats: MXNet RecordIO, Caffe LMDB, TFRecord and WebDataset, behind one contract (:mod:`.base`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ _REGISTRY = {
     "recordio": "gpufeed.formats.recordio:RecordIOFormat",
     "lmdb": "gpufeed.formats.lmdb:LMDBFormat",
     "tfrecord": "gpufeed.formats.tfrecord:TFRecordFormat",
+    "webdataset": "gpufeed.formats.webdataset:WebDatasetFormat",
 }
 
 FORMATS = tuple(_REGISTRY)
@@ -25,3 +26,39 @@ def get_format(name: str, **options):
         raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)(**options)
+
+
+def format_of(paths) -> str:
+    """The one format of ``paths`` (data files, or output folders such as an LMDB), each claimed by a format
+    (:meth:`~gpufeed.formats.base.Format.claims`; TFRecord takes any other plain file). What a glob over an
+    output also matches is refused, naming it: a file beside a data file (an index, a list), a file inside an
+    output, a folder no format claims; and so is a mix of formats."""
+    import os
+
+    formats = [get_format(name) for name in FORMATS]
+    side = sorted({suffix for fmt in formats for suffix in fmt.side_files}, key=len, reverse=True)
+    found = set()
+    for path in (os.fspath(p) for p in paths):
+        name = os.path.basename(path.rstrip("/"))
+        suffix = next((s for s in side if name.endswith(s)), None)
+        if suffix is not None:
+            raise ConfigError(f"{path} is the index or list of a data file, not one; give the data files only "
+                              f"(leave out the {suffix} files)")
+        for fmt in formats:
+            whole = fmt.part_of(path)
+            if whole is not None:
+                raise ConfigError(f"{path} is a file inside an {fmt.name.upper()}; give the {fmt.name.upper()}'s "
+                                  f"folder, {whole}")
+        fmt = next((f for f in formats if f.claims(path)), None)
+        if fmt is None and os.path.isfile(path):
+            fmt = next((f for f in formats if f.claims_other_files), None)
+        if fmt is None:
+            names = ", ".join(f.name for f in formats)
+            raise ConfigError(f"{path} is a folder no format claims (without data.mdb, so not an LMDB); give "
+                              f"output files or folders of {names}")
+        found.add(fmt.name)
+    if len(found) > 1:
+        raise ConfigError(f"the paths mix formats ({', '.join(sorted(found))}); give one format's outputs")
+    if not found:
+        raise ConfigError("no paths given")
+    return found.pop()

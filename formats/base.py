@@ -274,6 +274,17 @@ class Format(abc.ABC):
 
     #: A side file's suffix -> what replaces it in its data file's name (TFRecord's DALI index: ``.idx`` -> "").
     side_files: ClassVar[dict] = {}
+    #: This format reads any plain file no other format claims (TFRecord: its shards have no extension).
+    claims_other_files: ClassVar[bool] = False
+
+    def claims(self, path: str) -> bool:
+        """Whether ``path`` (a local file or folder) is one of this format's data files, by its name or what it
+        holds: how a reader is chosen for paths given without a format (:func:`gpufeed.formats.format_of`)."""
+        return False
+
+    def part_of(self, path: str) -> str | None:
+        """The output ``path`` is a file inside (an LMDB's ``data.mdb``), or None."""
+        return None
 
     def owned_split(self, relpath: str) -> str | None:
         """The split of the output that ``relpath`` (relative to the destination, ``/``-separated) is a file of:

@@ -758,6 +758,12 @@ class LMDBFormat(Format):
     def reader_path(self, relpath: str) -> str:
         return relpath.rsplit("/", 1)[0]
 
+    def claims(self, path: str) -> bool:
+        return os.path.isdir(path) and os.path.exists(os.path.join(path, "data.mdb"))
+
+    def part_of(self, path: str) -> str | None:
+        return os.path.dirname(path) if os.path.basename(path) in ("data.mdb", "lock.mdb") else None
+
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         return gio.join(out, self.name, f"{split}_lmdb")
 

@@ -279,6 +279,9 @@ class RecordIOFormat(Format):
 
     side_files = {".idx": ".rec", ".lst": ".rec", ".rec.json": ".rec"}
 
+    def claims(self, path: str) -> bool:
+        return path.rstrip("/").endswith(".rec")
+
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         from gpufeed.formats.naming import shard_name
         from gpufeed.io import join

@@ -151,6 +151,7 @@ class TFRecordFormat(Format):
     name = "tfrecord"
     indexed = True
     side_files = {".idx": ""}
+    claims_other_files = True
 
     def __init__(self, label_offset: int = 0):
         self.label_offset = int(label_offset)

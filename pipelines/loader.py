@@ -62,6 +62,7 @@ import numpy as np
 
 from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
+from gpufeed.formats import format_of
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
 #: ``decode="auto"``: one of :data:`DECODES`, chosen by :func:`choose_decode`.
@@ -749,33 +750,6 @@ def _first_record_kind(paths, format: str | None) -> str:
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     with get_format(format or format_of(paths)).reader(paths[0]) as reader:
         return next(iter(reader)).kind
-
-
-def format_of(paths: Sequence[str]) -> str:
-    """The one format of ``paths`` (output files, or LMDB folders): ``.rec`` RecordIO, a folder with
-    ``data.mdb`` LMDB, any other file TFRecord. What a glob over an output also matches is refused, naming
-    it: an index or list beside a data file (``.idx``, ``.lst``), a file inside an LMDB, a folder that is no
-    LMDB; and so is a mix of formats."""
-    found = set()
-    for path in paths:
-        name = os.path.basename(path.rstrip("/"))
-        if name.endswith((".idx", ".lst")):
-            raise ConfigError(f"{path} is the index or list of a data file, not one; give the data files only "
-                              f"(leave out the {name[name.rfind('.'):]} files)")
-        if name in ("data.mdb", "lock.mdb"):
-            raise ConfigError(f"{path} is a file inside an LMDB; give the LMDB's folder, {os.path.dirname(path)}")
-        if name.endswith(".rec"):
-            found.add("recordio")
-        elif os.path.isdir(path):
-            if not os.path.exists(os.path.join(path, "data.mdb")):
-                raise ConfigError(f"{path} is a folder without data.mdb, so not an LMDB; give output files (a "
-                                  "RecordIO .rec, TFRecord shards) or LMDB folders")
-            found.add("lmdb")
-        else:
-            found.add("tfrecord")
-    if len(found) > 1:
-        raise ConfigError(f"the paths mix formats ({', '.join(sorted(found))}); give one format's outputs")
-    return found.pop()
 
 
 class Loader:

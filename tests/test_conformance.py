@@ -26,7 +26,7 @@ MAGIC = struct.pack("<I", 0xCED7230A)
 
 def output_path(name: str, directory) -> str:
     return str(directory / {"recordio": "train.rec", "tfrecord": "train-00000-of-00001",
-                            "lmdb": "train_lmdb"}[name])
+                            "lmdb": "train_lmdb", "webdataset": "train-000000.tar"}[name])
 
 
 def data_file(name: str, path: str) -> str:
@@ -180,7 +180,8 @@ def test_truncated_at_a_record_boundary_raises(name, tmp_path, rng):
         sizes = [len(bytes(v)) for v in r.iter_raw()]
     whole = open(path, "rb").read()
     # Cut right after the third record: framing alone looks fine there, the index or sidecar must tell.
-    one = len(whole) - (sizes[-1] + (16 if name == "tfrecord" else 8 + (-sizes[-1] & 3)))
+    trailer = {"tfrecord": 16, "recordio": 8 + (-sizes[-1] & 3), "webdataset": 1024}[name]  # framing, end marker
+    one = len(whole) - (sizes[-1] + trailer) + (1024 if name == "webdataset" else 0)
     with open(path, "wb") as f:
         f.write(whole[:one])
     with pytest.raises(CorruptRecordError):
@@ -439,7 +440,7 @@ def test_a_reader_given_a_file_beside_or_inside_an_output_names_what_to_open(fmt
     fmt = get_format(fmt_name)
     path = write(fmt_name, output_path(fmt_name, tmp_path), [Sample("a/0.jpg", 0, b"\xff\xd8\xff\x00", "encoded", 0)])
     beside = {"tfrecord": [path + ".idx"], "recordio": [path[:-4] + ".idx", path[:-4] + ".lst"],
-              "lmdb": [os.path.join(path, "data.mdb")]}[fmt_name]
+              "lmdb": [os.path.join(path, "data.mdb")], "webdataset": [path + ".idx"]}[fmt_name]
     for side in beside:
         assert os.path.isfile(side)
         with pytest.raises(ConfigError, match=f"{re.escape(side)} is .*(not a|inside an LMDB)"):
