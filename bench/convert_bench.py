@@ -25,6 +25,7 @@ import threading
 import time
 
 from gpufeed.errors import ConfigError, GpufeedError
+from gpufeed.formats import FORMATS
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import ON_ERROR
 
@@ -167,7 +168,7 @@ def add_arguments(parser) -> None:
                         help="scratch directory for outputs on emulated tiers (default: a temporary folder in the "
                              "working directory, removed at the end; never beside SRC)")
     add_tier_arguments(parser)
-    parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all)")
     parser.add_argument("--workers", type=int_list, default=[usable_cores()],
                         help="worker counts to run, e.g. 1,2,4")
     parser.add_argument("--resize", type=int, default=None, help="passed to convert (shorter side)")
@@ -205,7 +206,6 @@ def _bench_convert(args, scratch: str, progress) -> list[dict]:
     from gpufeed.bench.emulate import Throttle
     from gpufeed.bench.hostdisk import measure_host, require_valid
     from gpufeed.bench.results import ResultWriter, dataset_ram_ratio, metrics_block, repeat, summarize
-    from gpufeed.formats import FORMATS
 
     src = os.path.abspath(args.src)
     if not os.path.exists(src):

@@ -34,6 +34,7 @@ import os
 import time
 
 from gpufeed.errors import ConfigError
+from gpufeed.formats import FORMATS
 from gpufeed.machine import usable_cores
 
 IMAGES = ("imagenet", "cifar", "ptb")
@@ -127,7 +128,7 @@ def output_path(out: str, fmt: str, shard: int = 0, shards: int = 1) -> str:
     return os.path.join(out, fmt, shard_name("train", shard, shards))
 
 
-def build_dataset(out: str, formats=("recordio", "lmdb", "tfrecord"), n: int = 1000, image: str = "imagenet",
+def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagenet",
                   resize: int | None = None, seed: int = 0, workers: int | None = None, shards: int = 1,
                   size: tuple[int, int] | None = None, center_crop: bool = False, encode: str | None = None) -> dict:
     """Write ``n`` synthetic samples to every format in ``formats`` under ``out``; return (and store as
@@ -296,7 +297,7 @@ class _InProcess:
 
 def add_arguments(parser) -> None:
     parser.add_argument("out", metavar="OUT", help="directory to write the dataset under")
-    parser.add_argument("--formats", default="recordio,lmdb,tfrecord", help="comma-separated formats")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all)")
     parser.add_argument("-n", type=int, default=2000, help="number of samples")
     parser.add_argument("--image", choices=IMAGES, default="imagenet",
                         help="imagenet: ~110 KB JPEG records; cifar: 3 KB raw 32x32 pixels; ptb: windows of 36 "

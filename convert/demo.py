@@ -2,7 +2,7 @@
 
 It writes a small ILSVRC2012 in its shipped layout (``ILSVRC2012_img_train.tar`` of per-class tars,
 ``ILSVRC2012_img_val.tar``, the devkit, and the known kinds of bad file), then runs what
-``convert imagenet SRC --to lmdb,recordio,tfrecord --resize 256 --workers <cores> --on-error skip`` runs
+``convert imagenet SRC --to <every format> --resize 256 --workers <cores> --on-error skip`` runs
 (with small shards, so that every worker gets some),
 then ``gpufeed verify``, and prints where everything is.
 """
@@ -29,6 +29,7 @@ def run(args) -> int:
     from gpufeed.convert.engine import convert
     from gpufeed.convert.progress import Progress, format_summary
     from gpufeed.convert.verify import verify
+    from gpufeed.formats import FORMATS
     from gpufeed.pipelines.synth import describe_planted, synth_imagenet
 
     src = os.path.join(args.out, "src")
@@ -38,7 +39,7 @@ def run(args) -> int:
     print(f"synthesised {made['images']} ImageNet-like images ({made['image_bytes'] / 1e6:.1f} MB; "
           f"{describe_planted(made['bad_files'])}) in {src}")
     # The command printed is the command run: parsed as `gpufeed convert` parses it.
-    argv = ["imagenet", src, "--to", "lmdb,recordio,tfrecord", "--out", dst, "--resize", "256", "--shard-size", "50",
+    argv = ["imagenet", src, "--to", ",".join(FORMATS), "--out", dst, "--resize", "256", "--shard-size", "50",
             "--workers", str(args.workers), "--on-error", "skip", "--no-resume"]
     print(f"running: convert {shlex.join(argv)}")
     parser = argparse.ArgumentParser(prog="gpufeed convert")
@@ -50,6 +51,6 @@ def run(args) -> int:
     print(verify(dst, workers=args.workers).text())
     print("outputs:")
     for fmt in options.formats:
-        print(f"  {fmt:9s} {os.path.join(dst, fmt)}")
-    print(f"  manifest  {os.path.join(dst, 'manifest.json')}")
+        print(f"  {fmt:10s} {os.path.join(dst, fmt)}")
+    print(f"  manifest   {os.path.join(dst, 'manifest.json')}")
     return 0

@@ -47,7 +47,7 @@ def test_bench_read_emulated_and_measured(imagenet_like, tmp_path):
                "--grid", "full", "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"])
     assert rc == 0
     rows = load_results(str(results))
-    assert len(rows) == 2 * 3 * 2 * 2 * 2  # tiers x formats x modes x workers x cache
+    assert len(rows) == 2 * len(FORMATS) * 2 * 2 * 2  # tiers x formats x modes x workers x cache
     for r in rows:
         assert r["bench"] == "read" and r["format"] in FORMATS and r["n_samples"] == 24
         assert r["mode"] == ("emulated" if r["tier"] == "ultra" else "measured")
@@ -73,13 +73,14 @@ def test_default_grid_is_quick_with_a_line_per_configuration(imagenet_like, tmp_
                "--batch-size", "4", "--host-seconds", "0.1", "--allow-invalid", "--max-seconds", "0.0001"])
     assert rc == 0
     rows = load_results(str(results))
-    assert len(rows) == 3 * 2
+    assert len(rows) == len(FORMATS) * 2
     assert {r["params"]["cache"] for r in rows} == {"cold"} and len({r["params"]["workers"] for r in rows}) == 1
     assert all(r["params"]["grid"] == "quick" and r["repeats"] == 1 for r in rows)
     # The first batch already passes the deadline: 4 samples read, not 12.
     assert all(r["metrics"]["samples"]["median"] == 4 for r in rows), [r["metrics"]["samples"] for r in rows]
     err = capsys.readouterr().err
-    assert "[1/6] ultra " in err and "[6/6] ultra " in err and "left)" in err
+    n = 2 * len(FORMATS)
+    assert f"[1/{n}] ultra " in err and f"[{n}/{n}] ultra " in err and "left)" in err
 
 
 def test_a_tier_the_host_cannot_emulate_stops_the_command_before_the_first_run(imagenet_like, tmp_path, capsys):
@@ -136,7 +137,7 @@ def test_bench_read_runs_on_a_gpufeed_convert_output(tmp_path, ray_local):
     src = tmp_path / "src"
     synth_imagenet(str(src), classes=2, per_class=6, val_per_class=1, bad_files=False)
     out = tmp_path / "out"
-    assert main(["convert", "imagenet", str(src), "--to", "lmdb,recordio,tfrecord", "--out", str(out),
+    assert main(["convert", "imagenet", str(src), "--to", ",".join(FORMATS), "--out", str(out),
                     "--resize", "64", "--shard-size", "5", "--workers", "1", "--no-progress"]) == 0
     info = load_dataset_info(str(out))
     assert info["n"] == 12 and set(info["formats"]) == set(FORMATS)

@@ -17,6 +17,7 @@ import pytest
 from gpufeed.bench import train
 from gpufeed.bench.accelerator import PROFILES, get_profile
 from gpufeed.errors import ConfigError
+from gpufeed.formats import FORMATS
 
 N = 48
 
@@ -81,7 +82,7 @@ def test_emulated_grid_writes_rows_for_every_format(dataset, tmp_path):
     rows = load_results(str(results))
     assert all(k in r for r in rows for k in REQUIRED)
     kinds = {(r["params"]["task"], r["format"]) for r in rows}
-    assert kinds == {(t, f) for t in ("train", "infer") for f in ("synthetic", "recordio", "lmdb", "tfrecord")}
+    assert kinds == {(t, f) for t in ("train", "infer") for f in ("synthetic", *FORMATS)}
     for r in rows:
         assert r["bench"] == "train" and r["params"]["accelerator_mode"] == "emulated"
         assert r["metrics"]["au"]["median"] > 0 and len(r["samples"]["data_wait_ms"]) == 2

@@ -22,7 +22,7 @@ from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions, parse_bytes
 from gpufeed.convert.progress import Progress, format_summary
 from gpufeed.errors import ConfigError, SourceNotFound
-from gpufeed.formats import get_format
+from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.lmdb import LMDBReader
 from gpufeed.formats.recordio import RecordIOReader
 
@@ -357,11 +357,12 @@ def test_the_readme_main_job_gpufeed_demo(tmp_path, ray_local, capsys):
     text = capsys.readouterr().out
     assert ("4 awkward files planted: a CMYK JPEG, a PNG named .JPEG, a grayscale JPEG (converted); a truncated "
             "JPEG (skipped under --on-error skip)") in text
-    assert "train: 15 of 16 images written" in text and "(lmdb 15, recordio 15, tfrecord 15); 1 skipped" in text
+    assert "train: 15 of 16 images written" in text
+    assert "(recordio 15, lmdb 15, tfrecord 15, webdataset 15); 1 skipped" in text
     assert "val: 4 of 4 images written" in text
     assert "truncated JPEG" in text.split("skipped inputs (1):", 1)[1]
     assert "OK:" in text and "records read back: train/lmdb 15, train/recordio 15, train/tfrecord 15" in text
-    for fmt in ("lmdb", "recordio", "tfrecord"):
+    for fmt in FORMATS:
         assert (out / "out" / fmt).is_dir()
 
 

@@ -27,7 +27,7 @@ from gpufeed.formats.base import Sample
 MAGIC = struct.pack("<I", 0xCED7230A)
 FUZZ = settings(max_examples=60, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
-NAMES = {"recordio": "f.rec", "tfrecord": "f-00000-of-00001", "lmdb": "f_lmdb"}
+NAMES = {"recordio": "f.rec", "tfrecord": "f-00000-of-00001", "lmdb": "f_lmdb", "webdataset": "f-000000.tar"}
 
 
 def samples():

@@ -19,7 +19,7 @@ from gpufeed.formats.torch import IterableDataset, MapDataset  # noqa: E402
 
 
 def _output_name(fmt: str, stem: str) -> str:
-    return {"lmdb": f"{stem}_lmdb", "recordio": f"{stem}.rec", "tfrecord": stem}[fmt]
+    return {"lmdb": f"{stem}_lmdb", "recordio": f"{stem}.rec", "tfrecord": stem, "webdataset": f"{stem}.tar"}[fmt]
 
 
 def _format(name):
