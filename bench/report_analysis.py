@@ -23,6 +23,7 @@ PREFERRED_BASELINE = "nvme"
 #: shared machine move by a few percent).
 INSENSITIVE_TOLERANCE = 0.03
 MB = 1e6
+GiB = 1 << 30
 
 #: The published finding of shared/TIERS.md, claim by claim: (bench, task, faster tier, slower tier, how much
 #: faster the first is, in words).
@@ -642,22 +643,16 @@ def _gpus_fed_line(rows: Sequence[dict], d: Demand) -> list[Block]:
             and str(params(r).get("accelerator") or "").lower() in acc]
     if not feed:
         return []
-    by_size: dict[float, list[dict]] = defaultdict(list)
-    for r in feed:
-        by_size[r.get("record_bytes") or 0].append(r)
-    parts = []
-    for size in sorted(by_size, reverse=True):
-        cells = []
-        for r in sorted(by_size[size], key=lambda r: (-(r.get("gpus_fed") or 0), str(r.get("tier")))):
-            lim = r.get("tier_limits") or {}
-            disk = f" {fmt_num(lim['size_gib'])} GiB" if lim.get("size_gib") else ""
-            fed = f">= {r.get('gpus_fed')}" if r.get("capped_at_max") else str(r.get("gpus_fed"))
-            cells.append(f"{tier_label(r)}{disk} **{fed}**")
-        fmts = "/".join(sorted({str(r.get("format")) for r in by_size[size]}))
-        parts.append(f"{fmts} records of {fmt_bytes(size)}: " + ", ".join(cells))
-    return [f"**GPUs fed per disk** at AU >= {AU_TARGET:.0%} ({d.accelerator} {d.task}, emulated accelerators "
-            f"reading cold, `gpufeed bench feed`): " + "; ".join(parts)
-            + ". Details under 'Accelerators fed per disk'."]
+    table = Table(f"GPUs fed per disk at AU >= {AU_TARGET:.0%} ({d.accelerator} {d.task}, emulated accelerators "
+                  "reading cold, `gpufeed bench feed`)", ["record", "format", "disk", "size", "GPUs fed"], [])
+    for r in sorted(feed, key=lambda r: (-(r.get("record_bytes") or 0), -(r.get("gpus_fed") or 0),
+                                         str(r.get("tier")), str(r.get("format")))):
+        lim = r.get("tier_limits") or {}
+        fed = f">= {r.get('gpus_fed')}" if r.get("capped_at_max") else str(r.get("gpus_fed"))
+        table.rows.append([fmt_bytes(r.get("record_bytes")), str(r.get("format")), tier_label(r),
+                           f"{fmt_num(lim['size_gib'])} GiB" if lim.get("size_gib") else "measured mount", f"**{fed}**"])
+    table.note = "Details under 'Accelerators fed per disk'."
+    return [table]
 
 
 def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
@@ -761,16 +756,17 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
     else:
         per_core, source = rate
         need = math.ceil(AU_TARGET * d.images_per_s / per_core)
-        text = (f"CPU cores for {d.task}: one core prepares about {fmt_num(per_core)} img/s ({source}), so "
-                f"{AU_TARGET:.0%} of this demand needs about **{need} cores** for decoding alone, plus one for "
-                "the process driving the accelerator.")
+        text = (f"CPU cores for {d.task}: estimated from the read benchmark, one core prepares about "
+                f"{fmt_num(per_core)} img/s ({source}), so {AU_TARGET:.0%} of this demand needs about **{need} "
+                "cores** for decoding alone, plus one for the process driving the accelerator.")
     captured = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored(r) is None
                 and r.get("mode") == "measured" and (figure(r, "au") or 0) >= AU_TARGET]
     if captured and rate is not None:
         best = max(captured, key=lambda r: figure(r, "au") or 0)
-        text += (f" As captured, {params(best).get('workers')} workers already kept it at AU "
-                 f"{fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}): the loop needs fewer cores "
-                 "than the read benchmark's rate suggests, and that many are enough.")
+        text += (f" Measured in the training loop, as captured: {params(best).get('workers')} workers already kept "
+                 f"it at AU {fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}), so the "
+                 f"measured {params(best).get('workers')} are enough where the estimate says {need}: trust the "
+                 "measurement, the estimate counts a core's rate outside the loop.")
     ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and _stored_at(r, resize_to)
            and r.get("mode") == "measured"]
     if ran:
@@ -847,6 +843,10 @@ def _bandwidth_answer(rows: Sequence[dict], ds: list[Demand], resize_to: int) ->
 GPU_COUNTS = (1, 2, 4, 8)
 
 
+#: Images a disk sized for ImageNet-1k must hold (train and val).
+IMAGENET_IMAGES = 1_281_167 + 50_000
+
+
 def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple[list[Block], list[Block]]:
     """The smallest disk of each kind that feeds 1, 2, 4 and 8 accelerators, by the vendors' formulas: each
     accelerator asks its no-wait images/s, each image one random read of the stored image's bytes (one request
@@ -863,8 +863,10 @@ def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple
     tables: list[Block] = []
     for d in ds:
         for label, nbytes in (("as captured", as_captured), (f"--resize {resize_to}", small)):
-            table = Table(f"Smallest disk that feeds N x {d.accelerator} ({d.task}, images {label}, "
-                          f"{fmt_bytes(nbytes)} each)",
+            # The disk must hold the dataset too: ImageNet-1k at this stored size, one format.
+            hold = math.ceil(IMAGENET_IMAGES * nbytes / GiB)
+            table = Table(f"Smallest disk that holds ImageNet-1k ({hold:,} GiB at {fmt_bytes(nbytes)} an image) and "
+                          f"feeds N x {d.accelerator} ({d.task}, images {label})",
                           ["disk", *[f"{n} GPU{'s' if n > 1 else ''}" for n in GPU_COUNTS], "per-disk max"], [])
             feeds_one = []
             for name, prof in tier_profiles.PROFILES.items():
@@ -873,6 +875,7 @@ def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple
                 for n in GPU_COUNTS:
                     gib = prof.smallest_gib(n * d.images_per_s * nbytes / MB, n * d.images_per_s * ops)
                     fixed = not prof.iops_per_gib and not prof.mbps_per_gib
+                    gib = None if gib is None else max(gib, hold)
                     cells.append("-" if gib is None else ("yes (fixed)" if fixed else f"{int(gib):,} GiB"))
                     if n == 1 and gib is not None:
                         feeds_one.append(f"{name} {'(fixed size)' if fixed else f'of {int(gib):,} GiB'}")
@@ -883,6 +886,7 @@ def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple
                     unit = "MiB/s" if prof.mb != MB else "MB/s"
                     bought = [prof.provisioned_for(n * d.images_per_s * nbytes / MB, n * d.images_per_s * ops)
                               for n in GPU_COUNTS]
+                    bought = [None if b is None else (max(b[0], hold), *b[1:]) for b in bought]
                     cells = ["-" if b is None else f"{int(b[0]):,} GiB + {fmt_num(b[1])} IOPS, {fmt_num(b[2])} {unit}"
                              for b in bought]
                     if bought[0] is not None:
@@ -891,9 +895,11 @@ def sized_disks(rows: Sequence[dict], ds: list[Demand], resize_to: int) -> tuple
                     prov = prof.provisioning
                     table.rows.append([f"{name}, provisioned", *cells,
                                        f"{fmt_num(prov.mbps_max)} {unit}, {fmt_num(prov.iops_max)} IOPS"])
-            table.note = ("By the vendors' formulas (min(base + per-GiB x size, per-disk max)); '-' = no size of that "
-                          "disk reaches it. A model of the disk alone: an instance may cap lower, and the CPU or the "
-                          "loader may limit first (see the AU rows).")
+            table.note = ("By the vendors' formulas (min(base + per-GiB x size, per-disk max)), and never smaller "
+                          f"than the {hold:,} GiB that ImageNet-1k's {IMAGENET_IMAGES:,} images take at this size; '-' "
+                          "= no size of that disk reaches it; a fixed-size disk (local NVMe) must hold it as sold. A "
+                          "model of the disk alone: an instance may cap lower, and the CPU or the loader may limit "
+                          "first (see the AU rows).")
             need = d.images_per_s * nbytes / MB
             sentences.append(f"Disks sized as bought: one {d.accelerator} {d.task} ({fmt_num(d.images_per_s)} img/s) "
                              f"from images {label} needs {fmt_num(need)} MB/s of random reads; by the vendors' "
