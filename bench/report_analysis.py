@@ -475,7 +475,7 @@ def train_rows_for(rows: Sequence[dict], demand: Demand) -> list[dict]:
             and accelerator(r) == demand.accelerator and params(r).get("task") == demand.task]
 
 
-def _describe_config(row: dict) -> str:
+def describe_config(row: dict) -> str:
     decode = params(row).get("decode")
     notes = [f"{decode} decode"] if decode else []
     if stored(row):
@@ -695,7 +695,7 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
     if not passing:
         best = max(tr, key=lambda r: figure(r, "au") or 0)
         return (f"**Recommendation:** nothing measured reaches {AU_TARGET:.0%} AU; the closest is "
-                f"{_describe_config(best)} at {fmt_pct(figure(best, 'au'))}. Faster disks, more cores or smaller "
+                f"{describe_config(best)} at {fmt_pct(figure(best, 'au'))}. Faster disks, more cores or smaller "
                 "stored images: see the disk sizes and the cores below.")
     caps = tier_caps(rows)
 
@@ -704,7 +704,7 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
 
     pick = min(passing, key=cost)
     workers = params(pick).get("workers")
-    return (f"**Recommendation:** {_describe_config(pick)}, {workers} workers: AU {fmt_pct(figure(pick, 'au'))}, the "
+    return (f"**Recommendation:** {describe_config(pick)}, {workers} workers: AU {fmt_pct(figure(pick, 'au'))}, the "
             f"slowest disk measured that keeps it at >= {AU_TARGET:.0%} ({len(passing)} of {len(tr)} configurations "
             "pass; all of them under 'Every configuration measured').")
 
@@ -743,7 +743,7 @@ def every_configuration(rows: Sequence[dict]) -> list[Block]:
             continue
         blocks.append(f"ResNet-50 {d.task} on {d.accelerator} ({fmt_num(d.images_per_s)} img/s without waiting):")
         blocks.append([f"{'passes' if (figure(r, 'au') or 0) >= AU_TARGET else 'below the mark'}: "
-                       f"{_describe_config(r)}: AU {fmt_pct(figure(r, 'au'))}, {fmt_num(r['median'])} img/s"
+                       f"{describe_config(r)}: AU {fmt_pct(figure(r, 'au'))}, {fmt_num(r['median'])} img/s"
                        for r in tr])
     return blocks
 
@@ -764,7 +764,7 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
     if captured and rate is not None:
         best = max(captured, key=lambda r: figure(r, "au") or 0)
         text += (f" Measured in the training loop, as captured: {params(best).get('workers')} workers already kept "
-                 f"it at AU {fmt_pct(figure(best, 'au'))} ({_describe_config(best)}{_busy(best)}), so the "
+                 f"it at AU {fmt_pct(figure(best, 'au'))} ({describe_config(best)}{_busy(best)}), so the "
                  f"measured {params(best).get('workers')} are enough where the estimate says {need}: trust the "
                  "measurement, the estimate counts a core's rate outside the loop.")
     ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and _stored_at(r, resize_to)
@@ -791,7 +791,7 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
                                                          else "")
                      if workers else "no DataLoader workers")
             text += (f" Decoding with `{decode}` ({what}) reached AU {fmt_pct(figure(best, 'au'))} at best "
-                     f"({_describe_config(best)}) with {cores}, plus the main process{_busy(best)}.")
+                     f"({describe_config(best)}) with {cores}, plus the main process{_busy(best)}.")
     return [text]
 
 
@@ -984,7 +984,7 @@ def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slo
     for key, rf in by_tier[fast].items():
         rs = by_tier[slow].get(key)
         if rs and _speed(rf) and _speed(rs):
-            gaps.append((_describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1,
+            gaps.append((describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1,
                          max(rf.get("spread") or 0.0, rs.get("spread") or 0.0)))
     return gaps
 

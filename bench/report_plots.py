@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from gpufeed.bench import AU_TARGET
-from gpufeed.bench.report_analysis import (_describe_config, demands, figure, is_synthetic, of_bench,
+from gpufeed.bench.report_analysis import (describe_config, demands, figure, is_synthetic, of_bench,
                                            params, storage_tiers, tier_label)
 
 
@@ -83,7 +83,7 @@ def plot_au(rows: Sequence[dict]):
     ys = range(len(tr))
     ax.barh(list(ys), [figure(r, "au") for r in tr], color=[colours[tier_label(r)] for r in tr])
     ax.set_yticks(list(ys))
-    ax.set_yticklabels([f"{params(r).get('task')}  {_describe_config(r)}" for r in tr], fontsize=8)
+    ax.set_yticklabels([f"{params(r).get('task')}  {describe_config(r)}" for r in tr], fontsize=8)
     ax.axvline(AU_TARGET, color="r", ls="--", lw=1)
     ax.text(AU_TARGET, len(tr) - 0.4, f" {AU_TARGET:.0%} pass mark", color="r", fontsize=8)
     ax.set_xlim(0, 1.05)
@@ -144,7 +144,7 @@ def plot_latency(rows: Sequence[dict]):
         ax.boxplot([[max(w, 1e-3) for w in r["samples"]["data_wait_ms"]] for r in tr], whis=(1, 99),
                    showfliers=False, widths=0.6, **horizontal)
         ax.set_yticks(range(1, len(tr) + 1))
-        ax.set_yticklabels([f"{params(r).get('task')}  {_describe_config(r)}" for r in tr], fontsize=7)
+        ax.set_yticklabels([f"{params(r).get('task')}  {describe_config(r)}" for r in tr], fontsize=7)
         ax.set_xscale("log")
         ax.set_xlabel("wait for the next batch per step (ms, log; whiskers 1st-99th percentile)")
         ax.set_title("Data wait per step")

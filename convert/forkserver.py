@@ -26,12 +26,12 @@ def context():
     """The ``forkserver`` multiprocessing context, set to preload what a shard needs. The server starts
     from this process's environment, which gets :func:`worker_env` first (a Ray runtime started here later
     inherits it too)."""
-    from gpufeed.formats import _REGISTRY
+    from gpufeed.formats import format_modules
 
     os.environ.update(worker_env())
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["gpufeed.convert.worker", "gpufeed.pipelines.transforms", "cv2",
-                                *sorted({target.split(":")[0] for target in _REGISTRY.values()})])
+                                *format_modules()])
     return ctx
 
 

@@ -139,10 +139,17 @@ def write(options, summary, classes, stats) -> dict:
         for name in ("mean_std_json", "mean_binaryproto"):
             if stats_doc.get(name):
                 extra.append(_small_file(sinks.join(out, stats_doc[name]), "stats"))
+    from gpufeed.convert.options import configured_formats
+
+    formats = configured_formats(options.formats, options.shards, options.label_offset)
     files = []
     for f in [*summary.files, *extra]:
         entry = {"path": _relative(out, f["path"]), "role": f["role"], "records": f["records"],
                  "bytes": f["bytes"], "sha256": f["sha256"]}
+        # Which format wrote it: readers (verify, the benchmarks) dispatch on this, not on the file's name.
+        owner = next((fmt.name for fmt in formats if fmt.owned_split(entry["path"]) is not None), None)
+        if owner is not None:
+            entry["format"] = owner
         if f.get("parts"):
             entry["parts"] = [list(p) for p in f["parts"]]
         files.append(entry)

@@ -37,7 +37,7 @@ from gpufeed import io
 from gpufeed.io import file_size, join, makedirs, remove_tree  # noqa: F401 (used through this module too)
 from gpufeed.errors import ConfigError, OutputError
 from gpufeed.formats._atomic import AtomicFile, replace_dir
-from gpufeed.formats._atomic import _remove as remove  # noqa: F401 (the one remove, for engine and manifest)
+from gpufeed.formats._atomic import remove  # noqa: F401 (the one remove, for engine and manifest)
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
 
 #: Spool record header: key length, value length, and the record's check as the LMDB writer keeps it

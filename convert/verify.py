@@ -165,6 +165,8 @@ def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
         if f["role"] != "data":
             continue
         for fmt in formats:
+            if f.get("format") not in (None, fmt.name):
+                continue  # the manifest says which format wrote it (manifests before it said: by name)
             split = fmt.parse_output(f["path"])
             if split is not None:
                 path = io.join(out, *fmt.reader_path(f["path"]).split("/"))

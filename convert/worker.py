@@ -75,13 +75,13 @@ def warm_worker() -> None:
     (OpenCV, the transforms, every format's module)."""
     import importlib
 
-    from gpufeed.formats import _REGISTRY
+    from gpufeed.formats import format_modules
 
     _worker_setup()
     import gpufeed.pipelines.transforms  # noqa: F401
 
-    for target in _REGISTRY.values():
-        importlib.import_module(target.split(":")[0])
+    for module in format_modules():
+        importlib.import_module(module)
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):

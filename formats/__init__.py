@@ -17,6 +17,11 @@ _REGISTRY = {
 FORMATS = tuple(_REGISTRY)
 
 
+def format_modules() -> list[str]:
+    """The modules that implement the formats, for processes that import them ahead of their first shard."""
+    return sorted({target.split(":")[0] for target in _REGISTRY.values()})
+
+
 def get_format(name: str, **options):
     """The :class:`~gpufeed.formats.base.Format` instance called ``name``, configured with ``options``
     (TFRecord's ``label_offset``, RecordIO's ``single``)."""

@@ -96,6 +96,8 @@ def commit_all(files) -> list[WrittenFile]:
 
 _rename = io.rename
 _remove = io.remove
+#: The one removal of a file (absent is fine), for the conversion's own files too.
+remove = io.remove
 exists = io.exists
 
 

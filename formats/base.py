@@ -31,9 +31,8 @@ from typing import Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 
-#: What a sample carries: ``"encoded"`` image bytes (JPEG/PNG as stored), ``"raw"`` pixels as an HWC
-#: ``numpy`` array (uint8, or float16/float32 when normalised), or ``"tokens"``: a 1-D int32 array of token ids.
-KINDS = ("encoded", "raw", "tokens")
+# What a sample carries (Sample.kind): "encoded" image bytes (JPEG/PNG as stored), "raw" pixels as an HWC
+# numpy array (uint8, or float16/float32 when normalised), or "tokens": a 1-D int32 array of token ids.
 
 Label = Union[int, float, Sequence[float]]
 

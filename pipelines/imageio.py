@@ -63,11 +63,6 @@ class ImageInfo:
     orientation: int = 1
     channels: int = 3  # components in the file (JPEG: 1 gray, 3 YCbCr, 4 CMYK/YCCK); 0 = unknown
 
-    @property
-    def stored_shape(self) -> tuple[int, int]:
-        """Height and width as stored, before orientation is applied."""
-        return (self.width, self.height) if self.orientation >= 5 else (self.height, self.width)
-
 
 def probe(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Read the header of ``data`` and refuse what cannot be decoded safely.

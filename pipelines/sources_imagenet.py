@@ -34,7 +34,6 @@ VAL_LABELS = "val_labels.txt"
 #: The Kaggle copy of ILSVRC2012 nests the extracted tree here, with the LOC_* files at the top.
 KAGGLE_TREE = "ILSVRC/Data/CLS-LOC"
 
-_VAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})$")
 
 EXPECTED = ("an ImageNet layout: train/ and val/ folders (train/<wnid>/*.JPEG), or ILSVRC2012_img_train.tar / "
             "ILSVRC2012_img_val.tar")
