@@ -190,22 +190,13 @@ class Throttle:
                 burst_s: float = DEFAULT_BURST_S):
         """Create a state file, export ``GPUFEED_TIER_STATE`` (child processes inherit the tier), yield the
         Throttle; restore the environment and remove the file afterwards."""
-        from gpufeed.io import ENV_VAR, HOOK_VAR
-
         fd, path = tempfile.mkstemp(prefix="gpufeed-tier-", suffix=".state", dir=state_dir)
         os.close(fd)
-        previous = {var: os.environ.get(var) for var in (ENV_VAR, HOOK_VAR)}
         try:
-            t = cls.create(path, limits, accounting=accounting, burst_s=burst_s)
-            os.environ[HOOK_VAR] = f"{__name__}:{cls.__name__}.attach"
-            os.environ[ENV_VAR] = path
-            yield t
+            cls.create(path, limits, accounting=accounting, burst_s=burst_s)
+            with cls.joined(path) as t:
+                yield t
         finally:
-            for var, value in previous.items():
-                if value is None:
-                    os.environ.pop(var, None)
-                else:
-                    os.environ[var] = value
             cls._attached.pop(path, None)
             try:
                 os.unlink(path)
@@ -215,8 +206,9 @@ class Throttle:
     @classmethod
     @contextmanager
     def joined(cls, state_path: str):
-        """Throttle this process (and the children it starts) by a device another process created and removes:
-        the ranks of one benchmark share one emulated disk, as they would share the real one."""
+        """Throttle this process (and the children it starts) by the device in ``state_path``, made by
+        :meth:`create` (here or in another process, which removes it): the ranks of one benchmark share one
+        emulated disk, as they would share the real one. The environment is restored afterwards."""
         from gpufeed.io import ENV_VAR, HOOK_VAR
 
         previous = {var: os.environ.get(var) for var in (ENV_VAR, HOOK_VAR)}
