@@ -203,10 +203,23 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     try:
         kind, doc = manifest_mod.finished(out)
         done = _finished_output(options, out, kind, doc)
-        if done is not None:
+        joined = done.manifest if isinstance(done, _Join) else None
+        if done is not None and joined is None:
             return done
-        _clear_destination(options, out, state_dir, list(plans), doc, progress)
+        if kind == "none":
+            # A join killed before its manifest, rerun (with or without --resume): its journal keeps the
+            # finished conversion it adds to.
+            earlier = manifest_mod.joined_manifest(Journal.peek(state_dir))
+            if earlier is not None and isinstance(_finished_output(options, out, "complete", earlier), _Join):
+                joined = earlier
+        if joined is not None:
+            manifest_mod.check_classes(joined, source.classes(), out)
+        _clear_destination(options, out, state_dir, list(plans), doc, progress, replacing=joined is None)
         journal = Journal.open(state_dir, out, options.output_key(), options.resume)
+        if joined is not None and not manifest_mod.joined_manifest(journal.events):
+            # Kept in the journal, as the manifest is removed until this run finishes: a run killed meanwhile
+            # still proves the earlier splits' files, and its rerun writes them into the manifest.
+            journal.append({"event": "joined", "manifest": joined})
         for s, plan in plans.items():
             items = items_by_split[s]
             journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
@@ -243,10 +256,19 @@ def _named_splits(options: ConvertOptions) -> list[str] | None:
     return None
 
 
-def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | None) -> Summary | None:
-    """A destination that already holds a finished conversion: the same one (nothing to do), another one
-    (refused, unless ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write
-    (refused: never overwritten). ``None`` when the run goes ahead."""
+@dataclasses.dataclass
+class _Join:
+    """A run that adds its splits to a destination's finished conversion (``manifest``): same options, other
+    splits. Its files stay; the manifest written at the end lists both."""
+
+    manifest: dict
+
+
+def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | None) -> "Summary | _Join | None":
+    """A destination that already holds a finished conversion: the same one (nothing to do), the same
+    conversion of other splits (:class:`_Join`: this run adds its splits), another one (refused, unless
+    ``--overwrite`` removes its files), or a ``manifest.json`` gpufeed did not write (refused: never
+    overwritten). ``None`` when the run goes ahead."""
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import options_diff, recorded_options
 
@@ -265,13 +287,20 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
     held = sorted(doc.get("splits") or {})
     mine = _named_splits(options)
     if (recorded != key and not options.overwrite and differing <= {"splits", "src"} and held and mine
-            and not set(mine) & set(held)):
-        # Another split of the same conversion (im2rec's val.lst after train.lst): --overwrite would delete
-        # what DST holds, so it is not the advice.
-        raise ConfigError(f"{out} holds the finished {', '.join(held)} split{'s' if len(held) > 1 else ''} of "
-                          f"{recorded.get('src')}; a later run cannot add a split to a finished destination: write "
-                          f"this one to its own --out (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every "
-                          f"split in one run (--overwrite would delete the {', '.join(held)} output)")
+            and kind == "complete"):
+        sources = manifest_mod.split_sources(doc)
+        if set(mine) <= set(held) and options.resume and all(sources.get(s) == key.get("src") for s in mine):
+            return Summary(out, {s: doc["splits"][s] for s in mine}, [], 0, 0.0, unit=_unit(options),
+                           note=f"{', '.join(mine)} already complete in {out}; nothing to do (add --no-resume to "
+                                "convert again)")
+        if not set(mine) & set(held):
+            # Another split of the same conversion (im2rec's val.lst after train.lst, --split val after
+            # --split train): it joins the destination, whose files stay as they are.
+            if doc.get("normalization") or options.normalize or options.statistics_prepass:
+                raise ConfigError(f"{out} holds the finished {', '.join(held)} split(s), with statistics of their "
+                                  f"own; a split computing statistics cannot join it: write this one to its own "
+                                  f"--out (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every split in one run")
+            return _Join(doc)
     if recorded != key and not options.overwrite:
         diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "
@@ -279,7 +308,8 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
     return None
 
 
-def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dict | None, progress) -> None:
+def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dict | None, progress,
+                       replacing: bool = True) -> None:
     """Before anything is written: a finished conversion being replaced (``doc``: converted again with
     ``--no-resume`` or ``--overwrite``, or after losing files) has its files removed, and so has whatever an
     earlier run wrote at the names the splits that start afresh now will write; only files the destination's
@@ -298,9 +328,12 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
     evidence = destination.Evidence(out)
     evidence.add_journal(events, os.path.join(state_dir, "journal.jsonl"))
     rels = []
+    for earlier in ([manifest_mod.joined_manifest(events)] if manifest_mod.joined_manifest(events) else []):
+        evidence.add_manifest(earlier, os.path.join(state_dir, "journal.jsonl"))
     if doc is not None:
         evidence.add_manifest(doc, manifest_mod.path(out))
-        rels = [f["path"] for f in doc["files"]]
+        if replacing:
+            rels = [f["path"] for f in doc["files"]]
     rels += destination.in_the_way(out, options.formats, [s for s in splits if s not in planned], not planned)
     destination.clear(out, rels, evidence, progress)
     try:
@@ -717,7 +750,8 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     if queued:  # the converting threads' waits for a core, where the OS reports them
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     summary.timeline.update(_per_sample_costs(events))
-    summary.normalization = manifest_mod.write(options, summary, source.classes(), stats)["normalization"]
+    summary.normalization = manifest_mod.write(options, summary, source.classes(), stats,
+                                               joined=manifest_mod.joined_manifest(journal.events))["normalization"]
     remove_state(state_dir)
     sinks.remove_memory_spools(out)
     if not io.is_local(out):

@@ -18,6 +18,7 @@ import numpy as np
 from gpufeed import __version__, io
 from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries
+from gpufeed.errors import ConfigError
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats.naming import is_temp_name
 
@@ -125,11 +126,50 @@ def _relative(out: str, p: str) -> str:
     return p[len(out.rstrip("/")) + 1:] if p.startswith(out.rstrip("/") + "/") else p
 
 
-def write(options, summary, classes, stats) -> dict:
-    """Write class lists, statistics and finally ``manifest.json`` into the destination."""
+def split_sources(doc: dict) -> dict:
+    """``{split: the source it was converted from}`` of a finished conversion (manifests before they said so:
+    every split from the run's one source)."""
+    found = doc.get("split_sources")
+    if isinstance(found, dict):
+        return found
+    src = (doc.get("output_options") or {}).get("src")
+    return {s: src for s in doc.get("splits") or {}}
+
+
+def joined_manifest(events: list[dict]) -> dict | None:
+    """The finished conversion a run adds its splits to, as its journal keeps it."""
+    return next((e["manifest"] for e in events if e.get("event") == "joined" and isinstance(e.get("manifest"), dict)),
+                None)
+
+
+def _merged_classes(earlier: list[str], now: list[str]) -> list[str] | None:
+    """One class list for both: the same, or (a list file's numbered classes, 0..max label) one the other's
+    start; None where they differ."""
+    short, long = sorted((list(earlier), list(now)), key=len)
+    return long if long[:len(short)] == short else None
+
+
+def check_classes(joined: dict, classes, out: str) -> None:
+    """A split joins a destination only with the same class list (or, numbered, one that extends it)."""
+    earlier = (joined.get("classes") or {}).get("names") or []
+    if _merged_classes(earlier, classes.names) is None:
+        raise ConfigError(f"{out} holds the finished {', '.join(sorted(joined.get('splits') or {}))} split(s) with "
+                          f"{len(earlier)} classes, and this source has another class list ({len(classes.names)} "
+                          "classes): write it to its own --out")
+
+
+def write(options, summary, classes, stats, joined: dict | None = None) -> dict:
+    """Write class lists, statistics and finally ``manifest.json`` into the destination. ``joined``: the
+    finished conversion this run added its splits to, whose files, splits and skipped inputs the manifest
+    lists too."""
+    from gpufeed.pipelines.base import ClassInfo
     from gpufeed.pipelines.sources import write_class_list
 
     out = summary.out
+    if joined is not None:
+        names = _merged_classes((joined.get("classes") or {}).get("names") or [], classes.names)
+        if names is not None and list(names) != list(classes.names):  # a list file's numbered classes, extended
+            classes = ClassInfo(names=names)
     extra = [_small_file(u, "classes") for u in write_class_list(classes, out)]
     stats_doc = None
     if stats is not None and stats.images:
@@ -153,6 +193,15 @@ def write(options, summary, classes, stats) -> dict:
         if f.get("parts"):
             entry["parts"] = [list(p) for p in f["parts"]]
         files.append(entry)
+    samples, skipped, converted = summary.samples, list(summary.skipped), list(summary.converted)
+    sources = {s: options.output_key().get("src") for s in summary.samples}
+    if joined is not None:
+        mine = {f["path"] for f in files}
+        files += [f for f in joined.get("files") or [] if f["path"] not in mine and f.get("role") != "classes"]
+        samples = {**joined.get("splits", {}), **summary.samples}
+        skipped = [tuple(x) for x in joined.get("skipped") or []] + skipped
+        converted = [tuple(x) for x in joined.get("converted") or []] + converted
+        sources = {**split_sources(joined), **sources}
     files.sort(key=lambda f: f["path"])
     doc = {
         "manifest_version": MANIFEST_VERSION,
@@ -161,13 +210,14 @@ def write(options, summary, classes, stats) -> dict:
         "output_options": options.output_key(),
         "options": options.to_json(),
         "formats": list(options.formats),
-        "splits": summary.samples,
+        "splits": samples,
+        "split_sources": sources,
         "files": files,
         "classes": {"count": len(classes.names), "names": list(classes.names)},
         "normalization": stats_doc,
-        "skipped": [list(s) for s in summary.skipped],
-        "converted": [list(c) for c in summary.converted],
-        "bytes_written": summary.bytes_written,
+        "skipped": [list(s) for s in skipped],
+        "converted": [list(c) for c in converted],
+        "bytes_written": summary.bytes_written + (joined or {}).get("bytes_written", 0),
         "timings": {"seconds": round(summary.seconds, 3),
                     "images_per_second": round(summary.images_per_second, 1),
                     "first_shard_started": summary.first_shard_started,

@@ -345,3 +345,20 @@ def test_default_shards_come_from_the_split_alone(n, shard_size, shards):
 
     assert default_shards(n, shard_size) == shards
     assert len(plan_split("train", [str(i) for i in range(n)], 0, False, None, shard_size).shards) == shards
+
+
+def test_a_second_split_joins_a_finished_destination(src, tmp_path, ray_local):
+    """`--split train`, then `--split val` into the same --out: the second run adds its split, leaving the first's
+    files as they are; the destination is then what one run of both splits writes, and verifies whole."""
+    both = tmp_path / "both"
+    convert(options(src, both, formats=("recordio", "tfrecord")))
+    out = tmp_path / "o"
+    convert(options(src, out, formats=("recordio", "tfrecord"), splits=("train",)))
+    convert(options(src, out, formats=("recordio", "tfrecord"), splits=("val",)))
+    assert tree_bytes(out) == tree_bytes(both)
+    report = verify(str(out))
+    assert {s for s, _ in report.records} == {"train", "val"}
+    doc = json.loads((out / "manifest.json").read_text())
+    assert set(doc["splits"]) == {"train", "val"} and set(doc["split_sources"]) == {"train", "val"}
+    note = convert(options(src, out, formats=("recordio", "tfrecord"), splits=("train",))).note
+    assert "already complete" in note

@@ -380,3 +380,29 @@ def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     code, _, err = _finish(_local_run(src, out))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_a_join_killed_midway_keeps_the_earlier_split_and_its_rerun_finishes_both(src, tmp_path):
+    """A run adding --split val to a destination holding train, killed: train's files stay (the journal keeps
+    the manifest that proves them), and the rerun writes a manifest of both splits."""
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    code, _, err = _finish(cli(cli_args(src, out, "--workers", "1", "--shard-size", "2", "--split", "train")))
+    assert code == 0, err
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2", "--split", "val")
+    _start_and_kill(args, None, out, after=1)
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    code, _, err = _finish(cli(args))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(out)
+    # Killed again, then rerun afresh (--no-resume): the journal still holds what val joins, so train stays listed.
+    out2 = str(tmp_path / "out2")
+    assert _finish(cli(cli_args(src, out2, "--workers", "1", "--shard-size", "2", "--split", "train")))[0] == 0
+    args2 = cli_args(src, out2, "--workers", "1", "--shard-size", "2", "--split", "val")
+    _start_and_kill(args2, None, out2, after=1)
+    code, _, err = _finish(cli([*args2, "--no-resume"]))
+    assert code == 0, err
+    assert tree_bytes(out2) == tree_bytes(ref)
+    verify(out2)

@@ -16,11 +16,12 @@ import cv2
 import numpy as np
 import pytest
 
-from convert_fixtures import options
+from convert_fixtures import options, tree_bytes
 from gpufeed.convert.cli import main
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions, parse_bytes
 from gpufeed.convert.progress import Progress, format_summary
+from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, SourceNotFound
 from gpufeed.formats import FORMATS, get_format
 from gpufeed.formats.lmdb import LMDBReader
@@ -152,14 +153,23 @@ def test_im2rec_layout_lists_and_outputs_side_by_side_keep_order_and_indexes(lis
     assert [int(line.split("\t")[0]) for line in idx] == ids
     lst = open(os.path.join(out, "recordio", "pets_train.lst")).read().splitlines()
     assert [int(line.split("\t")[0]) for line in lst] == ids
-    # val.lst into the same --out: not joined yet, and the advice is never --overwrite (which deletes train).
-    (open(os.path.join(lists, "pets_val.lst"), "w").write(f"0\t0\timgs/{names[0]}\n"))
-    before = sorted(os.listdir(os.path.join(out, "recordio")))
-    with pytest.raises(ConfigError, match="holds the finished pets_train split of .*pets_train.lst; a later run "
-                                          "cannot add a split .*its own --out \\(e.g. .*o-pets_val\\)"):
-        convert(ConvertOptions(dataset="folder", src=os.path.join(lists, "pets_val.lst"), formats=("recordio",),
-                               out=out, workers=1, progress=False, shuffle=False), Progress(False))
-    assert sorted(os.listdir(os.path.join(out, "recordio"))) == before
+    # pets_val.lst into the same --out joins it, as im2rec writes val.rec beside train.rec: train untouched.
+    (open(os.path.join(lists, "pets_val.lst"), "w").write(f"5\t1\timgs/{names[0]}\n8\t0\timgs/{names[1]}\n"))
+    before = tree_bytes(out)
+    val = ConvertOptions(dataset="folder", src=os.path.join(lists, "pets_val.lst"), formats=("recordio",), out=out,
+                         workers=1, progress=False, shuffle=False)
+    convert(val, Progress(False))
+    after = tree_bytes(out)
+    assert {k: v for k, v in after.items() if "pets_train" in k} == {k: v for k, v in before.items()
+                                                                    if "pets_train" in k}
+    report = verify(out)
+    assert report.records[("pets_train", "recordio")] == 6 and report.records[("pets_val", "recordio")] == 2
+    doc = _manifest(out)
+    assert set(doc["splits"]) == {"pets_train", "pets_val"} and doc["classes"]["count"] == 3
+    # Either command again: already complete, nothing rewritten.
+    for src_list in ("pets_train.lst", "pets_val.lst"):
+        again = convert(dataclasses.replace(val, src=os.path.join(lists, src_list)), Progress(False))
+        assert "already complete" in again.note and tree_bytes(out) == after
     # A list that names a file inside --out is refused, naming it.
     inside = os.path.join(lists, "o2")
     shutil.copytree(os.path.join(lists, "imgs"), os.path.join(inside, "imgs"))
