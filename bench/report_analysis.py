@@ -694,9 +694,15 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
     passing = [r for r in tr if (figure(r, "au") or 0) >= AU_TARGET]
     if not passing:
         best = max(tr, key=lambda r: figure(r, "au") or 0)
+        found = best.get("limit") or {}
+        what = {"disk": "the disk limits it: a faster disk (the sizes below)",
+                "cpu": "the CPU limits it: more cores, or the GPU's JPEG engines (the cores below)",
+                "engines": "the JPEG engines limit it: more CPU workers beside them (decode hybrid)",
+                "main thread": "the rank's own main thread limits it"}.get(found.get("resource"))
+        limited = (f" What its row measured: {found['text']}" + (f"; {what}." if what else ".") if found else
+                   " Faster disks, more cores or smaller stored images: see the disk sizes and the cores below.")
         return (f"**Recommendation:** nothing measured reaches {AU_TARGET:.0%} AU; the closest is "
-                f"{describe_config(best)} at {fmt_pct(figure(best, 'au'))}. Faster disks, more cores or smaller "
-                "stored images: see the disk sizes and the cores below.")
+                f"{describe_config(best)} at {fmt_pct(figure(best, 'au'))}.{limited}")
     caps = tier_caps(rows)
 
     def cost(r):  # slowest disk first, images as captured before resized ones, then the best AU

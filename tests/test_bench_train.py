@@ -296,6 +296,19 @@ def test_ranks_measure_every_configuration_in_step(tmp_path):
                                         "--accelerator", "emulated"]))
 
 
+def test_the_answer_says_what_limits_the_closest_configuration():
+    """Nothing reaches 90%: the recommendation says whether the disk, the CPU or the loader limits the closest."""
+    from gpufeed.bench.report_analysis import _recommendation
+
+    row = {"bench": "train", "format": "recordio", "tier": "local", "metrics": {"au": {"median": 0.74}},
+           "params": {"decode": "hybrid", "workers": 15, "task": "train"},
+           "limit": {"resource": "disk", "text": "disk: 1.17 of 1.16 GB/s"}}
+    assert _recommendation([row], [row]).endswith("What its row measured: disk: 1.17 of 1.16 GB/s; the disk "
+                                                  "limits it: a faster disk (the sizes below).")
+    row["limit"] = {"resource": "cpu", "text": "CPU: 97% of 32 cores busy"}
+    assert "the CPU limits it: more cores" in _recommendation([row], [row])
+
+
 @pytest.mark.parametrize("resources, au, expected", [
     ({"disk_read_mb_per_s": 1620.0, "disk_ceiling": {"mb_per_s": 1700.0}, "cpu_busy": 0.4, "cores": 64},
      0.7, ("disk", "disk: 1.62 of 1.70 GB/s")),
