@@ -401,6 +401,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
 
     formats = options.output_formats()
     ordered = [f.name for f in formats if f.layout == PER_SPLIT]
+    assemblers = {f.name: f.assembler() for f in formats if f.layout == PER_SPLIT}
     prepass_split = _stats_split(options, plans) if options.statistics_prepass else None
     stats_split = None if prepass_split else _stats_split(options, plans)
     image_options = options.image_options()
@@ -434,7 +435,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 st.finished[sink] = finals[(sink, s)]
                 continue
             commits = journal.commit_events(sink, s)
-            st.sinks[sink] = sinks.SPLIT_SINKS[sink](state_dir, out, s, float_dtype).open(commits)
+            st.sinks[sink] = assemblers[sink](state_dir, out, s, float_dtype).open(commits)
             st.next[sink] = st.taken[sink] = commits[-1]["shard"] + 1 if commits else 0
         for sp in st.plan.shards:
             if not _shard_usable(st, sp, spool_dir):

@@ -127,7 +127,7 @@ def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
                 writer = fmt.writer(path)
             else:
                 path = sinks.spool_path(spool_dir, sp.split, fmt.name, sp.shard)
-                writer = sinks.SPLIT_SINKS[fmt.name].spool_writer(fmt, path)
+                writer = fmt.assembler().spool_writer(fmt, path)
             outputs.append((fmt, writer, path))
     except OSError as e:
         for _, w, _ in outputs:

@@ -18,8 +18,9 @@ FORMATS = tuple(_REGISTRY)
 
 
 def format_modules() -> list[str]:
-    """The modules that implement the formats, for processes that import them ahead of their first shard."""
-    return sorted({target.split(":")[0] for target in _REGISTRY.values()})
+    """The modules that implement the formats (and the split outputs' assembly), for processes that import them
+    ahead of their first shard."""
+    return sorted({target.split(":")[0] for target in _REGISTRY.values()} | {"gpufeed.formats.assembly"})
 
 
 def get_format(name: str, **options):

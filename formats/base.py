@@ -281,6 +281,12 @@ class Format(abc.ABC):
         holds: how a reader is chosen for paths given without a format (:func:`gpufeed.formats.format_of`)."""
         return False
 
+    def assembler(self):
+        """For an output that is one per split (:data:`PER_SPLIT`), the class that assembles it from every
+        shard's spool in order (:class:`gpufeed.formats.assembly.SplitSink`); None where the workers write
+        each shard's output themselves."""
+        return None
+
     def part_of(self, path: str) -> str | None:
         """The output ``path`` is a file inside (an LMDB's ``data.mdb``), or None."""
         return None

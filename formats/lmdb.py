@@ -761,6 +761,11 @@ class LMDBFormat(Format):
     def claims(self, path: str) -> bool:
         return os.path.isdir(path) and os.path.exists(os.path.join(path, "data.mdb"))
 
+    def assembler(self):
+        from gpufeed.formats.assembly import LmdbSink
+
+        return LmdbSink
+
     def part_of(self, path: str) -> str | None:
         return os.path.dirname(path) if os.path.basename(path) in ("data.mdb", "lock.mdb") else None
 

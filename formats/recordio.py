@@ -282,6 +282,11 @@ class RecordIOFormat(Format):
     def claims(self, path: str) -> bool:
         return path.rstrip("/").endswith(".rec")
 
+    def assembler(self):
+        from gpufeed.formats.assembly import RecordIOSink
+
+        return RecordIOSink if self.single else None
+
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         from gpufeed.formats.naming import shard_name
         from gpufeed.io import join

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from gpufeed.convert.worker import file_entry
-from gpufeed.convert.sinks import LmdbSink, SpoolWriter, spool_records
+from gpufeed.formats.assembly import LmdbSink, SpoolWriter, spool_records
 from gpufeed.errors import ConfigError, CorruptRecordError, OutputError
 from gpufeed.formats.base import EncodedRecord
 from gpufeed.formats.lmdb import LMDBFormat, record_check
@@ -101,7 +101,7 @@ def test_write_checked_refuses_keys_out_of_order(tmp_path):
 
 def _fragments(tmp_path, sizes):
     """RecordIO fragments as workers spool them for a single ``.rec``: ``[(spool, files)]`` per shard."""
-    from gpufeed.convert.sinks import RecordIOSink
+    from gpufeed.formats.assembly import RecordIOSink
     from gpufeed.formats import get_format
 
     fmt, start, batch = get_format("recordio", single=True), 0, []
@@ -119,7 +119,7 @@ def _fragments(tmp_path, sizes):
 def _commit_rec(tmp_path, name, sizes, batches):
     """Commit the fragments of ``sizes`` in ``batches`` (shards per commit_many call); the files and the
     journal fields of every shard."""
-    from gpufeed.convert.sinks import RecordIOSink
+    from gpufeed.formats.assembly import RecordIOSink
 
     work = tmp_path / name
     work.mkdir()

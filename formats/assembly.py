@@ -1,0 +1,552 @@
+"""Split outputs assembled in order: a format whose output is one per split (an LMDB environment, a single
+``.rec``) needs every record of the split in one place, in shard order, so each such format has a
+:class:`SplitSink` (``Format.assembler()``). Workers hand it their records through spool files
+(:meth:`SplitSink.spool_writer`; where they live is the conversion's business, :mod:`gpufeed.convert.sinks`), and
+the conversion's driver commits the shards in order as they complete while the workers go on encoding:
+
+* LMDB (:class:`LmdbSink`): the spool holds each record with the check the LMDB writer keeps of it (CRC-32C
+  of key then value, computed by the worker); the driver maps the spool, verifies each check and hands the
+  records to the LMDB format's writer without copying them, one transaction per shard (``putmulti``); that
+  environment becomes the output in place at the end.
+* Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver has
+  the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``; the
+  fragments waiting when it gets to them are appended together and flushed to the disk once.
+
+Partial outputs live in the local state directory and are renamed (or uploaded) to their final names only
+when the split is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import shutil
+import struct
+
+from gpufeed import io
+from gpufeed.errors import ConfigError, OutputError
+from gpufeed.formats._atomic import AtomicFile, remove, replace_dir
+from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
+from gpufeed.io import file_size, join, makedirs
+
+#: Spool record header: key length, value length, and the record's check as the LMDB writer keeps it
+#: (CRC-32C of key then value, :func:`gpufeed.formats.lmdb.record_check`): computed once, by the worker.
+_SPOOL_HEAD = struct.Struct("<III")
+#: LMDB's map is a reservation of address space, not disk: one size for every partial environment
+#: (Caffe uses 1 TB too), so it never has to grow between resumes.
+_PARTIAL_MAP_SIZE = 1 << 40
+#: Sidecar fields every fragment of one ``.rec`` must agree on (RecordIO stores one layout per file).
+_LAYOUT_KEYS = ("kind", "shape", "dtype", "checksum")
+
+
+# -- spool files -----------------------------------------------------------------------------------------
+
+class SpoolWriter:
+    """Writes a shard's LMDB records for the split's sink, each with its check; the file appears only when
+    complete."""
+
+    def __init__(self, path: str):
+        from gpufeed.formats.lmdb import record_check
+
+        self._check = record_check
+        # Neither synced nor hashed: a lost spool is redone, and each record carries its own check.
+        self._file = AtomicFile(path, role="spool", durable=False, hashed=False)
+
+    def write_encoded(self, record: EncodedRecord) -> None:
+        key, value = record.key, record.value
+        self._file.write(_SPOOL_HEAD.pack(len(key), len(value), self._check(key, value)) + key)
+        self._file.write(value)
+        self._file.records += 1
+
+    def close(self) -> WrittenFile:
+        return self._file.commit()
+
+    def abort(self) -> None:
+        self._file.discard()
+
+
+@contextlib.contextmanager
+def spool_records(path: str, records: int | None = None):
+    """The records of a spool file as a list of ``(key, value, check)``, each check verified: key bytes, value
+    a memoryview of the file mapped into memory (valid inside the ``with``: nothing is copied). ``records``:
+    how many its worker wrote (a spool that ends early or holds more is refused)."""
+    import mmap
+
+    import crc32c
+
+    from gpufeed.errors import CorruptRecordError
+
+    def corrupt(i, pos, why):
+        return CorruptRecordError(path, i, pos, why)
+
+    with io.open_file(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size if io.is_local(path) else None
+        if size == 0:
+            m, view = None, memoryview(b"")
+        elif size is not None:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            view = memoryview(m)
+        else:
+            m, view = None, memoryview(f.read())
+    out = []
+    try:
+        crc, head, end = crc32c.crc32c, _SPOOL_HEAD.unpack_from, len(view)
+        pos = 0
+        while pos < end:
+            if pos + _SPOOL_HEAD.size > end:
+                raise corrupt(len(out), pos, "it ends inside a record header")
+            klen, vlen, check = head(view, pos)
+            k = pos + _SPOOL_HEAD.size
+            v = k + klen
+            pos = v + vlen
+            if pos > end:
+                raise corrupt(len(out), k - _SPOOL_HEAD.size, f"a record of {klen} + {vlen} bytes runs past its end")
+            key, value = bytes(view[k:v]), view[v:pos]
+            if crc(value, crc(key)) != check:
+                raise corrupt(len(out), k - _SPOOL_HEAD.size, "a record's CRC does not match")
+            out.append((key, value, check))
+        if records is not None and len(out) != records:
+            raise corrupt(len(out), pos, f"it holds {len(out)} records, not the {records} its worker wrote")
+        yield out
+    finally:
+        for _, value, _ in out:
+            value.release()
+        out.clear()
+        view.release()
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a slice still held (by the error being raised): unmapped when it goes
+
+
+# -- ordered sinks on the driver -----------------------------------------------------------------------------
+
+def output_error(path: str, e: BaseException) -> OutputError:
+    """One sentence naming the output file (not a temporary name) and the fix."""
+    if isinstance(e, OutputError) and isinstance(e.__cause__, OSError):
+        e = e.__cause__  # the writer's own OutputError names the temporary file: keep only the reason
+    reason = getattr(e, "strerror", None) or str(e)
+    return OutputError(f"{path}: cannot be written ({reason}); free space on the destination (or fix its "
+                       "permissions) and rerun the same command to resume")
+
+
+class SplitSink:
+    """One split's output that a single writer assembles from every shard, in shard order (LMDB, a single
+    ``.rec``): the ordered counterpart of the files workers write themselves.
+
+    Spools are written without fsync: the sink's own output is fsync'd before a commit is journalled, a
+    shard whose spool is gone is redone, and a damaged one fails its records' CRCs (LMDB) or its part's SHA-256
+    (``gpufeed verify``, RecordIO). So a spool usually never reaches the disk: it is read back from the page
+    cache and deleted.
+
+    Its hooks follow a Ray Data ``Datasink``: :meth:`open` starts the output, or restores it to the commits
+    the journal holds; :meth:`commit` takes one shard's spool (written by the shard's worker with
+    :meth:`spool_writer`) and returns what the journal records of it (:meth:`commit_many`: several shards next
+    in line, made durable together); :meth:`finish` completes the output
+    under its final name; :meth:`close` gives up (a resumed run goes on from the journal). The engine knows
+    no more of a format than this.
+    """
+
+    format = ""
+    #: The spool's file name ends so (a RecordIO fragment's ``.rec``: its writer names the side files from it).
+    spool_ext = ""
+
+    def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
+        self.state_dir, self.out, self.split, self.float_dtype = state_dir, out, split, float_dtype
+
+    @staticmethod
+    def spool_writer(fmt, path: str):
+        """The writer a worker hands this sink's records to (``fmt`` encodes them)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def spool_files(spool: str) -> list[str]:
+        """Every file that :meth:`spool_writer` makes for ``spool``, removed once committed."""
+        return [spool]
+
+    def open(self, commits: list[dict]) -> "SplitSink":
+        raise NotImplementedError
+
+    def commit(self, spool: str, files: list[dict]) -> dict:
+        raise NotImplementedError
+
+    def commit_many(self, batch: list) -> list[dict]:
+        """Commit ``[(spool, files)]`` in order (shards next in line): what the journal records of each.
+        Nothing of the batch is journalled before this returns, so a sink may make the batch durable once."""
+        return [self.commit(spool, files) for spool, files in batch]
+
+    def finish(self) -> list[WrittenFile]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class LmdbSink(SplitSink):
+    """A split's LMDB, written once, in key order, one transaction per shard, by the LMDB format's writer,
+    whose environment becomes the output in place (no copy at the end).
+
+    Determinism by construction: that environment has always been built from empty by the same sequence of
+    transactions, so its bytes depend only on the records. A run that
+    goes on after a kill does not reopen the environment it left (whose pages would carry that history):
+    it rebuilds the journalled shards into a fresh one, one transaction each as before, then continues.
+    That copy is the price of a resume, not of every run.
+    """
+
+    format = "lmdb"
+
+    def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
+        super().__init__(state_dir, out, split, float_dtype)
+        self.partial_dir = os.path.join(state_dir, "partial")
+        self.target = os.path.join(self.partial_dir, f"{split}_lmdb")
+        from gpufeed.formats import get_format
+
+        self.final = get_format("lmdb").output_path(out, split)
+        self._writer = None
+
+    @staticmethod
+    def spool_writer(fmt, path: str):
+        return SpoolWriter(path)
+
+    def _new_writer(self):
+        from gpufeed.formats import get_format
+
+        # The map is a reservation of address space, not disk (Caffe reserves 1 TB too): it never grows, so
+        # no transaction is ever redone; the writer ties the output's map size to its data at the end.
+        return get_format("lmdb").writer(self.target, raw_float_dtype=self.float_dtype,
+                                         initial_map_size=_PARTIAL_MAP_SIZE, batch_records=1 << 62,
+                                         batch_bytes=1 << 62, compact=False, in_place=True)
+
+    def open(self, commits: list[dict]) -> "LmdbSink":
+        import glob
+
+        import lmdb
+
+        os.makedirs(self.partial_dir, exist_ok=True)
+        old = sorted(glob.glob(os.path.join(glob.escape(self.partial_dir), f".{self.split}_lmdb.tmp-*")))
+        if commits and not old:
+            raise OutputError(f"{self.partial_dir}: the partial {self.split} LMDB journalled at "
+                              f"{commits[-1]['records']} records is gone; rerun with --no-resume to start over")
+        try:
+            self._writer = self._new_writer()
+            if commits:
+                self._replay(old[-1], [c["records"] for c in commits])
+        except (lmdb.Error, OSError) as e:  # OutputError too, which names the partial environment
+            raise output_error(self.final, e) from e
+        for stale in old:
+            shutil.rmtree(stale, ignore_errors=True)
+        return self
+
+    def _replay(self, old: str, boundaries: list[int]) -> None:
+        """Rebuild the journalled shards (cumulative record counts ``boundaries``) from the environment a
+        stopped run left; records it committed past the journal are dropped (their shards are redone)."""
+        import lmdb
+
+        env = lmdb.open(old, readonly=True, lock=False, subdir=True, readahead=True)
+        try:
+            with env.begin(buffers=True) as txn:
+                cursor = txn.cursor()
+                n = 0
+                more = cursor.first()
+                for stop in boundaries:
+                    while n < stop:
+                        if not more:
+                            raise OutputError(f"{old}: holds {n} records, fewer than the {stop} journalled; "
+                                              "rerun with --no-resume to start over")
+                        key, value = cursor.item()
+                        self._writer.write_encoded(_lmdb_record(bytes(key), bytes(value)))
+                        n += 1
+                        more = cursor.next()
+                    self._writer.flush()
+        finally:
+            env.close()
+
+    def commit(self, spool: str, files: list[dict]) -> dict:
+        """Append one shard's spooled records in one transaction; returns the records committed so far."""
+        import lmdb
+
+        from gpufeed.errors import CorruptRecordError
+
+        written = {f["path"]: f for f in files}.get(spool)
+        try:
+            with spool_records(spool, written and written["records"]) as records:
+                self._writer.write_checked(records)
+                self._writer.flush()
+        except CorruptRecordError as e:
+            remove(spool)  # so that the next run converts the shard again
+            raise OutputError(f"{spool}: damaged (record {e.record_index} at byte {e.byte_offset}: {e.reason}), so "
+                              "its shard cannot join the LMDB; it was removed: rerun the same command to convert "
+                              "that shard again") from e
+        except lmdb.Error as e:
+            raise output_error(self.target, e) from e
+        return {"records": self._writer.committed_records}
+
+    def finish(self) -> list[WrittenFile]:
+        """Compact the environment into its final name (in the destination, or uploaded to it)."""
+        import lmdb
+
+        try:
+            written = self._writer.close()
+        except (OSError, lmdb.Error) as e:
+            raise output_error(self.final, e) from e
+        self._writer = None
+        if io.is_local(self.out):
+            makedirs(os.path.dirname(self.final))
+            try:
+                replace_dir(self.target, io.local_path(self.final))
+            except OSError as e:
+                raise output_error(self.final, e) from e
+            return [dataclasses.replace(w, path=os.path.join(self.final, os.path.relpath(w.path, self.target)))
+                    for w in written]
+        uploaded = [_upload(w, self.target, self.final) for w in written]
+        shutil.rmtree(self.target, ignore_errors=True)
+        return uploaded
+
+    def close(self) -> None:
+        # The working environment stays for a resume; only this process lets go of it.
+        if self._writer is not None:
+            self._writer.release()
+            self._writer = None
+
+
+def _lmdb_record(key: bytes, value: bytes) -> EncodedRecord:
+    index, _, name = key.decode("utf-8", "surrogateescape").partition("_")
+    return EncodedRecord(key, value, int(index), name, ())
+
+
+def _upload(w: WrittenFile, local_dir: str, remote_dir: str) -> WrittenFile:
+    """Copy one file of a locally built LMDB to the remote destination, then drop the local copy."""
+    target = join(remote_dir, os.path.relpath(w.path, local_dir))
+    written = copy_file(w.path, target, w.role, w.records)
+    os.remove(w.path)
+    return written
+
+
+def copy_file(local: str, target: str, role: str, records: int) -> WrittenFile:
+    """Copy a local file to ``target`` (any URL) under a temporary name, then rename it into place."""
+    makedirs(target.rsplit("/", 1)[0] if not io.is_local(target) else os.path.dirname(io.local_path(target)))
+    out = AtomicFile(target, role)
+    try:
+        with open(local, "rb") as src:
+            while chunk := src.read(8 << 20):
+                out.write(chunk)
+    except OSError as e:
+        out.discard()
+        raise output_error(target, e) from e
+    out.records = records
+    return out.commit()
+
+
+class RecordIOSink(SplitSink):
+    """A split's single ``.rec`` with its ``.idx`` and ``.lst``, assembled from shard fragments in order.
+
+    Each worker writes its shard as a complete RecordIO fragment (records are 4-byte aligned, so fragments
+    concatenate) and hashes it as it writes. The sink appends the fragment's ``.rec`` with an in-kernel
+    copy (``copy_file_range``: no byte passes through Python, and filesystems with reflinks share the
+    blocks), shifts the ``.idx`` offsets and appends the ``.lst`` lines. The ``.rec``'s checksum is a hash
+    list: the SHA-256 of each fragment as its worker wrote it (``parts`` in the manifest, checked range by
+    range by ``gpufeed verify``), so nothing is read back to hash it.
+    """
+
+    format = "recordio"
+    spool_ext = ".rec"
+    EXTS = (".rec", ".idx", ".lst")
+    _ROLES = {".rec": "data", ".idx": "index", ".lst": "list"}
+
+    def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
+        super().__init__(state_dir, out, split, float_dtype)
+        self.partial = {ext: os.path.join(state_dir, "partial", f"{split}{ext}") for ext in self.EXTS}
+        from gpufeed.formats import get_format
+
+        rec = get_format("recordio").output_path(out, split)
+        self.final = {ext: rec[:-len(".rec")] + ext for ext in self.EXTS}
+        self.sidecar = None  # the first non-empty fragment's sidecar: kind, raw shape and dtype
+        self._files = {}
+        self._sha = {}
+        self.parts = []  # [bytes, sha256] of each fragment in the .rec, in order
+        self.records = 0
+
+    @staticmethod
+    def spool_writer(fmt, path: str):
+        return fmt.writer(path, durable=False)  # a spool is redone if lost (see SplitSink)
+
+    @staticmethod
+    def spool_files(spool: str) -> list[str]:
+        base = spool[:-len(".rec")]
+        return [spool, base + ".idx", base + ".lst", spool + ".json"]
+
+    def open(self, commits: list[dict]) -> "RecordIOSink":
+        """Open the partial files, cut back to the last journalled commit."""
+        last = commits[-1] if commits else None
+        lengths = last["lengths"] if last else {}
+        os.makedirs(os.path.dirname(self.partial[".rec"]), exist_ok=True)
+        try:
+            for ext, path in self.partial.items():
+                want = lengths.get(ext, 0)
+                if want and not os.path.exists(path):
+                    # Killed while moving the finished split into place: take the moved file back.
+                    if file_size(self.final[ext]) != want:
+                        raise OutputError(f"{path}: the partial output journalled at {want} bytes is gone; "
+                                          "rerun with --no-resume to start over")
+                    if io.is_local(self.out):
+                        os.replace(io.local_path(self.final[ext]), path)
+                    else:
+                        with io.open_file(self.final[ext], "rb") as src, open(path, "wb") as dst:
+                            shutil.copyfileobj(src, dst, 8 << 20)
+                # Not O_APPEND: copy_file_range refuses such a destination; every write goes to the end.
+                f = open(path, "r+b" if os.path.exists(path) else "w+b")
+                if f.seek(0, os.SEEK_END) < want:
+                    raise OutputError(f"{path}: shorter than the {want} bytes journalled; the state directory "
+                                      "was damaged, rerun with --no-resume to start over")
+                f.truncate(want)
+                self._files[ext] = f
+                if ext != ".rec":  # the side files are small: hashed again from the start
+                    f.seek(0)
+                    sha = hashlib.sha256()
+                    while chunk := f.read(8 << 20):
+                        sha.update(chunk)
+                    self._sha[ext] = sha
+                f.seek(0, os.SEEK_END)
+        except OSError as e:
+            raise output_error(self.partial[".rec"], e) from e
+        self.parts = [c["part"] for c in commits if c.get("part")]
+        self.records = last["records"] if last else 0
+        self.sidecar = last and last["sidecar"]
+        return self
+
+    def lengths(self) -> dict:
+        return {ext: f.tell() for ext, f in self._files.items()}
+
+    def commit(self, spool: str, files: list[dict]) -> dict:
+        """Append the fragment at ``spool`` (a ``.rec`` with its ``.idx``/``.lst``); returns the journal's
+        fields: lengths, records, the fragment's part and the sidecar."""
+        return self.commit_many([(spool, files)])[0]
+
+    def commit_many(self, batch: list) -> list[dict]:
+        """Append several fragments in order, then make them durable with one fsync per file: a commit
+        thread that has fallen behind catches up with one disk flush for all the shards waiting (their
+        journal entries follow that flush)."""
+        rec = self._files[".rec"]
+        fields = []
+        try:
+            for spool, files in batch:
+                fields.append(self._append(spool, files, rec))
+            for f in self._files.values():
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise output_error(self.partial[".rec"], e) from e
+        return fields
+
+    def _append(self, spool: str, files: list[dict], rec) -> dict:
+        base = spool[:-len(".rec")]
+        offset = rec.tell()
+        written = {f["path"]: f for f in files}.get(spool)
+        with io.open_file(spool + ".json", "rb") as f:
+            side = json.loads(f.read())
+        self._check_layout(spool, side)
+        size = append_file(spool, rec)
+        if written is None or written["bytes"] != size:
+            raise OutputError(f"{spool}: {size} bytes, not the {written and written['bytes']} its worker "
+                              "wrote; the spool was changed: rerun the same command to redo the shard")
+        with io.open_file(base + ".idx", "rb") as f:
+            lines = []
+            for line in f.read().splitlines():
+                key, _, off = line.partition(b"\t")
+                lines.append(b"%s\t%d\n" % (key, int(off) + offset))
+        idx = b"".join(lines)
+        with io.open_file(base + ".lst", "rb") as f:
+            lst = f.read()
+        for ext, data in ((".idx", idx), (".lst", lst)):
+            self._files[ext].write(data)
+            self._sha[ext].update(data)
+        part = [size, written["sha256"]] if size else None
+        if part:
+            self.parts.append(part)
+        self.records += len(lines)
+        return {"lengths": self.lengths(), "records": self.records, "part": part, "sidecar": self.sidecar}
+
+    def _check_layout(self, fragment: str, side: dict) -> None:
+        layout = {k: side.get(k) for k in _LAYOUT_KEYS}
+        if self.sidecar is None or (side.get("records") and not self.sidecar.get("records")):
+            self.sidecar = dict(side)  # an empty fragment (every input skipped) has no layout of its own
+        elif side.get("records") and layout != {k: self.sidecar.get(k) for k in _LAYOUT_KEYS}:
+            raise ConfigError(f"{fragment}: records of layout {layout} cannot join {self.final['.rec']} of layout "
+                              f"{ {k: self.sidecar.get(k) for k in _LAYOUT_KEYS} }; one .rec holds one raw "
+                              "shape: give --size HxW for raw pixels, or --shards to write one .rec per shard")
+
+    def finish(self) -> list[WrittenFile]:
+        written = []
+        digest = {}
+        makedirs(join(self.out, "recordio"))
+        for ext, f in self._files.items():
+            size = f.tell()
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+            target = self.final[ext]
+            if io.is_local(self.out):
+                try:
+                    os.replace(self.partial[ext], io.local_path(target))
+                except OSError as e:
+                    raise output_error(target, e) from e
+            else:
+                copy_file(self.partial[ext], target, self._ROLES[ext], self.records)
+                os.remove(self.partial[ext])
+            parts = tuple(tuple(p) for p in self.parts) if ext == ".rec" else ()
+            digest[ext] = parts_digest(parts) if ext == ".rec" else self._sha[ext].hexdigest()
+            written.append(WrittenFile(target, self.records, size, digest[ext], self._ROLES[ext], parts))
+        self._files = {}
+        # The sidecar of the whole file: the fragments' layout, with the whole file's record count.
+        side = dict(self.sidecar or {}, records=self.records)
+        if "sha256" in side:  # the side files' checksums, which the reader checks
+            side["sha256"] = {"idx": digest[".idx"], "lst": digest[".lst"]}
+        out = AtomicFile(self.final[".rec"] + ".json", "sidecar")
+        out.write(json.dumps(side, indent=1, sort_keys=True).encode() + b"\n")
+        out.records = self.records
+        written.append(out.commit())
+        return written
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+
+
+def append_file(src: str, dst) -> int:
+    """Append the file ``src`` to the open file ``dst`` at its position; returns the bytes appended.
+
+    Local to local, the kernel copies (``copy_file_range``; a reflink where the filesystem shares blocks),
+    and the bytes are charged to an emulated tier as read and written; otherwise they stream through."""
+    if io.is_local(src) and hasattr(os, "copy_file_range"):
+        dst.flush()
+        with open(io.local_path(src), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            done = 0
+            try:
+                while done < size:
+                    n = os.copy_file_range(f.fileno(), dst.fileno(), size - done)
+                    if n == 0:
+                        break
+                    done += n
+            except OSError as e:
+                if done or e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+            if done == size:
+                dst.seek(0, os.SEEK_END)
+                io.charge(size)
+                io.charge(size, write=True)
+                return size
+    n = 0
+    with io.open_file(src, "rb") as f:
+        while chunk := f.read(8 << 20):
+            dst.write(chunk)
+            n += len(chunk)
+    return n
