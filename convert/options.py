@@ -18,8 +18,6 @@ from gpufeed.machine import usable_cores
 from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS, ON_ERROR
 from gpufeed.pipelines.image_options import GEOMETRY, check_image_options
 
-#: CIFAR's encoding per format when ``--encode`` is not given (:meth:`ConvertOptions.encode_for`).
-CIFAR_ENCODE = {"lmdb": "raw", "recordio": "png", "tfrecord": "png"}
 PTB_MODES = ("window", "sentence")
 #: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
 DEFAULT_QUALITY = 95
@@ -129,8 +127,13 @@ class ConvertOptions:
         if self.label_offset not in (0, 1):
             raise ConfigError(f"--label-offset must be 0 (0-based labels) or 1 (TensorFlow's 1..1000 with 0 = "
                               f"background), not {self.label_offset}")
-        if self.label_offset and "tfrecord" not in self.formats:
-            raise ConfigError("--label-offset applies to TFRecord labels; add tfrecord to --to or leave it out")
+        if self.label_offset:
+            from gpufeed.formats import format_class
+
+            takers = [name for name in FORMATS if format_class(name).takes_label_offset]
+            if not set(takers) & set(self.formats):
+                raise ConfigError(f"--label-offset applies to {', '.join(takers)} labels; add "
+                                  f"{' or '.join(takers)} to --to or leave it out")
         check_image_options(self, flags=True)
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
@@ -250,7 +253,9 @@ class ConvertOptions:
         ``convert_cifar_data``), PNG in RecordIO (what ``ImageRecordIter`` decodes) and in TFRecord (as
         TFDS stores CIFAR). Every other case: :attr:`effective_encode` for all formats."""
         if self.encode is None and self.store_dtype == "uint8" and self.dataset in ("cifar10", "cifar100"):
-            return CIFAR_ENCODE.get(fmt, self.effective_encode)
+            from gpufeed.formats import format_class
+
+            return format_class(fmt).cifar_encode
         return self.effective_encode
 
     def output_formats(self) -> list:
@@ -299,10 +304,9 @@ class ConvertOptions:
 
 def configured_formats(names, shards: int | None, label_offset: int = 0) -> list:
     """The formats ``names``, each configured as a conversion with these options writes it."""
-    from gpufeed.formats import get_format
+    from gpufeed.formats import format_class
 
-    settings = {"tfrecord": {"label_offset": label_offset}, "recordio": {"single": shards is None}}
-    return [get_format(name, **settings.get(name, {})) for name in names]
+    return [format_class(name).for_conversion(shards, label_offset) for name in names]
 
 
 def parse_size(text: str) -> tuple[int, int]:

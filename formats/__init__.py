@@ -23,15 +23,20 @@ def format_modules() -> list[str]:
     return sorted({target.split(":")[0] for target in _REGISTRY.values()} | {"gpufeed.formats.assembly"})
 
 
-def get_format(name: str, **options):
-    """The :class:`~gpufeed.formats.base.Format` instance called ``name``, configured with ``options``
-    (TFRecord's ``label_offset``, RecordIO's ``single``)."""
+def format_class(name: str):
+    """The :class:`~gpufeed.formats.base.Format` subclass called ``name``."""
     try:
         target = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_format(name: str, **options):
+    """The :class:`~gpufeed.formats.base.Format` instance called ``name``, configured with ``options``
+    (TFRecord's ``label_offset``, RecordIO's ``single``)."""
+    return format_class(name)(**options)
 
 
 def format_of(paths) -> str:

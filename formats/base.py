@@ -281,6 +281,16 @@ class Format(abc.ABC):
         holds: how a reader is chosen for paths given without a format (:func:`gpufeed.formats.format_of`)."""
         return False
 
+    #: How CIFAR is stored when no encoding is asked for: as this format's ecosystem ships it.
+    cifar_encode: ClassVar[str] = "png"
+    #: Whether this format stores labels with an offset (``--label-offset``: TFRecord's 1..1000).
+    takes_label_offset: ClassVar[bool] = False
+
+    @classmethod
+    def for_conversion(cls, shards: int | None = None, label_offset: int = 0) -> "Format":
+        """This format configured as a conversion with these options writes it."""
+        return cls()
+
     def assembler(self):
         """For an output that is one per split (:data:`PER_SPLIT`), the class that assembles it from every
         shard's spool in order (:class:`gpufeed.formats.assembly.SplitSink`); None where the workers write

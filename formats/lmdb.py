@@ -758,6 +758,9 @@ class LMDBFormat(Format):
     def reader_path(self, relpath: str) -> str:
         return relpath.rsplit("/", 1)[0]
 
+    #: Caffe's convert_cifar_data stores raw pixel Datums.
+    cifar_encode = "raw"
+
     def claims(self, path: str) -> bool:
         return os.path.isdir(path) and os.path.exists(os.path.join(path, "data.mdb"))
 

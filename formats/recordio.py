@@ -279,6 +279,10 @@ class RecordIOFormat(Format):
 
     side_files = {".idx": ".rec", ".lst": ".rec", ".rec.json": ".rec"}
 
+    @classmethod
+    def for_conversion(cls, shards: int | None = None, label_offset: int = 0) -> "RecordIOFormat":
+        return cls(single=shards is None)  # im2rec's one .rec per split, unless --shards asks for K
+
     def claims(self, path: str) -> bool:
         return path.rstrip("/").endswith(".rec")
 

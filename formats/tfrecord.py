@@ -152,6 +152,11 @@ class TFRecordFormat(Format):
     indexed = True
     side_files = {".idx": ""}
     claims_other_files = True
+    takes_label_offset = True
+
+    @classmethod
+    def for_conversion(cls, shards: int | None = None, label_offset: int = 0) -> "TFRecordFormat":
+        return cls(label_offset=label_offset)
 
     def __init__(self, label_offset: int = 0):
         self.label_offset = int(label_offset)
