@@ -2,7 +2,7 @@
 
 A local file with no tier emulation active is memory-mapped once per process and sequential scans hand records
 out as ``memoryview`` slices of the map: no copy, no system call per record, which is what lets a reader that
-checks every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/formats_speed.py).
+checks every record keep up with a plain 1 MiB ``read()`` loop from the page cache (bench/experiments/formats_speed.py).
 A record read at random (``read_raw(i)``, ``reader[i]``) is one request for its extent instead
 (:meth:`ByteSource.record`), an ``os.pread`` of a local file: through the map, a cold record is read by page
 faults taken while the first touch holds the GIL, so the threads of one process wait on the disk one at a

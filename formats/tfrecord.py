@@ -2,7 +2,7 @@
 
 A record on disk is ``u64 length, u32 masked_crc32c(length bytes), payload, u32 masked_crc32c(payload)``
 (TensorFlow ``record_writer.cc``). Both CRCs are checked on every read, sequential or random: the ``tfrecord``
-package skips them by default and then returns damaged images without a word (bench/formats_speed.py compares
+package skips them by default and then returns damaged images without a word (bench/experiments/formats_speed.py compares
 it with this module). CRC-32C comes from the ``crc32c`` package (hardware instructions, GIL released).
 
 Payloads are ``tf.train.Example`` protobufs built with ``proto/tf_example_pb2`` (TensorFlow's messages, generated

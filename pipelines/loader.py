@@ -510,7 +510,7 @@ class HwJpegDecoder(GpuCrop):
         self.barrier = False
         # Evaluation: decode only each image's centre box (decoded()). Off: on an H200 with nvImageCodec 0.9 the
         # engines refuse region decoding, every image fell back to the CUDA decoder, and the evaluation step ran
-        # at 4,306 img/s against 9,368 decoding whole images (bench.decode_rates, which measures both).
+        # at 4,306 img/s against 9,368 decoding whole images (bench.experiments.decode_rates, which measures both).
         self.roi = False
 
     def images(self, flat, sizes, regions=None) -> list:

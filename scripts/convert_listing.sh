@@ -14,7 +14,7 @@ cd /tmp
 if [ ! -f "$WORK/corpus.json" ]; then
   python3 -c "
 import json, os, sys, time
-from gpufeed.bench.convert_node import build_corpus
+from gpufeed.bench.experiments.convert_node import build_corpus
 t = time.perf_counter(); nbytes, _ = build_corpus('$WORK/src', ${N:-120000}, ${UNIQUE:-3000}, os.cpu_count())
 json.dump({'n': ${N:-120000}, 'unique': ${UNIQUE:-3000}, 'bytes': nbytes, 'seconds': round(time.perf_counter() - t, 1)},
           open('$WORK/corpus.json', 'w'))"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Conversion at node scale on the GPU machine (16 cores): the plain-multiprocessing limit loop against
 # `gpufeed convert --workers 16` for each format alone and all three, and pass-through against cp, on
-# 120,000 ImageNet-like JPEGs, cold cache for every run (bench/convert_node.py says what each run is).
+# 120,000 ImageNet-like JPEGs, cold cache for every run (bench/experiments/convert_node.py says what each run is).
 #
 #   bash scripts/device_wheels.sh                         # here, once: .whl/ with Ray, lmdb, crc32c
 #   device run, carry .whl:  OUT=$OUT bash scripts/convert_node.sh
@@ -28,7 +28,7 @@ REPO=$PWD
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
-python3 -m gpufeed.bench.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
+python3 -m gpufeed.bench.experiments.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
   --pass-n "${PASS_N:-40000}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
   --work "${WORK:-/tmp/gpufeed-node}" "${COMPARE_ARGS[@]}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
 # WORKER_COST=1: then one process's CPU per image per format against the limit loop (scripts/worker_cost.py),

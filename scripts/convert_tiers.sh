@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Conversion on storage tiers at the machine's core count (the published finding's preprocessing claims):
-# `gpufeed bench convert` of one ImageNet-like corpus (bench/convert_node.py's: N files, copies of UNIQUE
+# `gpufeed bench convert` of one ImageNet-like corpus (bench/experiments/convert_node.py's: N files, copies of UNIQUE
 # synthesised photo-like JPEGs) with `--resize 256`, WORKERS workers, on the local disk (measured) and on the
 # emulated cloud tiers at their default 500 GiB size. Rows go to $OUT/$RESULTS_NAME for `gpufeed report`.
 #
@@ -19,7 +19,7 @@ WORKERS=${WORKERS:-$(nproc)}
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB; $(df -h /tmp | tail -1)"
 if [ ! -d "$WORK/src" ]; then
-  python3 -c "import sys, time; from gpufeed.bench.convert_node import build_corpus; t = time.time(); \
+  python3 -c "import sys, time; from gpufeed.bench.experiments.convert_node import build_corpus; t = time.time(); \
 b, _ = build_corpus(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])); \
 print(f'corpus: {sys.argv[2]} files, {b / 1e9:.2f} GB, {time.time() - t:.0f} s')" "$WORK/src" "$N" "$UNIQUE" "$WORKERS"
 fi

@@ -3,7 +3,7 @@
 #  1. an ImageNet-like benchmark dataset on the local disk (gpufeed bench dataset, every format; 40,000 images:
 #     a cold inference run of 12 warm-up + 40 timed batches of 512 reads each record once);
 #  2. decode rates side by side: one CPU core, nvJPEG on the SMs, the JPEG engines (python -m
-#     gpufeed.bench.decode_rates), with the engines' pixels checked against the CPU's;
+#     gpufeed.bench.experiments.decode_rates), with the engines' pixels checked against the CPU's;
 #  3. gpufeed bench train, cold cache, ResNet-50 training and inference fed by gpufeed.loader with
 #     decode cpu, hw and hybrid, from every format;
 #  (PROBE=1) before 3: scripts/loader_probe.py, the loader's ceilings without the model (warm cache): the
@@ -42,7 +42,7 @@ du -sh "$DATA"
 
 if [ "${RATES:-1}" = 1 ]; then
   stamp "decode rates: one CPU core, nvJPEG, the JPEG engines"
-  python3 -m gpufeed.bench.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
+  python3 -m gpufeed.bench.experiments.decode_rates "$DATA" --results "$RESULTS" 2>&1 | grep -v "nvjpeg2k\|nvtiff\|nvTIFF\|nvJPEG2000"
 fi
 
 if [ "${PROBE:-0}" = 1 ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The hw decode path beside ResNet-50 inference on the GPU (issue 10): python -m gpufeed.bench.decode_contention
+# The hw decode path beside ResNet-50 inference on the GPU (issue 10): python -m gpufeed.bench.experiments.decode_contention
 # on a small ImageNet-like dataset held in memory (no disk, no DataLoader). It tells whether the GPU side of the
 # loader (engines, crop, the model's stream waiting for each batch) or its host side limits inference, which
 # variants of the decoders change that, and whether the pipeline's pixels equal the same images decoded alone.
@@ -26,6 +26,6 @@ for threads in ${THREADS_LIST:-2 1 4}; do
   [ $first = 1 ] || variants=${VARIANTS_REST:-base}
   first=0
   echo "[$(date -u +%H:%M:%S)] decode contention: $threads decoder threads, variants $variants"
-  timeout -k 10 "${STEP_S:-200}" python3 -m gpufeed.bench.decode_contention "$DATA" --threads "$threads" \
+  timeout -k 10 "${STEP_S:-200}" python3 -m gpufeed.bench.experiments.decode_contention "$DATA" --threads "$threads" \
     --variants "$variants" --seconds "${WINDOW_S:-5}" --results "$RESULTS" 2>&1 | quiet || echo "rc $?"
 done

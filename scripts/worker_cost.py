@@ -1,6 +1,6 @@
 """Per-image CPU cost of a conversion worker against the limit loop, per format, in one process.
 
-The node-scale runs (bench/convert_node.py) see each format's worker-seconds but not where they go. This
+The node-scale runs (bench/experiments/convert_node.py) see each format's worker-seconds but not where they go. This
 converts one shard of ``--n`` ImageNet-like JPEGs (bench.transform_speed.make_corpus, warm page cache) with
 ``gpufeed.convert.worker.run_shard`` for each format alone and all three, alternating with the limit loop
 (decode with DCT downscale, resize 256, JPEG q95, nothing written), and prints the CPU milliseconds per image
@@ -36,7 +36,7 @@ def main() -> None:
     import cv2
 
     cv2.setNumThreads(1)
-    from gpufeed.bench.transform_speed import limit_one, make_corpus
+    from gpufeed.bench.experiments.transform_speed import limit_one, make_corpus
     from gpufeed.convert import worker
     from gpufeed.convert.options import ConvertOptions
     from gpufeed.convert.plan import ShardPlan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpufeed.bench.convert_node import main, roles_table, run, table
+from gpufeed.bench.experiments.convert_node import main, roles_table, run, table
 
 
 def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
 
 
 def test_a_conversion_between_two_limit_runs_is_compared_with_their_mean():
-    from gpufeed.bench.convert_node import _bracket
+    from gpufeed.bench.experiments.convert_node import _bracket
 
     rows = [{"run": "limit", "images_per_second": 100.0}, {"run": "tfrecord", "images_per_second": 90.0,
             "of_limit": 0.9}, {"run": "limit", "images_per_second": 80.0}, {"run": "lmdb", "images_per_second": 70.0,
@@ -82,7 +82,7 @@ def test_a_conversion_between_two_limit_runs_is_compared_with_their_mean():
 def test_rows_of_different_calls_are_not_set_against_each_other():
     """A results file gathering several calls: a conversion's limit runs either side, and the writing loop it
     is set against, come from its own call."""
-    from gpufeed.bench.convert_node import _against_writes, _bracket
+    from gpufeed.bench.experiments.convert_node import _against_writes, _bracket
 
     rows = [{"call": 1, "run": "limit", "images_per_second": 100.0},
             {"call": 1, "run": "limit-write3", "images_per_second": 80.0, "of_limit": 0.8},
@@ -122,7 +122,7 @@ def test_the_memory_sampler_sees_both_halves_of_a_run_under_a_second():
     import sys
     import time
 
-    from gpufeed.bench.convert_node import _RssSampler
+    from gpufeed.bench.experiments.convert_node import _RssSampler
 
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(32 << 20); time.sleep(0.4)"])

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from convert_fixtures import cli_args
-from gpufeed.bench.convert_node import ray_cluster
+from gpufeed.bench.experiments.convert_node import ray_cluster
 from gpufeed.convert.verify import verify
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpufeed.bench import formats_speed
+from gpufeed.bench.experiments import formats_speed
 
 
 def test_tiny_run_writes_every_row(tmp_path, capsys):

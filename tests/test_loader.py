@@ -378,7 +378,7 @@ def test_nvimagecodec_log_lines_are_off_unless_the_user_sets_them(monkeypatch):
 
 
 def test_decode_contention_refuses_unknown_variants_before_it_needs_a_gpu(tmp_path):
-    from gpufeed.bench import decode_contention
+    from gpufeed.bench.experiments import decode_contention
 
     with pytest.raises(SystemExit, match="unknown nope"):
         decode_contention.main([str(tmp_path), "--variants", "base,nope"])

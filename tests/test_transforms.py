@@ -302,7 +302,7 @@ def test_decode_crop_is_the_crop_of_the_full_decode_and_reduces_large_photos():
 
 def test_speed_bench_runs_in_a_tiny_configuration(tmp_path):
     from gpufeed.bench.results import load_results
-    from gpufeed.bench.transform_speed import run
+    from gpufeed.bench.experiments.transform_speed import run
 
     result = run(n=3, repeats=1, out_path=str(tmp_path / "rows.jsonl"))
     assert set(result["loops"]) == {"limit", "cv2", "make_sample", "pillow"}

@@ -1,10 +1,10 @@
 """Does ``gpufeed convert`` reach the per-core limit, and does it scale? Ratios measured side by side.
 
-On one ImageNet-like corpus (:func:`gpufeed.bench.transform_speed.make_corpus`: photo-like JPEGs, 90%
+On one ImageNet-like corpus (:func:`gpufeed.bench.experiments.transform_speed.make_corpus`: photo-like JPEGs, 90%
 ~500x375, 10% 1600x1200) written as an image folder, each repeat runs, interleaved so machine drift hits
 all alike:
 
-* ``limit``: the per-core limit loop (:func:`gpufeed.bench.transform_speed.loop_limit`, decode with DCT
+* ``limit``: the per-core limit loop (:func:`gpufeed.bench.experiments.transform_speed.loop_limit`, decode with DCT
   downscale -> resize shorter side 256 -> JPEG q95, no I/O) in this process, one core;
 * ``convert w1`` / ``convert w2``: the real conversion (resize 256, q95, TFRecord) with 1 and 2 Ray workers,
   wall clock of :func:`gpufeed.convert.engine.convert` from listing to manifest, on one local Ray runtime
@@ -18,7 +18,7 @@ all alike:
 Targets (PERFORMANCE.md, issue 4): convert w1 >= 90% of limit; w2 >= 90% of 2 x w1; two nodes = one node;
 pass-through bound by the disk (near the copy).
 
-    python bench/convert_scaling.py --n 400 --repeats 3 [--out results/convert_scaling.json]
+    python bench/experiments/convert_scaling.py --n 400 --repeats 3 [--out results/convert_scaling.json]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from gpufeed.bench.results import cpu_seconds
-from gpufeed.bench.transform_speed import loop_limit, make_corpus
+from gpufeed.bench.experiments.transform_speed import loop_limit, make_corpus
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
 

@@ -1,8 +1,8 @@
 """Large end-to-end conversions with memory and throughput recorded over time.
 
-``python -m gpufeed.bench.scale cifar --samples 200000 --work /data/scale`` synthesises a CIFAR-10 of that
+``python -m gpufeed.bench.experiments.scale cifar --samples 200000 --work /data/scale`` synthesises a CIFAR-10 of that
 many training samples in the official pickle layout and converts it to every format;
-``python -m gpufeed.bench.scale imagenet --gigabytes 20 --work /data/scale`` does the same with an
+``python -m gpufeed.bench.experiments.scale imagenet --gigabytes 20 --work /data/scale`` does the same with an
 ImageNet-like tree of that many bytes of JPEGs (resize 256, JPEG q95). While ``gpufeed convert`` runs as a
 subprocess, every ``--interval`` seconds the anonymous resident memory (``RssAnon``: file pages mapped by
 LMDB are page cache, not held memory) of each process of its tree (driver, Ray's raylet and GCS, each
@@ -172,7 +172,7 @@ def _synth(kind: str, src: str, args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.scale", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.scale", description=__doc__.splitlines()[0])
     p.add_argument("dataset", choices=("cifar", "imagenet"))
     p.add_argument("--work", required=True, help="folder for the synthetic source and the output")
     p.add_argument("--samples", type=int, default=200_000, help="cifar: training samples")

@@ -1,4 +1,4 @@
-"""``python -m gpufeed.bench.decode_rates DST``: JPEG decode rates side by side, in one run, on one GPU machine.
+"""``python -m gpufeed.bench.experiments.decode_rates DST``: JPEG decode rates side by side, in one run, on one GPU machine.
 
 The same records (the first ``--images`` of a benchmark dataset's RecordIO, as stored) decoded by:
 

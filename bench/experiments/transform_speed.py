@@ -14,7 +14,7 @@ each doing decode -> resize shorter side to 256 -> JPEG q95, no I/O, no framewor
 Loops are interleaved within each repeat so machine drift hits all of them alike; rates use the
 process's CPU time (robust when other jobs share the machine), wall-clock rates are recorded too.
 
-    python -m gpufeed.bench.transform_speed --n 300 --repeats 5 --out results/transform_speed.jsonl
+    python -m gpufeed.bench.experiments.transform_speed --n 300 --repeats 5 --out results/transform_speed.jsonl
 """
 
 from __future__ import annotations

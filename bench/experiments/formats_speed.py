@@ -12,7 +12,7 @@ also given in CPU seconds (user + system: page-cache copies, page faults and CRC
 other processes competing for the cores do not distort. The table shows medians; the JSON keeps every value.
 The target is a ratio of at least 0.8 for 114 KB records.
 
-    python -m gpufeed.bench.formats_speed --records 2000 --small-records 20000 --json formats_speed.json
+    python -m gpufeed.bench.experiments.formats_speed --records 2000 --small-records 20000 --json formats_speed.json
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     from gpufeed.formats import FORMATS
 
-    parser = argparse.ArgumentParser(prog="python -m gpufeed.bench.formats_speed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.formats_speed", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=2000, help="records of --size bytes (default 2000)")
     parser.add_argument("--size", type=int, default=114_000, help="bytes per large record (default 114000)")
     parser.add_argument("--small-records", type=int, default=None, help="records of --small-size bytes "

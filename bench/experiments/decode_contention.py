@@ -1,4 +1,4 @@
-"""``python -m gpufeed.bench.decode_contention DST``: the ``hw`` path's evaluation step beside ResNet-50
+"""``python -m gpufeed.bench.experiments.decode_contention DST``: the ``hw`` path's evaluation step beside ResNet-50
 inference on one GPU, to tell what limits feeding the model from the JPEG engines.
 
 In one process, on in-memory batches of the dataset's RecordIO (no disk, no DataLoader workers), each mode for
@@ -48,7 +48,7 @@ class Bench:
     def __init__(self, args):
         import torch
 
-        from gpufeed.bench.decode_rates import _Record, _records
+        from gpufeed.bench.experiments.decode_rates import _Record, _records
         from gpufeed.bench.train import CudaResNet
         from gpufeed.pipelines.loader import EncodedBytes, collate_encoded
 

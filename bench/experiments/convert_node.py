@@ -1,7 +1,7 @@
 """Conversion at node scale: ``gpufeed convert --workers P`` against the machine's own parallel limit.
 
 On one ImageNet-like corpus of ``n`` files (``unique`` photo-like JPEGs from
-:func:`gpufeed.bench.transform_speed.make_corpus`, copied under new names: decode cost depends on the size,
+:func:`gpufeed.bench.experiments.transform_speed.make_corpus`, copied under new names: decode cost depends on the size,
 not the content; 90% ~500x375, 10% 1600x1200), each run starts from a cold page cache and they run side by
 side in one invocation:
 
@@ -29,7 +29,7 @@ time divides into CPU, waiting for a core (Linux schedstat) and the rest (waitin
 peak anonymous RSS in the first and second half of the run. From the rate per worker it projects ImageNet-1k's
 1,281,167 train images onto a 64-core node (linear in workers: the projection says so).
 
-    python -m gpufeed.bench.convert_node --n 120000 --unique 3000 --workers 16 --work /tmp/gpufeed-node \
+    python -m gpufeed.bench.experiments.convert_node --n 120000 --unique 3000 --workers 16 --work /tmp/gpufeed-node \
         --results results/convert-node.jsonl
 """
 
@@ -66,7 +66,7 @@ TARGETS = {"recordio": 0.90, "tfrecord": 0.90, "lmdb": 0.90, "all": 0.85, "pass"
 
 
 def _make_unique(args) -> list[bytes]:
-    from gpufeed.bench.transform_speed import make_corpus
+    from gpufeed.bench.experiments.transform_speed import make_corpus
 
     n, seed = args
     return [data for data, _, _ in make_corpus(n, seed=seed)]
@@ -109,7 +109,7 @@ def drop_caches(*trees: str) -> str:
 
 
 def _limit_one(path: str) -> int:
-    from gpufeed.bench.transform_speed import limit_one
+    from gpufeed.bench.experiments.transform_speed import limit_one
 
     with open(path, "rb") as f:
         return limit_one(f.read())
@@ -118,7 +118,7 @@ def _limit_one(path: str) -> int:
 def _limit_write(args) -> int:
     """The limit loop over one chunk of paths, each image's encoded JPEG appended to ``copies`` files in
     ``out``, fsync'd and closed at the chunk's end."""
-    from gpufeed.bench.transform_speed import limit_encode
+    from gpufeed.bench.experiments.transform_speed import limit_encode
 
     chunk, paths, copies, out = args
     files = [open(os.path.join(out, f"chunk{chunk:06d}-{k}.bin"), "wb") for k in range(copies)]
@@ -252,7 +252,7 @@ class _RssSampler(threading.Thread):
         self.period, self.fast, self.fast_for = period, fast, fast_for
 
     def run(self) -> None:
-        from gpufeed.bench.scale import anon_rss
+        from gpufeed.bench.experiments.scale import anon_rss
 
         # None once gone, or a zombie (no memory left to report); 0 is a reading (a process just exec'd)
         while (rss := anon_rss(self.pid)) is not None:
@@ -262,7 +262,7 @@ class _RssSampler(threading.Thread):
 
     def halves(self, wall: float) -> tuple[int, int]:
         """The peak in the first and in the second half of the process's ``wall`` seconds."""
-        from gpufeed.bench.scale import peak_halves
+        from gpufeed.bench.experiments.scale import peak_halves
 
         return peak_halves(self.samples, wall)
 
@@ -683,7 +683,7 @@ def roles_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.convert_node", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.convert_node", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=120_000, help="files in the corpus")
     p.add_argument("--unique", type=int, default=3000, help="distinct synthesised JPEGs among them")
     p.add_argument("--workers", type=int, default=usable_cores(), help="processes / Ray workers")
