@@ -34,7 +34,7 @@ import os
 import time
 
 from gpufeed.errors import ConfigError
-from gpufeed.formats import FORMATS
+from gpufeed.formats import FORMATS, format_class
 from gpufeed.machine import usable_cores
 
 IMAGES = ("imagenet", "cifar", "ptb")
@@ -118,14 +118,14 @@ def store_flags(resize: int | None = None, size: tuple[int, int] | None = None, 
 
 def output_path(out: str, fmt: str, shard: int = 0, shards: int = 1) -> str:
     """Where ``build_dataset`` puts format ``fmt`` (the path its reader takes)."""
+    from gpufeed.formats import format_class
+    from gpufeed.formats.base import PER_SPLIT
     from gpufeed.formats.naming import shard_name
 
-    if fmt == "lmdb":
-        return os.path.join(out, "lmdb", "train_lmdb" if shards == 1 else shard_name("train", shard, shards))
-    if fmt == "recordio":
-        return os.path.join(out, "recordio", "train.rec" if shards == 1 else shard_name("train", shard, shards,
-                                                                                          ".rec"))
-    return os.path.join(out, fmt, shard_name("train", shard, shards))
+    f = format_class(fmt).for_conversion(shards=None if shards == 1 else shards)
+    if shards > 1 and f.layout == PER_SPLIT:  # one output per shard of a format made one per split (an LMDB)
+        return os.path.join(out, fmt, shard_name("train", shard, shards))
+    return f.output_path(out, "train", shard, shards)
 
 
 def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagenet",
@@ -255,7 +255,8 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
         data = [f for f in files if f["role"] == "data"]
         if not data or n == 0:
             continue
-        rel = sorted(os.path.dirname(f["path"]) if fmt == "lmdb" else f["path"] for f in data)
+        reader_path = format_class(fmt)().reader_path
+        rel = sorted(reader_path(f["path"]) for f in data)
         data_bytes = sum(f["bytes"] for f in data)
         info["formats"][fmt] = {"relpaths": rel, "paths": [os.path.join(info["out"], r) for r in rel],
                                 "files": files, "data_bytes": data_bytes,
