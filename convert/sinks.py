@@ -34,6 +34,8 @@ _LAYOUT_KEYS = ("kind", "shape", "dtype", "checksum")
 MEMORY_ROOT = "/dev/shm"
 #: Bytes per sample and ordered sink a memory spool is sized for (ImageNet JPEGs as shipped: ~110 KB).
 SPOOL_SAMPLE_BYTES = 256 * 1024
+#: And for raw pixel records (a float16 224x224x3 crop is 294 KB; a float32 full-size photo several MB).
+RAW_SPOOL_SAMPLE_BYTES = 4 << 20
 
 
 def memory_spool_dir(out: str) -> str:
@@ -43,17 +45,17 @@ def memory_spool_dir(out: str) -> str:
     return os.path.join(MEMORY_ROOT, f"gpufeed-spool-{os.getuid()}-{digest}")
 
 
-def memory_spools(out: str, in_flight: int) -> str | None:
+def memory_spools(out: str, in_flight: int, sample_bytes: int = SPOOL_SAMPLE_BYTES) -> str | None:
     """A memory spool folder for ``out`` (made, private to this user) when :data:`MEMORY_ROOT` has room for
-    ``in_flight`` samples' spools twice over; None where it has not, or the folder there is not this user's
-    (spools then go to the destination's state folder)."""
+    ``in_flight`` samples' spools (``sample_bytes`` each) twice over; None where it has not, or the folder there
+    is not this user's (spools then go to the destination's state folder)."""
     import stat
 
     try:
         fs = os.statvfs(MEMORY_ROOT)
     except OSError:
         return None
-    if in_flight * SPOOL_SAMPLE_BYTES * 2 > fs.f_bavail * fs.f_frsize:
+    if in_flight * sample_bytes * 2 > fs.f_bavail * fs.f_frsize:
         return None
     path = memory_spool_dir(out)
     try:
