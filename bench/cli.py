@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from gpufeed.convert.cli import add_command
+from gpufeed.cli import add_command
 
 #: sub-subcommand -> (module, one-line help). each module holds its own arguments and run().
 SUBCOMMANDS = {

@@ -1,3 +1,3 @@
-from gpufeed.convert.cli import entry
+from gpufeed.cli import entry
 
 entry()

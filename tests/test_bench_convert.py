@@ -5,7 +5,7 @@ measured "mount"."""
 from __future__ import annotations
 
 from gpufeed.bench.results import load_results
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 
 
 def test_bench_convert_emulated_and_measured(ray_local, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from gpufeed.bench import feed, report
 from gpufeed.bench.report_analysis import _gpus_fed
 from gpufeed.bench.results import load_results
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 
 
 @pytest.mark.parametrize("capacity, expected, tried, top", [(5, 5, [1, 2, 4, 8, 6, 5], 8), (0, 0, [1], 8),

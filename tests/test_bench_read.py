@@ -10,7 +10,7 @@ import pytest
 
 from gpufeed.bench.dataset import build_dataset, load_dataset_info
 from gpufeed.bench.results import load_results
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 from gpufeed.formats import FORMATS, get_format
 
 
@@ -106,7 +106,7 @@ import sys
 sys.modules["torch"] = None  # import torch / import ray now raise ImportError
 sys.modules["ray"] = None
 from gpufeed.bench.dataset import build_dataset
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 build_dataset({str(tmp_path / "ds")!r}, ["recordio", "lmdb"], n=8, workers=2)
 sys.exit(main(["bench", "read", {str(tmp_path / "ds")!r}, "--results", {str(results)!r}, "--samples", "8",
                "--workers", "2", "--modes", "decode", "--cache", "cold", "--repeats", "1", "--warmup", "0"]))

@@ -140,7 +140,7 @@ def test_configuration_errors(dataset, tmp_path):
 
 
 def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):
-    from gpufeed.convert.cli import main
+    from gpufeed.cli import main
 
     monkeypatch.setitem(sys.modules, "torch", None)  # as if it were not installed: `import torch` fails
     rc = main(["bench", "train", str(tmp_path), "--results", str(tmp_path / "r.jsonl")])
@@ -156,7 +156,7 @@ def test_ptb_lstm_reads_token_windows_from_every_format(tmp_path, ray_local):
     import torch
 
     from gpufeed.bench.dataset import load_dataset_info
-    from gpufeed.convert.cli import main
+    from gpufeed.cli import main
     from gpufeed.pipelines.loader import Loader
     from gpufeed.pipelines.synth import synth_ptb
 

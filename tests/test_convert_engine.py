@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from convert_fixtures import options, tree_bytes
-from gpufeed.convert.cli import COMMANDS, build_parser
+from gpufeed.cli import COMMANDS, build_parser
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.plan import plan_split
@@ -63,7 +63,7 @@ def test_the_pool_converts_only_where_the_runtime_is_started_here():
 
 
 def test_help_explains_every_option_without_importing_ray():
-    code = ("import sys; from gpufeed.convert.cli import build_parser; p = build_parser(); "
+    code = ("import sys; from gpufeed.cli import build_parser; p = build_parser(); "
             "assert 'ray' not in sys.modules and 'cv2' not in sys.modules, sorted(sys.modules); "
             "p.parse_args(['convert', '--help'])")
     text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -75,7 +75,7 @@ def test_help_explains_every_option_without_importing_ray():
 
 
 def test_a_subcommand_imports_only_its_own_module():
-    code = ("import sys; from gpufeed.convert.cli import build_parser; p = build_parser('convert'); "
+    code = ("import sys; from gpufeed.cli import build_parser; p = build_parser('convert'); "
             "assert not [m for m in sys.modules if m.startswith(('gpufeed.bench', 'gpufeed.pipelines.synth'))], "
             "sorted(sys.modules); p.parse_args(['convert', 'imagenet', 's', '--to', 'lmdb', '--out', 'o'])")
     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -91,7 +91,7 @@ def test_the_command_ends_with_its_code_after_exit_handlers_and_flushed_output(t
     marker = tmp_path / "handler-ran"
     code = ("import atexit, sys; import ray; "
             f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes')); "
-            "from gpufeed.convert.cli import leave; print('summary', end=''); sys.stderr.write('note'); leave(3)")
+            "from gpufeed.cli import leave; print('summary', end=''); sys.stderr.write('note'); leave(3)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "summary", "note")
     assert marker.read_text() == "yes"

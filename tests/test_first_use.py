@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from convert_fixtures import options, tree_bytes
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions, parse_bytes
 from gpufeed.convert.progress import Progress, format_summary
@@ -378,7 +378,7 @@ def test_the_readme_main_job_gpufeed_demo(tmp_path, ray_local, capsys):
 
 @pytest.mark.parametrize("dataset", ["imagenet", "folder", "cifar10", "ptb"])
 def test_a_src_that_does_not_exist_is_said_so(tmp_path, dataset, capsys):
-    from gpufeed.convert.cli import main
+    from gpufeed.cli import main
 
     missing = tmp_path / "no-such-dataset"
     assert main(["convert", dataset, str(missing), "--to", "tfrecord", "--out", str(tmp_path / "out")]) == 2

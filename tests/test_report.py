@@ -11,7 +11,7 @@ import pytest
 
 from gpufeed.bench import report
 from gpufeed.bench.results import ResultWriter, load_results, summarize
-from gpufeed.convert.cli import main
+from gpufeed.cli import main
 from gpufeed.errors import ConfigError
 
 GPU = "NVIDIA H200"
@@ -130,7 +130,7 @@ def test_baseline_and_ratios(results):
 
 
 def test_html_is_one_self_contained_file_and_markdown_has_its_plots(results, tmp_path):
-    from gpufeed.convert.cli import main
+    from gpufeed.cli import main
 
     html_path = tmp_path / "report.html"
     assert main(["report", results, "-o", str(html_path)]) == 0
@@ -151,7 +151,7 @@ def test_html_is_one_self_contained_file_and_markdown_has_its_plots(results, tmp
 
 
 def test_report_errors(results, tmp_path):
-    from gpufeed.convert.cli import main
+    from gpufeed.cli import main
 
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["report", results, "-o", str(tmp_path / "report.pdf")]) == 2

@@ -14,10 +14,11 @@ import sys
 from gpufeed import __version__
 from gpufeed import errors
 from gpufeed.errors import GpufeedError
+from gpufeed.formats import FORMATS
 
 #: subcommand -> (module, one-line help)
 COMMANDS = {
-    "convert": ("gpufeed.convert.command", "convert a dataset to lmdb / recordio / tfrecord"),
+    "convert": ("gpufeed.convert.command", f"convert a dataset to {' / '.join(FORMATS)}"),
     "verify": ("gpufeed.convert.verify", "read every output back and check it against its manifest"),
     "synth": ("gpufeed.pipelines.synth", "write synthetic data in a dataset's real on-disk layout"),
     "demo": ("gpufeed.convert.demo", "synthesise a small ImageNet and convert it to every format"),
