@@ -52,25 +52,20 @@ def limit(row: dict) -> dict | None:
     r = row.get("resources")
     if au is None or au >= MISSED or not r:
         return None
-    found, seen = [], []
     disk, ceiling = r.get("disk_read_mb_per_s"), (r.get("disk_ceiling") or {}).get("mb_per_s")
-    if disk is not None and ceiling:
-        text = f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s"
-        (found if disk >= NEAR * ceiling else seen).append(("disk", text))
-    busy = r.get("cpu_busy")
-    if busy is not None:
-        text = f"CPU: {busy:.0%} of {r.get('cores', '?')} cores busy"
-        (found if busy >= NEAR else seen).append(("cpu", text))
     hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
-    if hw is not None and engines:
-        text = f"JPEG engines: {hw:,.0f} of {engines:,.0f} img/s"
-        (found if hw >= NEAR * engines else seen).append(("engines", text))
-    main = r.get("main_thread_busy")
-    if main is not None:
-        # The GPU starved while the thread that takes its batches and launches its kernels was this busy: with
-        # the launch queue empty it does not spin, so its time went to the loop's own host work.
-        text = f"the rank's main thread: {main:.0%} of one core"
-        (found if main >= NEAR else seen).append(("main thread", text))
+    busy, main = r.get("cpu_busy"), r.get("main_thread_busy")
+    # (resource, its use, its ceiling, what to print): a share of the cores, or the thread that takes the GPU's
+    # batches and launches its kernels (the GPU starved while it was this busy: with the launch queue empty it
+    # does not spin, so its time went to the loop's own host work).
+    checks = [("disk", disk, ceiling, lambda: f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s"),
+              ("cpu", busy, 1.0, lambda: f"CPU: {busy:.0%} of {r.get('cores', '?')} cores busy"),
+              ("engines", hw, engines, lambda: f"JPEG engines: {hw:,.0f} of {engines:,.0f} img/s"),
+              ("main thread", main, 1.0, lambda: f"the rank's main thread: {main:.0%} of one core")]
+    found, seen = [], []
+    for name, used, top, text in checks:
+        if used is not None and top:
+            (found if used >= NEAR * top else seen).append((name, text()))
     if found:
         return {"resource": found[0][0], "text": "; ".join(t for _, t in found)}
     what = "; ".join(t for _, t in seen) or "nothing measured"

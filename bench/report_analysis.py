@@ -613,7 +613,8 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                   "one loader per GPU, reading cold)",
                   ["model", "task", "GPU", "tier", "format", "GPUs fed (every rank AU >= 90%)",
                    "slowest rank's AU with N GPUs", "what limits the first N below"], [])
-    best: dict[tuple, tuple[int, str, list[int]]] = {}
+    fed_by: dict[tuple, tuple[int, str]] = {}  # per model, task, GPU and tier: the most GPUs fed, and from which format
+    counts: dict[tuple, set[int]] = defaultdict(set)  # and every GPU count measured there
     for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
         model, task, gpu, tier, fmt = key
         by_n = groups[key]
@@ -624,11 +625,14 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                              for n in sorted(by_n))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed[0]]) if missed else "-"])
-        top = best.get((model, task, gpu, tier), (-1, "", []))
-        ns = sorted(set(top[2]) | set(by_n))
-        best[(model, task, gpu, tier)] = (most, fmt, ns) if most > top[0] else (*top[:2], ns)
+        where = (model, task, gpu, tier)
+        counts[where] |= set(by_n)
+        if where not in fed_by or most > fed_by[where][0]:
+            fed_by[where] = (most, fmt)
     sentences = []
-    for (model, task, gpu, tier), (most, fmt, ns) in best.items():
+    for where, (most, fmt) in fed_by.items():
+        model, task, gpu, tier = where
+        ns = sorted(counts[where])
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
         sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
                          + (f" (from {fmt})" if most else "") + f", measured with {', '.join(map(str, ns))} GPUs")

@@ -17,7 +17,7 @@ import numpy as np
 
 from gpufeed import __version__, io
 from gpufeed.convert import sinks
-from gpufeed.convert.destination import check_entries
+from gpufeed.convert.destination import check_entries, owned_split
 from gpufeed.errors import ConfigError
 from gpufeed.formats._atomic import AtomicFile
 from gpufeed.formats.naming import is_temp_name
@@ -179,22 +179,21 @@ def write(options, summary, classes, stats, joined: dict | None = None) -> dict:
         for name in ("mean_std_json", "mean_binaryproto"):
             if stats_doc.get(name):
                 extra.append(_small_file(sinks.join(out, stats_doc[name]), "stats"))
-    from gpufeed.convert.options import configured_formats
-
-    formats = configured_formats(options.formats, options.shards, options.label_offset)
+    formats = options.output_formats()
+    key = options.output_key()
     files = []
     for f in [*summary.files, *extra]:
         entry = {"path": _relative(out, f["path"]), "role": f["role"], "records": f["records"],
                  "bytes": f["bytes"], "sha256": f["sha256"]}
         # Which format wrote it: readers (verify, the benchmarks) dispatch on this, not on the file's name.
-        owner = next((fmt.name for fmt in formats if fmt.owned_split(entry["path"]) is not None), None)
+        owner = owned_split(entry["path"], formats)
         if owner is not None:
-            entry["format"] = owner
+            entry["format"] = owner[0]
         if f.get("parts"):
             entry["parts"] = [list(p) for p in f["parts"]]
         files.append(entry)
     samples, skipped, converted = summary.samples, list(summary.skipped), list(summary.converted)
-    sources = {s: options.output_key().get("src") for s in summary.samples}
+    sources = {s: key.get("src") for s in summary.samples}
     if joined is not None:
         mine = {f["path"] for f in files}
         files += [f for f in joined.get("files") or [] if f["path"] not in mine and f.get("role") != "classes"]
@@ -207,7 +206,7 @@ def write(options, summary, classes, stats, joined: dict | None = None) -> dict:
         "manifest_version": MANIFEST_VERSION,
         "gpufeed_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "output_options": options.output_key(),
+        "output_options": key,
         "options": options.to_json(),
         "formats": list(options.formats),
         "splits": samples,

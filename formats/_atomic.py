@@ -80,7 +80,7 @@ class AtomicFile:
             self._f.close()
         except OSError:
             pass
-        _remove(self.tmp)
+        remove(self.tmp)
 
 
 def commit_all(files) -> list[WrittenFile]:
@@ -95,7 +95,6 @@ def commit_all(files) -> list[WrittenFile]:
 
 
 _rename = io.rename
-_remove = io.remove
 #: The one removal of a file (absent is fine), for the conversion's own files too.
 remove = io.remove
 exists = io.exists

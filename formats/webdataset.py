@@ -130,19 +130,20 @@ class WebDatasetFormat(Format):
         if len(names) != 1:
             raise bad(f"the members {', '.join(n for n, _, _ in members)} do not share one key")
         sample_key = names.pop()
-        got = {name.split(".", 1)[1]: bytes(value[start:start + size]) for name, start, size in members}
+        exts = [name.split(".", 1)[1] for name, _, _ in members]
+        got = {ext: bytes(value[start:start + size]) for ext, (_, start, size) in zip(exts, members)}
+        raw_json = got.pop("json", b"")
         try:
-            meta = json.loads(got.pop("json"))
-        except (KeyError, ValueError, UnicodeDecodeError):
+            meta = json.loads(raw_json)
+        except (ValueError, UnicodeDecodeError):
             raise bad("no readable .json member (gpufeed's sample metadata and check)") from None
         if not isinstance(meta, dict) or not isinstance(meta.get("crc32c"), int):
             raise bad("the .json member holds no crc32c")
         stored = meta.pop("crc32c")
-        order = [ext for ext, _ in _ordered(got)]
-        if verify and (_canonical({**meta, "crc32c": stored}) != bytes(value[members[-1][1]:members[-1][1]
-                                                                            + members[-1][2]])
-                       or _check(_ordered(got), meta) != stored or members[-1][0].split(".", 1)[1] != "json"
-                       or [n.split(".", 1)[1] for n, _, _ in members[:-1]] != order):
+        ordered = _ordered(got)
+        # Every member once, in the written order, the .json last in its one canonical form, and the CRC.
+        if verify and (exts != [ext for ext, _ in ordered] + ["json"]
+                       or raw_json != _canonical({**meta, "crc32c": stored}) or _check(ordered, meta) != stored):
             raise bad("CRC-32C of the sample's members does not match its .json (damaged)")
         payload_ext = next((ext for ext in PAYLOAD_EXTENSIONS if ext in got), None)
         if payload_ext is None:
@@ -176,20 +177,27 @@ def _ordered(got: dict) -> list[tuple[str, bytes]]:
     return [(ext, got[ext]) for ext in (*PAYLOAD_EXTENSIONS, "cls") if ext in got]
 
 
-def _members(view: memoryview, path: str, record_index, byte_offset) -> list[tuple[str, int, int]]:
+def _members(view: memoryview, path: str, record_index, byte_offset,
+             check: bool = True) -> list[tuple[str, int, int]]:
     """``(name, data start, size)`` of each member in one sample's bytes, every header's checksum and every
-    padding byte checked."""
+    padding byte checked. ``check=False`` reads only each header's name and size (a sample this process just
+    encoded, whose layout the writer's index lists)."""
     out, pos, n = [], 0, len(view)
     while pos < n:
-        info = _parse_header(view[pos:pos + BLOCK], path, record_index, (byte_offset or 0) + pos)
+        if check:
+            info = _parse_header(view[pos:pos + BLOCK], path, record_index, (byte_offset or 0) + pos)
+            name, size = info.name, info.size
+        else:
+            name = bytes(view[pos:pos + 100]).rstrip(b"\0").decode()
+            size = int(bytes(view[pos + 124:pos + 136]).strip(b" \0") or b"0", 8)
         start = pos + BLOCK
-        end = start + info.size
-        padded = end + (-info.size % BLOCK)
+        end = start + size
+        padded = end + (-size % BLOCK)
         if padded > n:
-            raise CorruptRecordError(path, record_index, byte_offset, f"member {info.name} runs past its sample")
-        if any(view[end:padded]):
-            raise CorruptRecordError(path, record_index, byte_offset, f"the padding after {info.name} is not zero")
-        out.append((info.name, start, info.size))
+            raise CorruptRecordError(path, record_index, byte_offset, f"member {name} runs past its sample")
+        if check and bytes(view[end:padded]) != bytes(padded - end):
+            raise CorruptRecordError(path, record_index, byte_offset, f"the padding after {name} is not zero")
+        out.append((name, start, size))
         pos = padded
     if not out:
         raise CorruptRecordError(path, record_index, byte_offset, "an empty sample")
@@ -231,7 +239,7 @@ class WebDatasetWriter(Writer):
 
     def write_encoded(self, record: EncodedRecord) -> None:
         value = bytes(record.value)
-        members = _members(memoryview(value), self.path, None, self._pos)
+        members = _members(memoryview(value), self.path, None, self._pos, check=False)
         self._lines.append(" ".join(f"{name.split('.', 1)[1]} {self._pos + start} {size} {name}"
                                     for name, start, size in members))
         self._data.write(value)
