@@ -49,8 +49,6 @@ def memory_spools(out: str, in_flight: int, sample_bytes: int = SPOOL_SAMPLE_BYT
     """A memory spool folder for ``out`` (made, private to this user) when :data:`MEMORY_ROOT` has room for
     ``in_flight`` samples' spools (``sample_bytes`` each) twice over; None where it has not, or the folder there
     is not this user's (spools then go to the destination's state folder)."""
-    import stat
-
     try:
         fs = os.statvfs(MEMORY_ROOT)
     except OSError:
@@ -61,17 +59,28 @@ def memory_spools(out: str, in_flight: int, sample_bytes: int = SPOOL_SAMPLE_BYT
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        if not _private_folder(path):
             return None
     except OSError:
         return None
     return path
 
 
+def _private_folder(path: str) -> bool:
+    """A real folder (no symlink), this user's, closed to everyone else: what :func:`memory_spools` makes."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
 def remove_memory_spools(out: str) -> None:
-    """Drop ``out``'s memory spool folder and what a killed run left in it (memory, not disk, until reboot)."""
-    if io.is_local(out):
+    """Drop ``out``'s memory spool folder and what a killed run left in it (memory, not disk, until reboot);
+    a path there that is not such a folder of this user's is left alone."""
+    if io.is_local(out) and _private_folder(memory_spool_dir(out)):
         shutil.rmtree(memory_spool_dir(out), ignore_errors=True)
 
 

@@ -8,6 +8,7 @@ never interrupted.
 from __future__ import annotations
 
 import os
+import shutil
 import resource
 import signal
 import threading
@@ -82,6 +83,38 @@ def test_spools_of_a_local_run_stay_in_memory_and_a_killed_run_resumes_from_them
     code, _, err = _finish(cli([*args, "--no-resume"]))
     assert code == 0 and tree_bytes(out) == tree_bytes(ref), err
     assert not os.path.exists(memory_spool_dir(out))
+
+
+@pytest.mark.parametrize("kind", ["symlink", "open folder"])
+def test_a_memory_spool_path_gpufeed_did_not_make_is_neither_used_nor_removed(tmp_path, kind):
+    """Only a private folder of this user's at the spool path is gpufeed's: a symlink there (to anything) or a
+    folder others may write is not spooled into and not removed."""
+    from gpufeed.convert.sinks import memory_spool_dir, memory_spools, remove_memory_spools
+
+    out = str(tmp_path / "dst")
+    path = memory_spool_dir(out)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("user data")
+    try:
+        if kind == "symlink":
+            os.symlink(mine, path)
+        else:
+            os.mkdir(path, 0o755)
+            os.chmod(path, 0o755)
+            shutil.move(str(mine / "keep.txt"), os.path.join(path, "keep.txt"))
+        assert memory_spools(out, 1) is None
+        remove_memory_spools(out)
+        kept = mine / "keep.txt" if kind == "symlink" else os.path.join(path, "keep.txt")
+        assert open(kept).read() == "user data"
+    finally:
+        if os.path.islink(path):
+            os.unlink(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+    assert memory_spools(out, 1) == path and os.path.isdir(path)  # made afresh: gpufeed's own, and removed
+    remove_memory_spools(out)
+    assert not os.path.exists(path)
 
 
 def _kill_one_worker_running(name: str, stop: threading.Event, killed: list) -> None:
