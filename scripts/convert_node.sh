@@ -8,6 +8,10 @@
 #   N=2000 UNIQUE=200 PASS_N=1000 WORKERS=2 OUT=/tmp/o bash scripts/convert_node.sh   # a small dry run
 #   RUNS=limit,limit-write3,all,limit-write3,limit ...   # all three formats against the limit loop writing
 #                                                         # three copies: what the CPUs and the disk allow
+#   RUNS=all@450000,limit@300000+warm ...    # a run on the corpus's first K files; with them in the page cache
+#   LAYOUT=imagenet MIX=imagenet N=1281167 ... # ImageNet-1k: its train tree (convert imagenet) and size mix
+#   DEPTHS=4,16,64,256 ...                   # then cold random reads of the corpus's files at those queue depths
+#                                            # (bench/experiments/disk_depth.py), buffered and O_DIRECT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-$PWD/out}")
@@ -29,8 +33,13 @@ cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
 python3 -m gpufeed.bench.experiments.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
-  --pass-n "${PASS_N:-40000}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
+  --pass-n "${PASS_N:-40000}" --layout "${LAYOUT:-folder}" --mix "${MIX:-default}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
   --work "${WORK:-/tmp/gpufeed-node}" "${COMPARE_ARGS[@]}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"
+if [ -n "${DEPTHS:-}" ]; then
+  python3 -m gpufeed.bench.experiments.disk_depth --files "${WORK:-/tmp/gpufeed-node}/src" --depths "$DEPTHS" \
+    --seconds "${DEPTH_S:-3}" --results "$OUT/disk-depth.jsonl" 2>&1 | tee "$OUT/disk-depth.log"
+fi
+df -h "${WORK:-/tmp/gpufeed-node}" | tail -1
 # WORKER_COST=1: then one process's CPU per image per format against the limit loop (scripts/worker_cost.py),
 # for this build and, with COMPARE, the other one.
 if [ "${WORKER_COST:-0}" = 1 ]; then

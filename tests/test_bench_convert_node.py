@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from gpufeed.bench.experiments.convert_node import main, roles_table, run, table
 
@@ -135,3 +136,39 @@ def test_the_memory_sampler_sees_both_halves_of_a_run_under_a_second():
     # the interpreter's heap from the first half; the 32 MiB buffer by the second
     assert first > 1 << 20 and second > 32 << 20
     assert all(t < wall for t, _ in rss.samples)
+
+
+def test_imagenet_layout_subsets_and_warm_runs(tmp_path):
+    """ImageNet's train tree converted as users type it (`convert imagenet`), a run on the corpus's first K
+    files (hard links, the same inodes) and warm runs compared only with limit runs of the same scope."""
+
+    from gpufeed.bench.experiments.convert_node import parse_run
+
+    assert parse_run("all@450000+warm") == ("all", 450000, True) and parse_run("limit") == ("limit", None, False)
+    work = tmp_path / "work"
+    rows = run(40, 4, 1, str(work), ("limit", "recordio@20+warm", "limit@20+warm", "recordio"),
+               layout="imagenet", mix="imagenet")
+    wnids = sorted(os.listdir(work / "src" / "train"))
+    assert len(wnids) == 40 and all(w.startswith("n") and len(w) == 9 for w in wnids)
+    first = work / "src" / "train" / wnids[0]
+    assert os.listdir(first) == [f"{wnids[0]}_1.JPEG"]
+    sub = [os.path.join(d, n) for d, _, names in os.walk(work / "src-20") for n in names]
+    assert len(sub) == 20 and os.stat(sub[0]).st_nlink == 2
+    warm, cold = rows[1], rows[3]
+    assert warm["images"] == 20 and warm["scope"] == "20 warm" and warm["cache"].startswith("warm")
+    assert cold["images"] == 40 and cold["scope"] == "40"
+    # The warm conversion against the warm limit run after it only; the cold one against the cold limit.
+    assert "of_limit" not in warm and rows[3]["of_limit"] == round(cold["images_per_second"] /
+                                                                   rows[0]["images_per_second"], 3)
+    assert "[20 files, warm]" in table(rows) and rows[0]["layout"] == rows[0]["mix"] == "imagenet"
+
+
+def test_disk_depth_reads_each_file_once(tmp_path):
+    from gpufeed.bench.experiments.disk_depth import run as depth_run, table as depth_table
+
+    for i in range(30):
+        (tmp_path / f"f{i:02d}.bin").write_bytes(os.urandom(5000 + i))
+    rows = depth_run(str(tmp_path), depths=(2, 4), modes=("buffered",), seconds=5.0)
+    # All 30 files read by the first run (5 s is ample), none left for a second.
+    assert [r["files"] for r in rows] == [30] and rows[0]["bytes"] == sum(5000 + i for i in range(30))
+    assert "| buffered | 2 | 30 |" in depth_table(rows)

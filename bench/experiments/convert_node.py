@@ -68,28 +68,89 @@ TARGETS = {"recordio": 0.90, "tfrecord": 0.90, "lmdb": 0.90, "all": 0.85, "pass"
 def _make_unique(args) -> list[bytes]:
     from gpufeed.bench.experiments.transform_speed import make_corpus
 
-    n, seed = args
-    return [data for data, _, _ in make_corpus(n, seed=seed)]
+    n, seed, mix = args
+    return [data for data, _, _ in make_corpus(n, seed=seed, mix=mix)]
 
 
-def build_corpus(root: str, n: int, unique: int, processes: int, classes: int = 100) -> tuple[int, list[str]]:
-    """``n`` files under ``root/class%03d/`` (copies of ``unique`` synthesised JPEGs); returns the bytes and
-    the paths in listing order."""
-    chunks = [(unique // processes + (i < unique % processes), 1000 + i) for i in range(processes)]
+#: Corpus layouts: ``folder`` (``class%03d/%07d.JPEG``, converted with ``convert folder``) or ``imagenet``
+#: (ILSVRC2012's train tree, ``train/<wnid>/<wnid>_<n>.JPEG`` over 1,000 classes, converted with
+#: ``convert imagenet`` as users type it).
+LAYOUTS = ("folder", "imagenet")
+
+
+def corpus_path(root: str, i: int, layout: str, classes: int) -> str:
+    """Where file ``i`` of a corpus of ``layout`` lives under ``root``."""
+    if layout == "imagenet":
+        wnid = f"n{1440764 + 1000 * (i % classes):08d}"
+        return os.path.join(root, "train", wnid, f"{wnid}_{i // classes + 1}.JPEG")
+    return os.path.join(root, f"class{i % classes:03d}", f"{i:07d}.JPEG")
+
+
+def build_corpus(root: str, n: int, unique: int, processes: int, classes: int | None = None,
+                 layout: str = "folder", mix: str = "default") -> tuple[int, list[str]]:
+    """``n`` files under ``root`` in ``layout`` (copies of ``unique`` synthesised JPEGs of size mix ``mix``),
+    written by threads (a whole ImageNet is 1.28M files); returns the bytes and the paths in listing order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    classes = classes or (1000 if layout == "imagenet" else 100)
+    chunks = [(unique // processes + (i < unique % processes), 1000 + i, mix) for i in range(processes)]
     with _POOLS.Pool(processes) as pool:
         datas = [d for part in pool.map(_make_unique, [c for c in chunks if c[0]]) for d in part]
-    total, paths = 0, []
-    for i in range(n):
-        d = os.path.join(root, f"class{i % classes:03d}")
-        if i < classes:
-            os.makedirs(d, exist_ok=True)
-        p = os.path.join(d, f"{i:07d}.JPEG")
-        data = datas[i % len(datas)]
-        with open(p, "wb") as f:
-            f.write(data)
-        total += len(data)
-        paths.append(p)
-    return total, paths
+    paths = [corpus_path(root, i, layout, classes) for i in range(n)]
+    for d in sorted({os.path.dirname(p) for p in paths[:classes]}):
+        os.makedirs(d, exist_ok=True)
+
+    def write(at: int) -> int:
+        total = 0
+        for i in range(at, min(at + 4096, n)):
+            data = datas[i % len(datas)]
+            with open(paths[i], "wb") as f:
+                f.write(data)
+            total += len(data)
+        return total
+
+    with ThreadPoolExecutor(min(16, processes)) as ex:
+        total = sum(ex.map(write, range(0, n, 4096)))
+    return total, sorted(paths)
+
+
+def parse_run(spec: str) -> tuple[str, int | None, bool]:
+    """``NAME[@K][+warm]`` -> (name, K, warm): ``@K`` runs on the corpus's first K files (a tree of hard
+    links: the same files), ``+warm`` with them in the page cache (read once before; nothing evicted)."""
+    name, warm = (spec[:-len("+warm")], True) if spec.endswith("+warm") else (spec, False)
+    name, _, k = name.partition("@")
+    if k and not (k.isdigit() and int(k) > 0):
+        raise ValueError(f"run {spec!r}: @K needs a positive file count")
+    return name, (int(k) if k else None), warm
+
+
+def subset_tree(src: str, paths: list[str], k: int, into: str) -> tuple[str, list[str]]:
+    """A tree of hard links to the first ``k`` of ``paths`` (under ``src``) at ``into``, made once."""
+    chosen = paths[:k]
+    linked = [os.path.join(into, os.path.relpath(p, src)) for p in chosen]
+    done = into + ".complete"  # beside the tree: a file in it would be an input
+    if not os.path.exists(done):
+        shutil.rmtree(into, ignore_errors=True)
+        for p, q in zip(chosen, linked):
+            os.makedirs(os.path.dirname(q), exist_ok=True)
+            os.link(p, q)
+        open(done, "w").close()
+    return into, linked
+
+
+def warm_cache(paths: list[str]) -> float:
+    """Read every file once (16 threads), so that a warm run finds them in the page cache; GB read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(batch: list[str]) -> int:
+        n = 0
+        for p in batch:
+            with open(p, "rb") as f:
+                n += len(f.read())
+        return n
+
+    with ThreadPoolExecutor(16) as ex:
+        return sum(ex.map(read, [paths[i:i + 1024] for i in range(0, len(paths), 1024)])) / 1e9
 
 
 def drop_caches(*trees: str) -> str:
@@ -344,12 +405,13 @@ class _CpuByRole(threading.Thread):
 
 
 
-def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, path: str | None = None) -> dict:
-    """One ``gpufeed convert`` process, timed from start to exit; its summary figures. ``path``: a folder
-    whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
+def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, path: str | None = None,
+                dataset: str = "folder") -> dict:
+    """One ``gpufeed convert DATASET`` process, timed from start to exit; its summary figures. ``path``: a
+    folder whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
     from gpufeed.bench.results import cpu_times, disk_counters, disk_delta
 
-    cmd = [sys.executable, "-m", "gpufeed", "convert", "folder", src, "--to", formats, "--out", out,
+    cmd = [sys.executable, "-m", "gpufeed", "convert", dataset, src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
     roles = _CpuByRole()
     cpu0 = cpu_times()
@@ -436,7 +498,7 @@ def copy_run(src: str, dst: str) -> float:
 
 def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | None = None,
         results: str | None = None, keep_corpus: bool = True, compare: str | None = None,
-        executors: tuple[str, ...] = ()) -> list[dict]:
+        executors: tuple[str, ...] = (), layout: str = "folder", mix: str = "default") -> list[dict]:
     """``compare``: a folder holding another gpufeed build; each conversion then runs with it and with this
     one, back to back on the same cold files (rows tagged ``build`` and ``pair_position``, the build going
     first alternating from one conversion to the next), so a change is measured side by side.
@@ -452,16 +514,27 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
     os.makedirs(work, exist_ok=True)
     src = os.path.join(work, "src")
     meta_path = os.path.join(work, "corpus.json")
+    want = {"n": n, "unique": unique, "layout": layout, "mix": mix}
+    meta = None
     if keep_corpus and os.path.exists(meta_path):
         with open(meta_path) as f:
             meta = json.load(f)
-    else:
+        have = {"n": meta.get("n"), "unique": meta.get("unique"), "layout": meta.get("layout", "folder"),
+                "mix": meta.get("mix", "default")}
+        if have != want:
+            meta = None  # another corpus: built again
+    if meta is None:
         shutil.rmtree(src, ignore_errors=True)
+        for d in os.listdir(work):
+            if d.startswith("src-"):
+                shutil.rmtree(os.path.join(work, d), ignore_errors=True)
         t0 = time.perf_counter()
-        nbytes, _ = build_corpus(src, n, unique, workers)
-        meta = {"n": n, "unique": unique, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
+        nbytes, _ = build_corpus(src, n, unique, workers, layout=layout, mix=mix)
+        meta = {**want, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
+        print(json.dumps({"corpus": meta}), flush=True)
         with open(meta_path, "w") as f:
             json.dump(meta, f)
+    dataset = "imagenet" if layout == "imagenet" else "folder"
     paths = sorted(os.path.join(d, name) for d, _, names in os.walk(src) for name in names)
     pass_n = min(pass_n or n, len(paths))
     pass_src = os.path.join(work, "pass-src")
@@ -473,8 +546,9 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
     pass_bytes = sum(os.path.getsize(p) for p in paths[:pass_n])
     rows = []
     base = {"bench": "convert-node", "n": len(paths), "unique": meta["unique"], "input_bytes": meta["bytes"],
-            "machine": machine_info(src)}
-    limit = None
+            "layout": layout, "mix": mix, "machine": machine_info(src)}
+    every = (src, paths)
+    limits = {}  # scope -> the limit loop's images/s over those files, so cached
 
     def emit(row):
         row = {**base, **row}
@@ -486,22 +560,36 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
 
     out = os.path.join(work, "out")
     pairs = 0  # side-by-side pairs run so far: which build goes first alternates
-    for name in runs:
+    for spec in runs:
+        name, k, warm = parse_run(spec)
+        src, paths = every if k is None or k >= len(every[1]) else subset_tree(*every, k, f"{every[0]}-{k}")
+        # Which files and whether cached: a conversion is compared with limit runs of the same scope only.
+        scope = {"scope": f"{len(paths)}{' warm' if warm else ''}"}
+
+        def prepare(src=src, paths=paths, warm=warm) -> str:
+            if not warm:
+                return drop_caches(src)
+            drop_caches(every[0])  # only the run's own files are then in the cache
+            return f"warm ({warm_cache(paths):.1f} GB read before)"
+
         shutil.rmtree(out, ignore_errors=True)
-        cache = drop_caches(src)
+        cache = prepare()
+        limit = limits.get(scope["scope"])
         if name == "limit":
             sample = paths[:: max(len(paths) // 2000, 1)]
             one, _, _ = limit_rate(sample, 1)
-            drop_caches(src)
+            if not warm:
+                drop_caches(src)
             limit, limit_cpu, disk = limit_rate(paths, workers)
-            emit({"run": "limit", "workers": workers, "images_per_second": round(limit, 1),
+            limits[scope["scope"]] = limit
+            emit({"run": "limit", **scope, "workers": workers, "images_per_second": round(limit, 1),
                   "cpu_ms_per_image": round(limit_cpu * 1e3, 3),
                   "one_process_images_per_second": round(one, 1),
                   "hardware_scaling": round(limit / (workers * one), 3), **disk, "cache": cache})
         elif write_copies(name):
             rate, cpu, disk = limit_rate(paths, workers, write_copies(name), out)
             written = sum(e.stat().st_size for e in os.scandir(out))
-            emit({"run": name, "workers": workers, "copies": write_copies(name), "images_per_second": round(rate, 1),
+            emit({"run": name, **scope, "workers": workers, "copies": write_copies(name), "images_per_second": round(rate, 1),
                   "cpu_ms_per_image": round(cpu * 1e3, 3), "bytes_written": written,
                   **({"of_limit": round(rate / limit, 3)} if limit else {}), **disk, "cache": cache})
         elif name == "cp":
@@ -515,11 +603,11 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
             if name == "recordio-cluster" and executors:
                 order = [{"path": None, "extra": ()}]  # a cluster runs every shard on Ray: no executor to pick
             pairs += len(order) > 1
-            for k, variant in enumerate(order):
-                if k:
+            for position, variant in enumerate(order):
+                if position:
                     shutil.rmtree(out, ignore_errors=True)
-                    cache = drop_caches(src)
-                tag = ({key: variant[key] for key in ("build", "executor") if key in variant} | {"pair_position": k}
+                    cache = prepare()
+                tag = ({key: variant[key] for key in ("build", "executor") if key in variant} | {"pair_position": position}
                        if len(order) > 1 else {})
                 path, extra = variant["path"], variant["extra"]
                 if name in ("pass", "pass-recordio"):
@@ -529,12 +617,12 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                     row["input_mb_per_second"] = round(pass_bytes / row["seconds"] / 1e6, 1)
                 elif name == "recordio-cluster":
                     with ray_cluster(workers, path) as address:
-                        cache = drop_caches(src)  # again: the cluster's start read files
+                        cache = prepare()  # again: the cluster's start read files
                         row = convert_run(src, out, "recordio", workers, "--resize", "256", "--address", address,
-                                          path=path)
+                                          path=path, dataset=dataset)
                 else:
                     row = convert_run(src, out, ALL if name == "all" else name, workers, "--resize", "256", *extra,
-                                      path=path)
+                                      path=path, dataset=dataset)
                 if not name.startswith("pass"):
                     if limit:
                         row["of_limit"] = round(row["images_per_second"] / limit, 3)
@@ -542,7 +630,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                     # A 64-core node, linear in workers from this run's rate per worker.
                     row["projected_imagenet_64_cores_minutes"] = round(
                         IMAGENET_TRAIN / (row["images_per_second"] / workers * 64) / 60, 1)
-                emit({"run": name, **tag, **row, "cache": cache})
+                emit({"run": name, **scope, **tag, **row, "cache": cache})
     shutil.rmtree(out, ignore_errors=True)
     _bracket(rows)
     _against_writes(rows)
@@ -571,9 +659,11 @@ def _bracket(rows: list[dict]) -> None:
 
 def _neighbours(rows: list[dict], i: int, run: str) -> tuple[dict | None, dict | None]:
     """The ``run`` rows nearest before and after row ``i`` in the same call (rows of a results file that
-    gathers several calls carry their ``call``; a machine's speed in one call says nothing of another's)."""
-    call = rows[i].get("call")
-    same = [(k, r) for k, r in enumerate(rows) if r["run"] == run and r.get("call") == call]
+    gathers several calls carry their ``call``; a machine's speed in one call says nothing of another's), over
+    the same files as warm or as cold (``scope``)."""
+    call, scope = rows[i].get("call"), rows[i].get("scope")
+    same = [(k, r) for k, r in enumerate(rows) if r["run"] == run and r.get("call") == call
+            and r.get("scope") == scope]
     before = [r for k, r in same if k < i][-1:]
     after = [r for k, r in same if k > i][:1]
     return (before[0] if before else None), (after[0] if after else None)
@@ -590,8 +680,8 @@ def _against_writes(rows: list[dict]) -> None:
     such runs before and after it), ``of_limit_write``, where the run has one: how much of what the CPUs and
     the disk together allow it reached."""
     for i, r in enumerate(rows):
-        if "of_limit" not in r or str(r["run"]).startswith(LIMIT_WRITE) or not r.get("formats"):
-            continue
+        if not r.get("formats") or str(r["run"]).startswith(("pass", LIMIT_WRITE)) or "/" in str(r["run"]):
+            continue  # not a conversion (a pass-through is measured against cp)
         ref = _around(rows, i, f"{LIMIT_WRITE}{len(r['formats'].split(','))}")
         if ref:
             r["of_limit_write"] = round(r["images_per_second"] / ref, 3)
@@ -605,6 +695,14 @@ def _disk(r: dict) -> str:
             f"({r['disk_mb_per_second']:,.0f} MB/s, {r['disk_busy']:.0%})")
 
 
+def _scope(r: dict) -> str:
+    """`` [K files, warm]`` for a row over part of the corpus or with a warm cache, else nothing."""
+    if not r.get("scope") or r["scope"] == str(r.get("n")):
+        return ""
+    files, _, warm = r["scope"].partition(" ")
+    return f" [{int(files):,} files{', ' + warm if warm else ''}]"
+
+
 def table(rows: list[dict]) -> str:
     rows = [dict(r) for r in rows]
     _bracket(rows)  # rows read back from a results file were written before the limit run after them
@@ -614,7 +712,7 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["run"] in ("limit",):
-            lines.append(f"| limit, {r['workers']} processes | {r['images_per_second']:,.0f} | 1.00 | | "
+            lines.append(f"| limit, {r['workers']} processes{_scope(r)} | {r['images_per_second']:,.0f} | 1.00 | | "
                          f"{r.get('cpu_ms_per_image', '')} | | | | | "
                          f"(1 process {r['one_process_images_per_second']:,.0f}; "
                          f"scaling {r['hardware_scaling']}) | {_disk(r)} |")
@@ -623,7 +721,7 @@ def table(rows: list[dict]) -> str:
             if r.get("of_limit_bracketed") is not None:
                 of += f"; {r['of_limit_bracketed']} of the limit runs either side"
             lines.append(f"| limit writing {r['copies']} cop{'ies' if r['copies'] > 1 else 'y'}, {r['workers']} "
-                         f"processes | {r['images_per_second']:,.0f} | {of} | | {r.get('cpu_ms_per_image', '')} "
+                         f"processes{_scope(r)} | {r['images_per_second']:,.0f} | {of} | | {r.get('cpu_ms_per_image', '')} "
                          f"| | | | | | {_disk(r)} |")
         elif r["run"] == "cp":
             lines.append(f"| cp -r {r['images']} files | {r['input_mb_per_second']} MB/s | | | | | | | | | |")
@@ -631,11 +729,11 @@ def table(rows: list[dict]) -> str:
             built = _variant(r)
             lines.append(f"| {built}pass-through to {r['formats']} / cp | | {r['ratio']} ({r['target']}) | | | | | | | | |")
         else:
-            of = f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else ""
-            if r.get("of_limit_bracketed") is not None:
-                of += f"; {r['of_limit_bracketed']} of the limit runs either side"
-            if r.get("of_limit_write") is not None:
-                of += f"; {r['of_limit_write']} of the limit writing as many copies"
+            of = "; ".join(part for part in (
+                f"{r['of_limit']} ({r['target']})" if r.get("of_limit") is not None else "",
+                f"{r['of_limit_bracketed']} of the limit runs either side" if r.get("of_limit_bracketed") else "",
+                f"{r['of_limit_write']} of the limit writing as many copies" if r.get("of_limit_write") else "")
+                if part)
             rate = (f"{r['images_per_second']:,.0f} ({r['input_mb_per_second']} MB/s)" if r["run"].startswith("pass")
                     else f"{r['images_per_second']:,.0f}")
             what = _variant(r) + ("pass-through to" if r["run"].startswith("pass") else "convert")
@@ -653,7 +751,7 @@ def table(rows: list[dict]) -> str:
                      for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
             if waits:
                 split += f"; reading / closing outputs, ms/img: {', '.join(waits)}"
-            lines.append(f"| {what} {r['formats']} | {rate} | {of} | {r['cpu_busy']:.0%} | "
+            lines.append(f"| {what} {r['formats']}{_scope(r)} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} | {_disk(r)} |")
     return "\n".join(lines)
@@ -689,7 +787,14 @@ def main(argv=None) -> None:
     p.add_argument("--workers", type=int, default=usable_cores(), help="processes / Ray workers")
     p.add_argument("--pass-n", type=int, default=40_000, help="files for the pass-through and cp runs")
     p.add_argument("--runs", default=",".join(RUNS),
-                   help=f"a subset of {','.join(RUNS)} (any {LIMIT_WRITE}K: K copies written)")
+                   help=f"a subset of {','.join(RUNS)} (any {LIMIT_WRITE}K: K copies written), each as NAME[@K][+warm]: "
+                        "on the corpus's first K files, with them in the page cache")
+    p.add_argument("--layout", choices=LAYOUTS, default="folder",
+                   help="the corpus's tree: class folders (convert folder) or ILSVRC2012's train tree (convert imagenet)")
+    from gpufeed.bench.experiments.transform_speed import MIXES
+
+    p.add_argument("--mix", choices=tuple(MIXES), default="default",
+                   help="image sizes: the results' usual mix (~193 KB) or ImageNet train's (~110 KB)")
     p.add_argument("--work", help="a directory on the disk to measure (the corpus stays there); required to run")
     p.add_argument("--results", help="append JSON rows here")
     p.add_argument("--table", metavar="JSONL", help="only print the table of the rows in this results file")
@@ -709,14 +814,18 @@ def main(argv=None) -> None:
     if not args.work:
         p.error("--work is required to run the benchmark")
     runs = tuple(r for r in args.runs.split(",") if r)
-    unknown = {r for r in runs if r not in RUNS and not write_copies(r)}
+    try:
+        names = [parse_run(r)[0] for r in runs]
+    except ValueError as e:
+        p.error(str(e))
+    unknown = {r for r in names if r not in RUNS and not write_copies(r)}
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {','.join(RUNS)}")
     executors = tuple(e for e in args.executors.split(",") if e)
     if executors and args.compare:
         p.error("--compare and --executors each run conversions side by side; give one")
     rows = run(args.n, args.unique, args.workers, args.work, runs, args.pass_n, args.results, compare=args.compare,
-               executors=executors)
+               executors=executors, layout=args.layout, mix=args.mix)
     print(table(rows))
     print(roles_table(rows))
 
