@@ -683,13 +683,13 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
             st.taken[sink_name] = i
             with clock.timed("commit") if clock else contextlib.nullcontext():
                 committed = sink.commit_many(batch)
-            for (spool, _), fields in zip(batch, committed):
-                i = st.next[sink_name]
-                journal.append({"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": i,
-                                **fields})
+            first = st.next[sink_name]
+            journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
+                                  **fields} for k, fields in enumerate(committed)])
+            for spool, _ in batch:
                 for path in sink.spool_files(spool):
                     sinks.remove(path)
-                st.next[sink_name] = i + 1
+            st.next[sink_name] = first + len(batch)
         if st.next[sink_name] == len(shards):
             if progress is not None:
                 progress.phase(f"finishing the {st.plan.split} {sink_name} output")

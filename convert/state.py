@@ -217,17 +217,21 @@ class Journal:
             pass
 
     def append(self, event: dict) -> None:
-        """Write one event durably (the driver's loop and its committer thread both append)."""
-        line = json.dumps(event, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+        """Write one event durably (the driver's loop and its committer threads all append)."""
+        self.append_many([event])
+
+    def append_many(self, events: list[dict]) -> None:
+        """Write several events durably with one flush to the disk (a commit batch's events)."""
+        data = b"".join(json.dumps(e, sort_keys=True, separators=(",", ":")).encode() + b"\n" for e in events)
         with self._append_lock:
             try:
-                self._f.write(line)
+                self._f.write(data)
                 self._f.flush()
                 os.fsync(self._f.fileno())
             except OSError as e:
                 raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
                                   "destination and rerun the same command to resume") from e
-            self.events.append(event)
+            self.events.extend(events)
 
     def check_plan(self, split: str, plan, items: list, strict: bool = False, digest_of=None) -> None:
         """Record a split's plan, or refuse to resume if the source changed since it was journalled: other

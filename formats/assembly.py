@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import struct
+import threading
 
 from gpufeed import io
 from gpufeed.errors import ConfigError, OutputError
@@ -435,10 +436,10 @@ class RecordIOSink(SplitSink):
         fields = []
         try:
             for spool, files in batch:
+                start = rec.tell()
                 fields.append(self._append(spool, files, rec))
-            for f in self._files.values():
-                f.flush()
-                os.fsync(f.fileno())
+                start_writeback(rec, start, rec.tell() - start)
+            fsync_together(self._files.values())
         except OSError as e:
             raise output_error(self.partial[".rec"], e) from e
         return fields
@@ -518,6 +519,44 @@ class RecordIOSink(SplitSink):
         for f in self._files.values():
             f.close()
         self._files = {}
+
+
+def start_writeback(f, offset: int, length: int) -> None:
+    """Have the kernel start writing ``length`` bytes of ``f`` from ``offset`` to the disk now, without
+    waiting (Linux: ``POSIX_FADV_DONTNEED`` starts the range's writeback, then drops only its clean pages). A
+    batch's fragments are then written while the next ones are copied, and the batch's fsync waits for what
+    is left instead of for all of it (one 64-core warm run: the .rec's disk was busy 24% of the time, each
+    fragment copied, then flushed, in turn)."""
+    if length > 0 and hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # a hint: the fsync that follows makes the bytes durable either way
+
+
+def fsync_together(files) -> None:
+    """Flush and fsync ``files`` side by side (threads: the waits release the GIL), so that a filesystem
+    with a journal commits their metadata once rather than once a file."""
+    files = list(files)
+    for f in files:
+        f.flush()
+    errors = []
+
+    def sync(f):
+        try:
+            os.fsync(f.fileno())
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=sync, args=(f,)) for f in files[1:]]
+    for t in threads:
+        t.start()
+    if files:
+        sync(files[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def append_file(src: str, dst) -> int:
