@@ -13,7 +13,6 @@ import math
 import os
 import posixpath
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
@@ -32,8 +31,6 @@ GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
 SYNSET_MAPPING = "LOC_synset_mapping.txt"
 LOC_VAL_SOLUTION = "LOC_val_solution.csv"
 VAL_LABELS = "val_labels.txt"
-#: Threads listing the class folders of a tree.
-LISTING_THREADS = 16
 #: The Kaggle copy of ILSVRC2012 nests the extracted tree here, with the LOC_* files at the top.
 KAGGLE_TREE = "ILSVRC/Data/CLS-LOC"
 
@@ -60,13 +57,7 @@ class _ImageSource(BaseSource):
         A file directly in ``top`` goes to ``flat_file(name)`` (flat ImageNet val) or is reported as unlabelled.
         """
         items = []
-        entries = self.root.listdir(top)
-        # The class folders are listed side by side: cold, each is a directory read from the disk (a whole
-        # ImageNet tree took 9.4 s one folder at a time on a 64-core node), and the reads release the GIL.
-        wanted = [self.root.join(top, cls) for cls, is_dir in entries if is_dir and cls in label_of]
-        with ThreadPoolExecutor(LISTING_THREADS) as pool:
-            listed = dict(zip(wanted, pool.map(self.root.walk_files, wanted)))
-        for cls, is_dir in entries:
+        for cls, is_dir in self.root.listdir(top):
             path = self.root.join(top, cls)
             if not is_dir:
                 item = flat_file(cls) if flat_file else self._unlabelled(path)
@@ -78,7 +69,7 @@ class _ImageSource(BaseSource):
                                         "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
                 continue
             meta, label = meta_of(cls), label_of[cls]
-            rels = listed[path]
+            rels = self.root.walk_files(path)
             # Per file this loop is the listing's cost (a million files in ImageNet): the common case, an
             # ASCII name with an image extension, is taken here; _file_item says what is wrong otherwise.
             url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
