@@ -118,7 +118,7 @@ class CudaResNet:
         import torch
         import torchvision
 
-        from gpufeed.pipelines.loader import resolve_device
+        from gpufeed.pipelines.batches_gpu import resolve_device
 
         if graph and task != "infer":
             raise ConfigError("--cuda-graph captures the inference step; training runs eagerly (drop --cuda-graph "
@@ -222,7 +222,7 @@ class CudaLstm:
     def __init__(self, task: str, vocab: int, model: str = PTB_MODELS[0], seed: int = 0, device: str = "cuda"):
         import torch
 
-        from gpufeed.pipelines.loader import resolve_device
+        from gpufeed.pipelines.batches_gpu import resolve_device
 
         torch.manual_seed(seed)
         self.torch, self.task, self.model_name, self.classes = torch, task, model, vocab

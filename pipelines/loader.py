@@ -49,13 +49,9 @@ Without torch, or without a GPU or nvImageCodec for the GPU paths, :func:`loader
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import os
-import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -63,20 +59,18 @@ import numpy as np
 from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
+from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
+                                           cifar_augment, collate_encoded, collate_hybrid, collate_tokens)
+from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
+                                           NvJpegDecoder, import_torch, decoded_batches, import_nvimgcodec,
+                                           resolve_device)
 
 DECODES = ("cpu", "gpu", "hw", "hybrid")
 #: ``decode="auto"``: one of :data:`DECODES`, chosen by :func:`choose_decode`.
 AUTO = "auto"
-#: Columns of a crop drawn in the workers for the GPU paths: height, width (upright), the box (top, left, h, w),
-#: flip, EXIF orientation.
-CROP_COLUMNS = 8
 AUGMENTS = ("train", "eval", "cifar", "tokens")
 #: Where ``augment="cifar"`` runs: in the DataLoader workers, or on the GPU over whole batches.
 AUGMENT_ON = ("cpu", "gpu")
-#: CIFAR training augmentation: zero padding on each side before the random crop of the stored size.
-CIFAR_PAD = 4
-#: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
-CENTER_FRACTION = 224 / 256
 #: ImageNet channel statistics (RGB, 0-255 scale), what torchvision's models are trained with.
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -93,7 +87,6 @@ WORKER_NICE = 0
 MAX_DEFAULT_WORKERS = 32
 #: Batches each DataLoader worker prepares ahead of the loop (the DataLoader's ``prefetch_factor``).
 PREFETCH_FACTOR = 2
-_INSTALL = "pip install 'gpufeed[gpu]'"
 
 
 def default_workers(ranks: int = 1) -> int:
@@ -125,7 +118,7 @@ def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
     engines and nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores
 
-    torch = _import_torch()
+    torch = import_torch()
     per_rank = usable_cores() // max(1, ranks)
     device = resolve_device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -139,608 +132,8 @@ def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
         import_nvimgcodec()
         import torchvision.ops  # noqa: F401
     except (ConfigError, ImportError):
-        return "cpu", f"{per_rank} cores per rank; the engines need {_INSTALL}"
+        return "cpu", f"{per_rank} cores per rank; the engines need {GPU_EXTRA}"
     return "hybrid", f"{per_rank} cores per rank: the CPU workers and the {name}'s JPEG engines share each batch"
-
-
-def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
-    """``(top, left, h, w)`` of the square centre crop that resize-256-then-crop-224 keeps, in source pixels."""
-    side = max(1, int(round(min(height, width) * fraction)))
-    return (height - side) // 2, (width - side) // 2, side, side
-
-
-# --------------------------------------------------------------------------------------- in DataLoader workers
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuDecode:
-    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (``train``) or the centre crop; with
-    ``cifar``, CIFAR's pad-4 / random-crop / flip at the stored size instead (``augment=False``: the stored
-    pixels, for the GPU to augment).
-
-    The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
-    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch. With
-    ``with_index``, ``(pixels, label, index)`` for :class:`CifarCollate`.
-    """
-
-    train: bool
-    size: int = 224
-    seed: int = 0
-    cifar: bool = False
-    augment: bool = True
-    with_index: bool = False
-    reduce: bool = True  # JPEGs decode at a DCT scale-down where the crop allows (transforms.decode_crop)
-
-    def __call__(self, sample):
-        if self.with_index:
-            return self.pixels(sample), int(sample.labels[0]), int(sample.index)
-        return self.pixels(sample), int(sample.labels[0])
-
-    def pixels(self, sample) -> np.ndarray:
-        import cv2
-
-        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image, random_resized_crop_choice
-
-        if self.cifar:
-            img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
-            if not (self.train and self.augment):
-                return _owned(img)
-            (top,), (left,), (flip,) = cifar_params([sample.index], self.seed)
-            padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
-            out = padded[top:top + img.shape[0], left:left + img.shape[1]]
-            return np.ascontiguousarray(out[:, ::-1] if flip else out)
-        choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
-                  else self._centre)
-        if sample.kind != "raw":
-            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce)
-        img = np.asarray(sample.payload)
-        if img.ndim == 2 or img.shape[2] == 1:
-            img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
-        box, flip = choose(*img.shape[:2])
-        out = crop_resize(img, img.shape[:2], box, (self.size, self.size))
-        return cv2.flip(out, 1) if flip else _owned(out)
-
-    def _centre(self, height: int, width: int):
-        """The evaluation box: the whole image where it is stored at the output size, else :func:`center_box`."""
-        if (height, width) == (self.size, self.size):
-            return (0, 0, height, width), False
-        return center_box(height, width), False
-
-
-def _owned(img: np.ndarray) -> np.ndarray:
-    """``img`` itself, or a contiguous copy where the reader's array is read-only or strided (torch's collate
-    warns on read-only arrays)."""
-    return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenWindow:
-    """Runs in DataLoader workers for ``augment="tokens"``: a record's token ids (int64), checked to be one
-    language-model window: a 1-D array of ``length`` ids when ``length`` is given, each below ``vocab`` when that
-    is given (an embedding table indexed past its end fails on the GPU with no sample named)."""
-
-    length: int | None = None
-    vocab: int | None = None
-
-    def __call__(self, sample) -> np.ndarray:
-        if sample.kind != "tokens":
-            raise ConfigError(f"augment='tokens' reads token records, but {sample.key} holds {sample.kind} "
-                              "pixels; use augment='train', 'eval' or 'cifar' for images")
-        ids = np.asarray(sample.payload, dtype=np.int64)
-        if ids.ndim != 1 or (self.length is not None and len(ids) != self.length):
-            expected = f"a window of {self.length}" if self.length is not None else "one row"
-            raise ConfigError(f"{sample.key}: {ids.size} token ids in shape {ids.shape} where {expected} is expected; "
-                              "convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
-        if self.vocab is not None and ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab:
-            raise ConfigError(f"{sample.key}: token ids {int(ids.min())}..{int(ids.max())} are outside the model's "
-                              f"vocabulary of {self.vocab}; train a model with the dataset's vocabulary (vocab.txt)")
-        return ids
-
-
-def collate_tokens(batch):
-    """``[ids]`` (windows of one length) -> an N x (seq_len + 1) int64 tensor."""
-    import torch
-
-    lengths = {len(ids) for ids in batch}
-    if len(lengths) > 1:
-        raise ConfigError(f"token records of different lengths ({', '.join(map(str, sorted(lengths)))}) in one "
-                          "batch; convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
-    return torch.from_numpy(np.stack(batch))
-
-
-def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):
-    """Per image of shape ``(h, w)`` and sample index: its crop ``(top, left, h, w)`` and whether it is flipped,
-    drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
-    drawn = [draw_crop(h, w, index, train, seed) for (h, w), index in zip(shapes, indices)]
-    return [box for box, _ in drawn], [flip for _, flip in drawn]
-
-
-def draw_crop(height: int, width: int, index: int, train: bool, seed: int = 0):
-    """``((top, left, h, w), flip)`` of sample ``index`` in an upright ``height`` x ``width`` image: training's
-    ``RandomResizedCrop`` + flip drawn from ``(seed, index)``, or evaluation's :func:`center_box`."""
-    if not train:
-        return center_box(height, width), False
-    from gpufeed.pipelines.transforms import random_resized_crop_choice
-
-    return random_resized_crop_choice(np.random.default_rng((seed, int(index))))(height, width)
-
-
-def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CIFAR's training augmentation for each sample index: the crop's top and left in the image padded by
-    :data:`CIFAR_PAD` on every side, and whether it is flipped. Drawn from a SplitMix64 hash of
-    ``(seed, index)``, vectorised: a batch's draws cost microseconds in the main process (a generator per
-    sample would cost ~10 ms per batch of 512, as long as a CIFAR ResNet step)."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(indices, dtype=np.uint64) + np.uint64(seed % 2**64) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    span = np.uint64(2 * CIFAR_PAD + 1)
-    tops = (z % span).astype(np.int64)
-    lefts = ((z >> np.uint64(16)) % span).astype(np.int64)
-    flips = ((z >> np.uint64(32)) & np.uint64(1)).astype(bool)
-    return tops, lefts, flips
-
-
-def cifar_augment(x, params):
-    """CIFAR's pad / random crop / flip of a whole NHWC uint8 batch in one gather, on whatever device ``x`` is
-    (the GPU in the loader): the same pixels as :class:`CpuDecode` gives each sample on the CPU. ``params`` is
-    :class:`CifarCollate`'s 3 x N int64 tensor (tops, lefts, flips) on ``x``'s device."""
-    import torch
-
-    n, h, w, _ = x.shape
-    tops, lefts, flips = params[0], params[1], params[2].bool()
-    padded = torch.nn.functional.pad(x, (0, 0, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD))
-    rows = tops[:, None] + torch.arange(h, device=x.device)
-    span = torch.arange(w, device=x.device)
-    cols = lefts[:, None] + torch.where(flips[:, None], w - 1 - span, span)
-    return padded[torch.arange(n, device=x.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
-
-
-@dataclasses.dataclass(frozen=True)
-class CifarCollate:
-    """Runs in DataLoader workers for ``augment_on="gpu"``: ``[(pixels, label, index)]`` -> (NHWC uint8, int64
-    labels, the 3 x N int64 augmentation parameters of :func:`cifar_params`). Drawn here, the parameters travel
-    with the batch through pinned memory: the training loop's thread copies nothing from pageable memory per
-    step (on the H200 this measured no different from drawing them there, within the runs' noise)."""
-
-    seed: int = 0
-
-    def __call__(self, batch):
-        import torch
-
-        indices = [item[2] for item in batch]
-        tops, lefts, flips = cifar_params(indices, self.seed)
-        return (torch.from_numpy(np.stack([item[0] for item in batch])),
-                torch.tensor([item[1] for item in batch], dtype=torch.int64),
-                torch.from_numpy(np.stack([tops, lefts, flips.astype(np.int64)])))
-
-
-def encoded_bytes(sample) -> bytes:
-    if not isinstance(sample.payload, (bytes, bytearray, memoryview)):
-        raise ConfigError(f"GPU decoding needs encoded images, but {sample.key} is stored as raw pixels; "
-                          "convert with --encode jpeg, or decode='cpu'")
-    return bytes(sample.payload)
-
-
-@dataclasses.dataclass(frozen=True)
-class EncodedBytes:
-    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label, its index,
-    and its crop drawn here from the JPEG's header as :class:`CpuDecode` draws it (:func:`draw_crop`):
-    ``(height, width, top, left, h, w, flip, orientation)`` (:data:`CROP_COLUMNS`; the size upright, the EXIF
-    orientation as stored). Drawing 256 crops costs the main process, which the model
-    needs, ~10 ms of interpreter time per batch; 16 workers draw them beside their reads."""
-
-    train: bool = False
-    seed: int = 0
-
-    def __call__(self, sample):
-        from gpufeed.pipelines.imageio import probe
-
-        data = encoded_bytes(sample)
-        info = probe(data, sample.key)
-        box, flip = draw_crop(info.height, info.width, sample.index, self.train, self.seed)
-        return (data, int(sample.labels[0]), int(sample.index),
-                (info.height, info.width, *box, int(flip), info.orientation))
-
-
-def collate_encoded(batch):
-    """``[(jpeg bytes, label, index, crop)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64
-    indices, N x CROP_COLUMNS int64 crops).
-
-    One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
-    splits it into per-image views."""
-    import torch
-
-    sizes = [len(item[0]) for item in batch]
-    flat = np.empty(sum(sizes), dtype=np.uint8)
-    offset = 0
-    for item, n in zip(batch, sizes):
-        flat[offset:offset + n] = np.frombuffer(item[0], dtype=np.uint8)
-        offset += n
-    return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
-            torch.tensor([item[1] for item in batch], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64),
-            torch.tensor([item[3] for item in batch], dtype=torch.int64).reshape(len(batch), CROP_COLUMNS))
-
-
-class HybridSplit:
-    """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here, the
-    seconds it took recorded) when its place in a fixed low-discrepancy sequence falls under the current share,
-    else its bytes go to the engines. ``share`` is a shared ``multiprocessing`` value the main process sets; the
-    workers, handed it when they start, see its changes."""
-
-    def __init__(self, cpu: CpuDecode, share):
-        self.cpu, self.share = cpu, share
-
-    def __call__(self, sample):
-        # The golden-ratio sequence spreads any share evenly over consecutive indices.
-        if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
-            t0 = time.perf_counter()
-            pixels = self.cpu.pixels(sample)
-            return "px", pixels, int(sample.labels[0]), int(sample.index), time.perf_counter() - t0
-        return ("jpeg", *EncodedBytes(self.cpu.train, self.cpu.seed)(sample))
-
-
-def collate_hybrid(batch):
-    """``[("px", pixels, label, index, seconds) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels,
-    their batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels,
-    their indices and crops, the seconds the worker spent decoding the pixels)."""
-    import torch
-
-    px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
-    enc = [(i, item) for i, item in enumerate(batch) if item[0] == "jpeg"]
-    pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
-    flat, sizes, _, indices, crops = collate_encoded([item[1:] for _, item in enc])
-    return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
-            torch.tensor([i for i, _ in enc], dtype=torch.int64),
-            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops,
-            torch.tensor([sum(item[4] for item in batch if item[0] == "px")], dtype=torch.float64))
-
-
-# ------------------------------------------------------------------------------------------------- on the GPU
-
-
-class GpuCrop:
-    """Crop + resize (+ flip) of decoded images on the GPU: the training crop and flip of sample ``i`` drawn
-    from ``(seed, i)`` as :class:`CpuDecode` draws them (same boxes, same flips), evaluation by
-    :func:`center_box`. Images of one shape are stacked and cropped by one bilinear ``roi_align`` (2x2 samples per
-    output pixel), one launch per shape, as DALI's batched resize does; images stored at the output size are
-    copied as they are (evaluation). Output: NHWC uint8.
-
-    Work runs on this object's own stream. ``priority`` is its CUDA priority: 0 shares the SMs with the model
-    as equals; a negative value schedules the decoder's kernels ahead of the model's (measured on an H200 it
-    cost ResNet-50 training more than it gave the decoder, so the default is 0)."""
-
-    def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0):
-        import torch
-        import torchvision.ops
-
-        self.torch, self.ops = torch, torchvision.ops
-        device = resolve_device(device)
-        self.device, self.train, self.size, self.seed = device, train, size, seed
-        # torch clamps the priority to the GPU's range. (On a CPU device, for tests, there is no stream.)
-        self.stream = (torch.cuda.Stream(device=device, priority=priority) if torch.device(device).type == "cuda"
-                       else None)
-
-    def crop(self, images: list, indices, crops=None) -> object:
-        """``images``: CHW uint8 tensors on the device, ``indices`` their sample indices -> N x size x size x 3
-        uint8. ``crops``: the boxes and flips :class:`EncodedBytes` drew in the workers (N x CROP_COLUMNS: height,
-        width, box, flip, orientation), used where the decoded image has the header's size; drawn here
-        otherwise."""
-        torch = self.torch
-        shapes = [tuple(img.shape[1:]) for img in images]
-        drawn = crops.tolist() if crops is not None else [[0] * CROP_COLUMNS] * len(images)
-        boxes = [tuple(c[2:6]) for c in drawn]
-        flips = [bool(c[6]) for c in drawn]
-        redraw = [i for i, c in enumerate(drawn) if tuple(c[:2]) != shapes[i]]
-        if redraw:
-            index = indices.tolist() if hasattr(indices, "tolist") else list(indices)
-            again, flipped = crop_params([shapes[i] for i in redraw], [index[i] for i in redraw], self.train, self.seed)
-            for i, box, flip in zip(redraw, again, flipped):
-                boxes[i], flips[i] = box, flip
-        by_shape: dict[tuple, list[int]] = {}
-        for i, img in enumerate(images):
-            by_shape.setdefault(tuple(img.shape), []).append(i)
-        out = torch.empty((len(images), self.size, self.size, 3), dtype=torch.uint8, device=self.device)
-        for (_, height, width), members in by_shape.items():
-            index = torch.tensor(members).to(self.device, non_blocking=True)
-            if not self.train and (height, width) == (self.size, self.size):
-                # Stored at the model's size (a centre crop): used as it is, as on the CPU path.
-                out.index_copy_(0, index, torch.stack([images[i].permute(1, 2, 0) for i in members]))
-                continue
-            rois = []
-            for k, i in enumerate(members):
-                top, left, h, w = boxes[i]
-                rois.append((k, left, top, left + w, top + h))
-            stack = torch.stack([images[i] for i in members]).float()
-            crops = self.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
-                                       output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
-            out.index_copy_(0, index, crops.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
-        if any(flips):
-            flip = torch.from_numpy(np.flatnonzero(flips)).to(self.device)
-            out[flip] = out[flip].flip(2)
-        return out
-
-
-class NvJpegDecoder(GpuCrop):
-    """nvJPEG through ``torchvision.io.decode_jpeg(device="cuda")`` (CUDA kernels on the SMs)."""
-
-    def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0):
-        super().__init__(device, train, size, seed, priority)
-        import torchvision.io
-
-        self.io = torchvision.io
-
-    def images(self, flat, sizes) -> list:
-        datas = list(self.torch.split(flat, sizes.tolist()))
-        return self.io.decode_jpeg(datas, mode=self.io.ImageReadMode.RGB, device=self.device)
-
-    def decode(self, flat, sizes, labels, indices, crops=None):
-        return self.crop(self.images(flat, sizes), indices, crops), labels.to(self.device, non_blocking=True)
-
-
-class HwJpegDecoder(GpuCrop):
-    """The GPU's JPEG engines through nvImageCodec (``HW_GPU_ONLY``); what they refuse goes to nvImageCodec's
-    CUDA decoder in one more batch call. Decoding runs on this object's stream."""
-
-    #: nvImageCodec's decoder options (its own default: no fancy upsampling, which the CPU path matches).
-    OPTIONS = ":fancy_upsampling=0"
-
-    def __init__(self, device, train: bool, size: int = 224, seed: int = 0, priority: int = 0,
-                 options: str = ""):
-        super().__init__(device, train, size, seed, priority)
-        nvimgcodec = import_nvimgcodec()
-        index = self.device.index  # resolved by GpuCrop: the engines of the model's GPU
-        self.nv = nvimgcodec
-        self.hw = nvimgcodec.Decoder(device_id=index, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)],
-                                     options=" ".join(filter(None, (self.OPTIONS, options))))
-        self.fallback = nvimgcodec.Decoder(device_id=index, backends=[
-            nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY), nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
-        self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
-                                              sample_format=nvimgcodec.SampleFormat.I_RGB)
-        self.fallbacks = 0  # images the engines did not take, so far
-        #: Host seconds per stage of this decoder's batches so far: ``parse`` (code streams made), ``barrier``
-        #: (waiting for this stream's earlier work, :attr:`barrier`), ``engines`` (nvImageCodec's decode call,
-        #: fallbacks included), ``wrap`` (the images as tensors), ``crop`` (the crop's launches).
-        self.stage_s: collections.Counter = collections.Counter()
-        #: Wait on the host for this decoder's stream before each decode call. nvJPEG's hardware path writes
-        #: an image when the call is made, not when the stream reaches it; the memory nvImageCodec takes for
-        #: it (stream-ordered, from the device's pool) may be what a crop still queued on this stream reads.
-        self.barrier = False
-        # Evaluation: decode only each image's centre box (decoded()). Off: on an H200 with nvImageCodec 0.9 the
-        # engines refuse region decoding, every image fell back to the CUDA decoder, and the evaluation step ran
-        # at 4,306 img/s against 9,368 decoding whole images (bench.experiments.decode_rates, which measures both).
-        self.roi = False
-
-    def images(self, flat, sizes, regions=None) -> list:
-        """The batch's images decoded (CHW uint8 on the device); ``regions[i]``, where given, a ``(top, left,
-        h, w)`` box of image ``i`` (as stored) decoded alone."""
-        torch = self.torch
-        t0 = time.perf_counter()
-        host = flat.numpy()
-        bounds = np.concatenate([[0], np.cumsum(sizes.numpy())])
-        streams = [self.nv.CodeStream(host[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-        if regions is not None:
-            for i, box in enumerate(regions):
-                if box is not None:
-                    top, left, h, w = box
-                    streams[i] = streams[i].get_sub_code_stream(region=self.nv.Region(top, left, top + h, left + w))
-        current = torch.cuda.current_stream(self.device)
-        t1 = time.perf_counter()
-        if self.barrier:
-            current.synchronize()
-        t2 = time.perf_counter()
-        stream = current.cuda_stream
-        decoded = self.hw.decode(streams, params=self.params, cuda_stream=stream)
-        missing = [i for i, img in enumerate(decoded) if img is None]
-        if missing:
-            self.fallbacks += len(missing)
-            again = self.fallback.decode([streams[i] for i in missing], params=self.params, cuda_stream=stream)
-            for i, img in zip(missing, again):
-                if img is None:
-                    raise ConfigError(f"image {i} of a batch could not be decoded by nvImageCodec (corrupt?); "
-                                      "check the dataset with `gpufeed verify`")
-                decoded[i] = img
-        t3 = time.perf_counter()
-        images = [torch.from_dlpack(img).permute(2, 0, 1) for img in decoded]
-        clock = self.stage_s
-        clock["parse"] += t1 - t0
-        clock["barrier"] += t2 - t1
-        clock["engines"] += t3 - t2
-        clock["wrap"] += time.perf_counter() - t3
-        return images
-
-    def decode(self, flat, sizes, labels, indices, crops=None):
-        return self.decoded(flat, sizes, indices, crops), labels.to(self.device, non_blocking=True)
-
-    def decoded(self, flat, sizes, indices, crops=None):
-        """Decoded and cropped: N x size x size x 3 uint8. For evaluation, with ``roi`` (off by default), only
-        each image's centre box is decoded (the crop keeps nothing else), which the crop then resizes whole."""
-        regions = self.centre_regions(crops) if self.roi and not self.train and crops is not None else None
-        images = self.images(flat, sizes, regions)
-        if regions is not None and any(r is not None for r in regions):
-            crops = crops.clone()
-            for i, box in enumerate(regions):
-                if box is not None:
-                    h, w = box[2], box[3]
-                    crops[i, :7] = self.torch.tensor([h, w, 0, 0, h, w, 0])
-        t0 = time.perf_counter()
-        out = self.crop(images, indices, crops)
-        self.stage_s["crop"] += time.perf_counter() - t0
-        return out
-
-    @staticmethod
-    def centre_regions(crops) -> list:
-        """Per image, the box to decode alone: its evaluation box where that is less than the whole image and
-        the image is stored upright (EXIF orientation 1: the box is then in stored coordinates), else ``None``."""
-        regions = []
-        for height, width, top, left, h, w, _, orientation in crops.tolist():
-            whole = (top, left, h, w) == (0, 0, height, width)
-            regions.append((top, left, h, w) if height > 0 and orientation == 1 and not whole else None)
-        return regions
-
-
-#: CUmemPool_attribute values (cuda.h) of the settings :func:`set_image_pool` changes.
-_POOL_INTERNAL_DEPENDENCIES, _POOL_RELEASE_THRESHOLD = 3, 4
-
-
-def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies: bool | None = None) -> None:
-    """Settings of ``device``'s default CUDA memory pool, from which nvImageCodec takes every decoded image
-    (``cudaMallocAsync`` on the decoder's stream; PyTorch's own allocator does not use it).
-
-    ``keep_bytes``: memory the pool keeps across synchronisations instead of returning it to the driver at
-    each one (CUDA's default keeps none, so each batch's images are mapped anew). ``internal_dependencies``:
-    whether the pool may hand one stream memory freed on another by making the new stream wait for the old
-    one on the GPU; nvJPEG's hardware path is reported to write at the call, before such a wait (no mismatch
-    showed on the H200: results/decode-contention-h200.txt), so off is the cautious setting with several
-    decoder streams. Through the driver API (``libcuda``), which every CUDA process has loaded."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        raise ConfigError("set_image_pool needs the NVIDIA driver's libcuda.so.1, which this machine lacks") from None
-    dev, pool = ctypes.c_int(), ctypes.c_void_p()
-    for status in (cuda.cuDeviceGet(ctypes.byref(dev), device.index or 0),
-                   cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)):
-        if status:
-            raise ConfigError(f"CUDA driver error {status} while reaching the memory pool of {device}")
-    settings = []
-    if keep_bytes is not None:
-        settings.append((_POOL_RELEASE_THRESHOLD, ctypes.c_uint64(keep_bytes)))
-    if internal_dependencies is not None:
-        settings.append((_POOL_INTERNAL_DEPENDENCIES, ctypes.c_int(int(internal_dependencies))))
-    for attribute, value in settings:
-        status = cuda.cuMemPoolSetAttribute(pool, attribute, ctypes.byref(value))
-        if status:
-            raise ConfigError(f"CUDA driver error {status} while setting attribute {attribute} of the memory pool "
-                              f"of {device}")
-
-
-def import_nvimgcodec():
-    # nvImageCodec's own log lines (ANSI-coloured, on stderr): a failure to load the JPEG 2000 and TIFF
-    # extensions the wheel does not ship, and a warning per image the engines hand back undecoded, which the
-    # loader decodes another way and counts (HwJpegDecoder.fallbacks). Quiet unless the user asks for them.
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    try:
-        from nvidia import nvimgcodec
-    except ImportError:
-        raise ConfigError(f"decode='hw' needs NVIDIA nvImageCodec: {_INSTALL} (adds nvidia-nvimgcodec-cu13), or "
-                          "decode='cpu'") from None
-    return nvimgcodec
-
-
-def decoded_batches(batches: Iterator, decoders: Sequence, device, depth: int | None = None,
-                    timing=None) -> Iterator:
-    """``decoder.decode(*batch) -> (x, y)`` applied ahead of the consumer by one background thread per decoder,
-    each on its decoder's own stream (``decoder.stream``), up to ``depth`` batches in flight (default: one more
-    than the decoders), delivered in order. Two decoders let one batch's engine work overlap the next one's host
-    work (bitstream parsing, launches), which one synchronous decode call cannot. The consumer's stream waits
-    for each batch on the GPU (an event), never on the host. ``timing(batch, decode_s)`` gets, per batch, the
-    batch as the DataLoader gave it and how long its decode took to the end of its GPU work (the hybrid split)."""
-    import queue
-
-    import torch
-
-    main = torch.cuda.current_stream(device)
-    free: queue.SimpleQueue = queue.SimpleQueue()
-    for decoder in decoders:
-        free.put(decoder)
-    depth = depth or len(decoders) + 1
-
-    def run(batch):
-        decoder = free.get()  # one is free: there are as many threads as decoders
-        try:
-            t0 = time.perf_counter()
-            with torch.cuda.device(device), torch.cuda.stream(decoder.stream):
-                x, y = decoder.decode(*batch)
-                done = torch.cuda.Event()
-                done.record(decoder.stream)
-            if timing is not None:
-                done.synchronize()
-            return x, y, done, time.perf_counter() - t0
-        finally:
-            free.put(decoder)
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(decoders), thread_name_prefix="gpufeed-decode")
-    pending: collections.deque = collections.deque()
-    try:
-        while True:
-            while len(pending) < depth:
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    break
-                pending.append((pool.submit(run, batch), batch))
-            if not pending:
-                return
-            future, batch = pending.popleft()
-            x, y, done, took = future.result()
-            if timing is not None:
-                timing(batch, took)
-            main.wait_event(done)
-            x.record_stream(main)
-            y.record_stream(main)
-            yield x, y
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-class HybridDecoder:
-    """Assembles a hybrid batch (:func:`collate_hybrid`'s tuple): the CPU-decoded part copied in, the rest decoded
-    by the engines. The workers' decode seconds, the tuple's last element, are :class:`HybridRates`' to read."""
-
-    def __init__(self, hw: HwJpegDecoder):
-        self.hw, self.stream = hw, hw.stream
-
-    def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops=None, cpu_seconds=None):
-        torch, device = self.hw.torch, self.hw.device
-        x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
-        if pixels is not None:
-            x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
-        if len(enc_pos):
-            x.index_copy_(0, enc_pos.to(device), self.hw.decoded(flat, sizes, indices, crops))
-        return x, labels.to(device, non_blocking=True)
-
-
-class HybridRates:
-    """Sets the CPU share of hybrid batches from both sides' measured rates: the workers' from the seconds they
-    spent decoding a batch's CPU images (``collate_hybrid``), the engines' from each batch's decode time to the
-    end of its GPU work, beside the model. The share is the workers' rate over the sum, so both sides finish a
-    batch's part at once. Per-image rates do not depend on the share, so the split holds its mark even though
-    the workers prepare batches far ahead of it (a DataLoader holds two per worker: steering by the loop's
-    waits, one step per batch, ran into its bound before those batches reached the loop). Giving the workers
-    more (90% of what they decode of the loop's demand) fed 2 H200s on 32 cores worse, 0.84 against 0.88 per
-    rank: the busier cores slowed the ranks' own processes more than the engines' part slowed the GPU
-    (results/gpu-ranks-h200x2.txt).
-
-    ``cpu_rate`` and ``hw_rate`` (images/s of all workers, of all decoder threads) are the starting guesses;
-    each batch's figures move them by :attr:`SMOOTHING`."""
-
-    SMOOTHING = 0.3
-    #: The engines always keep a share: with none, their rate would never be measured again.
-    CAP = 0.95
-
-    def __init__(self, share, workers: int, decoders: int, cpu_rate: float, hw_rate: float):
-        self.share, self.workers, self.decoders = share, max(1, workers), max(1, decoders)
-        self.cpu_rate, self.hw_rate = cpu_rate, hw_rate
-        self.share.value = self.target()
-
-    def target(self) -> float:
-        return min(self.CAP, self.cpu_rate / (self.cpu_rate + self.hw_rate))
-
-    def timing(self, batch, decode_s: float) -> None:
-        cpu_images, hw_images, cpu_s = len(batch[1]), len(batch[4]), float(batch[8])
-        a = self.SMOOTHING
-        if cpu_images and cpu_s > 0:
-            self.cpu_rate += a * (self.workers * cpu_images / cpu_s - self.cpu_rate)
-        if hw_images and decode_s > 0:
-            self.hw_rate += a * (self.decoders * hw_images / decode_s - self.hw_rate)
-        self.share.value = self.target()
-
-
-# ------------------------------------------------------------------------------------------------- the loader
 
 
 def _first_record_kind(paths, format: str | None) -> str:
@@ -777,7 +170,7 @@ class Loader:
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool = False, cpu_share: float | None = None, worker_nice: int = WORKER_NICE):
-        torch = _import_torch()
+        torch = import_torch()
         self.decode_reason = None
         if decode == AUTO:
             decode, self.decode_reason = (("cpu", "stored pixels and token ids need no JPEG decoding")
@@ -1042,35 +435,14 @@ def normalise(x_nhwc_u8, stats=None):
     return x_nhwc_u8.permute(0, 3, 1, 2).float().sub_(mean).div_(std)
 
 
-def _import_torch():
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError(f"gpufeed.loader needs PyTorch: {_INSTALL}") from None
-    return torch
-
-
-def resolve_device(device=None):
-    """``device`` as a ``torch.device`` with its GPU named: an index-less ``"cuda"`` becomes the calling thread's
-    current GPU (``torch.cuda.set_device``), so decoder threads and nvImageCodec, which do not share that
-    setting, use the same GPU as the model (one rank per GPU); ``None``: the current GPU, or the CPU."""
-    torch = _import_torch()
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 def _require_cuda(torch, device, decode: str) -> None:
     if device.type != "cuda" or not torch.cuda.is_available():
         raise ConfigError(f"decode={decode!r} decodes on an NVIDIA GPU and torch sees none (device {device}); "
-                          f"use decode='cpu', or on a GPU machine {_INSTALL}")
+                          f"use decode='cpu', or on a GPU machine {GPU_EXTRA}")
     try:
         import torchvision.ops  # noqa: F401  (the GPU paths crop with roi_align)
     except ImportError:
-        raise ConfigError(f"decode={decode!r} crops on the GPU with torchvision: {_INSTALL}") from None
+        raise ConfigError(f"decode={decode!r} crops on the GPU with torchvision: {GPU_EXTRA}") from None
 
 
 def loader(paths: str | Sequence[str], format: str | None = None, batch_size: int = 256, decode: str = AUTO,

@@ -34,7 +34,7 @@ def timed(it, batches: int, sync) -> float:
 
 def _without_crops(batch):
     """The workers' batch without the crops they drew (hw-2-maincrops)."""
-    from gpufeed.pipelines.loader import collate_encoded
+    from gpufeed.pipelines.batches_cpu import collate_encoded
 
     return collate_encoded(batch)[:4]
 
@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     from gpufeed.bench.dataset import load_dataset_info
     from gpufeed.bench.results import append_rows
     from gpufeed.formats.torch import MapDataset
-    from gpufeed.pipelines.loader import EncodedBytes, Loader, collate_encoded
+    from gpufeed.pipelines.loader import Loader
+    from gpufeed.pipelines.batches_cpu import EncodedBytes, collate_encoded
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dst")
@@ -74,7 +75,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from gpufeed.formats import get_format
-    from gpufeed.pipelines.loader import CpuDecode, GpuCrop
+    from gpufeed.pipelines.batches_cpu import CpuDecode
+    from gpufeed.pipelines.batches_gpu import GpuCrop
     from gpufeed.pipelines.transforms import decode_image
 
     reader = get_format(args.format).reader(paths[0])

@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 
 import gpufeed  # noqa: E402
 from gpufeed.errors import ConfigError  # noqa: E402
+from gpufeed.pipelines import batches_cpu as C  # noqa: E402
+from gpufeed.pipelines import batches_gpu as G  # noqa: E402
 from gpufeed.pipelines import loader as L  # noqa: E402
 
 N = 40
@@ -31,7 +33,7 @@ def dataset(tmp_path_factory):
 
 
 def test_center_box_is_resize_256_crop_224():
-    top, left, h, w = L.center_box(375, 500)
+    top, left, h, w = C.center_box(375, 500)
     assert (h, w) == (328, 328)
     assert (top, left) == ((375 - 328) // 2, (500 - 328) // 2)
 
@@ -41,24 +43,24 @@ def test_cpu_decode_and_encoded_bytes_on_real_records(dataset):
 
     sample = get_format("recordio").reader(dataset["recordio"]["paths"][0])[3]
     for train in (True, False):
-        img, label = L.CpuDecode(train, 224, seed=5)(sample)
+        img, label = C.CpuDecode(train, 224, seed=5)(sample)
         assert img.shape == (224, 224, 3) and img.dtype == np.uint8 and label == int(sample.labels[0])
     # The crop of a sample is a function of (seed, index): runs are repeatable.
-    assert np.array_equal(L.CpuDecode(True, 224, seed=5)(sample)[0], L.CpuDecode(True, 224, seed=5)(sample)[0])
-    raw, label, index, crop = L.EncodedBytes(train=True, seed=5)(sample)
+    assert np.array_equal(C.CpuDecode(True, 224, seed=5)(sample)[0], C.CpuDecode(True, 224, seed=5)(sample)[0])
+    raw, label, index, crop = C.EncodedBytes(train=True, seed=5)(sample)
     assert raw == bytes(sample.payload) and raw[:3] == b"\xff\xd8\xff" and index == sample.index == 3
     # The workers draw the GPU paths' crop from the header: the box and flip the CPU path draws for this sample.
     from gpufeed.pipelines.transforms import decode_image
 
     shape = decode_image(raw, "x").shape[:2]
-    (box,), (flip,) = L.crop_params([shape], [3], True, seed=5)
+    (box,), (flip,) = C.crop_params([shape], [3], True, seed=5)
     assert crop == (*shape, *box, int(flip), 1)  # stored upright: EXIF orientation 1
-    assert L.EncodedBytes()(sample)[3] == (*shape, *L.center_box(*shape), 0, 1)
+    assert C.EncodedBytes()(sample)[3] == (*shape, *C.center_box(*shape), 0, 1)
     # The engines decode only the evaluation box of an upright image, never a whole image or a rotated one's.
-    regions = L.HwJpegDecoder.centre_regions(torch.tensor([
-        [*shape, *L.center_box(*shape), 0, 1], [*shape, 0, 0, *shape, 0, 1], [*shape, *L.center_box(*shape), 0, 6]]))
-    assert regions == [L.center_box(*shape), None, None]
-    flat, sizes, labels, indices, crops = L.collate_encoded([(raw, label, 3, crop), (raw[:100], 7, 9, crop)])
+    regions = G.HwJpegDecoder.centre_regions(torch.tensor([
+        [*shape, *C.center_box(*shape), 0, 1], [*shape, 0, 0, *shape, 0, 1], [*shape, *C.center_box(*shape), 0, 6]]))
+    assert regions == [C.center_box(*shape), None, None]
+    flat, sizes, labels, indices, crops = C.collate_encoded([(raw, label, 3, crop), (raw[:100], 7, 9, crop)])
     assert flat.numel() == len(raw) + 100 and sizes.tolist() == [len(raw), 100] and labels.tolist() == [label, 7]
     assert indices.tolist() == [3, 9] and crops.tolist() == [list(crop)] * 2
 
@@ -73,14 +75,14 @@ def test_gpu_crops_are_the_cpu_paths_crops(dataset):
     reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
     samples = [reader[i] for i in range(12)]
     images = [decode_image(s.payload, s.key) for s in samples]
-    boxes, flips = L.crop_params([im.shape[:2] for im in images], [s.index for s in samples], True, seed=5)
+    boxes, flips = C.crop_params([im.shape[:2] for im in images], [s.index for s in samples], True, seed=5)
     assert 0 < sum(flips) < len(flips)
     for s, im, (top, left, h, w), flip in zip(samples, images, boxes, flips):
         want = cv2.resize(im[top:top + h, left:left + w], (64, 64), interpolation=cv2.INTER_LINEAR)
         want = cv2.flip(want, 1) if flip else want
-        assert np.array_equal(L.CpuDecode(True, 64, seed=5, reduce=False).pixels(s), want)
-    boxes, flips = L.crop_params([(375, 500)], [0], False)
-    assert boxes == [L.center_box(375, 500)] and flips == [False]
+        assert np.array_equal(C.CpuDecode(True, 64, seed=5, reduce=False).pixels(s), want)
+    boxes, flips = C.crop_params([(375, 500)], [0], False)
+    assert boxes == [C.center_box(375, 500)] and flips == [False]
 
 
 @pytest.mark.parametrize("fmt", ["recordio", "tfrecord", "lmdb"])
@@ -227,18 +229,18 @@ def test_gpu_crop_matches_the_cpu_path(dataset, train):
     reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
     samples = [reader[i] for i in range(10)]
     images = [torch.from_numpy(decode_image(s.payload, s.key)).permute(2, 0, 1) for s in samples]
-    out = L.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples])
+    out = G.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples])
     # The crops the workers drew from the headers give the same pixels.
-    crops = L.collate_encoded([L.EncodedBytes(train, 3)(s) for s in samples])[4]
-    assert torch.equal(L.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples], crops), out)
-    want = np.stack([L.CpuDecode(train, 64, seed=3).pixels(s) for s in samples])
+    crops = C.collate_encoded([C.EncodedBytes(train, 3)(s) for s in samples])[4]
+    assert torch.equal(G.GpuCrop("cpu", train, 64, seed=3).crop(images, [s.index for s in samples], crops), out)
+    want = np.stack([C.CpuDecode(train, 64, seed=3).pixels(s) for s in samples])
     assert out.shape == (10, 64, 64, 3) and out.dtype == torch.uint8
     diff = np.abs(out.numpy().astype(int) - want.astype(int)).mean(axis=(1, 2, 3))
     assert diff.max() < 12, diff  # a wrong box or a missed flip differs by tens
     # Images stored at the output size are used as they are in evaluation.
     small = [torch.from_numpy(np.ascontiguousarray(w)).permute(2, 0, 1) for w in want[:3]]
     if not train:
-        assert torch.equal(L.GpuCrop("cpu", False, 64).crop(small, [0, 1, 2]), torch.from_numpy(want[:3]))
+        assert torch.equal(G.GpuCrop("cpu", False, 64).crop(small, [0, 1, 2]), torch.from_numpy(want[:3]))
 
 
 def test_hybrid_split_follows_the_shared_share(dataset):
@@ -246,16 +248,16 @@ def test_hybrid_split_follows_the_shared_share(dataset):
 
     reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
     share = multiprocessing.Value("d", 0.25, lock=False)
-    split = L.HybridSplit(L.CpuDecode(True, 64), share)
+    split = C.HybridSplit(C.CpuDecode(True, 64), share)
     kinds = [split(reader[i])[0] for i in range(N)]
     assert abs(kinds.count("px") / N - 0.25) <= 0.05  # evenly spread by the golden-ratio sequence
     share.value = 0.0
     items = [split(reader[i]) for i in range(6)]
     assert {item[0] for item in items} == {"jpeg"}
     share.value = 0.5
-    pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops, cpu_s = L.collate_hybrid(
+    pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops, cpu_s = C.collate_hybrid(
         [split(reader[i]) for i in range(8)])
-    assert crops.shape == (len(enc_pos), L.CROP_COLUMNS) and 0 < float(cpu_s) < 5  # the workers' decode seconds
+    assert crops.shape == (len(enc_pos), C.CROP_COLUMNS) and 0 < float(cpu_s) < 5  # the workers' decode seconds
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
@@ -267,7 +269,7 @@ def test_hybrid_split_comes_from_both_sides_measured_rates():
     each: 6,400/s), whatever the share the batches were made with; a batch with no CPU images leaves the workers'
     rate as it was, and the engines always keep a share."""
     share = multiprocessing.Value("d", 0.0, lock=False)
-    rates = L.HybridRates(share, workers=16, decoders=2, cpu_rate=16 * L.CPU_WORKER_RATE, hw_rate=L.HW_RATE)
+    rates = G.HybridRates(share, workers=16, decoders=2, cpu_rate=16 * L.CPU_WORKER_RATE, hw_rate=L.HW_RATE)
     assert share.value == pytest.approx(4800 / (4800 + 13000))
 
     def batch(cpu_images: int, size: int = 512):
@@ -283,7 +285,7 @@ def test_hybrid_split_comes_from_both_sides_measured_rates():
     assert rates.cpu_rate == pytest.approx(8000, rel=0.01)
     rates.hw_rate = 1.0
     rates.timing(batch(512), 0.0)
-    assert share.value == L.HybridRates.CAP
+    assert share.value == G.HybridRates.CAP
 
 
 @pytest.mark.parametrize("decode", ["gpu", "hw", "hybrid"])
@@ -298,12 +300,12 @@ def test_gpu_paths_without_a_gpu_say_what_to_do_in_one_line(dataset, decode):
 
 def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
     # One rank per GPU: an index-less "cuda" must name the rank's GPU, which decoder threads would not inherit.
-    assert L.resolve_device("cpu") == torch.device("cpu")
+    assert G.resolve_device("cpu") == torch.device("cpu")
     if torch.cuda.is_available():
-        assert L.resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
-        assert L.resolve_device(None).index == torch.cuda.current_device()
+        assert G.resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
+        assert G.resolve_device(None).index == torch.cuda.current_device()
     else:
-        assert L.resolve_device(None) == torch.device("cpu")
+        assert G.resolve_device(None) == torch.device("cpu")
 
 
 @pytest.mark.parametrize("kwargs, text", [({"decode": "nvdec"}, "decode='nvdec'"),
@@ -371,7 +373,7 @@ def test_nvimagecodec_log_lines_are_off_unless_the_user_sets_them(monkeypatch):
         else:
             monkeypatch.setenv("PYNVIMGCODEC_VERBOSITY", preset)
         try:
-            L.import_nvimgcodec()
+            G.import_nvimgcodec()
         except ConfigError:
             pass  # not installed here: the setting is made before the import is tried
         assert os.environ["PYNVIMGCODEC_VERBOSITY"] == expected
@@ -390,7 +392,7 @@ def test_image_pool_settings_need_the_nvidia_driver():
     if ctypes.util.find_library("cuda"):
         pytest.skip("this machine has the NVIDIA driver")
     with pytest.raises(ConfigError, match="libcuda.so.1"):
-        L.set_image_pool(torch.device("cpu"), keep_bytes=1)
+        G.set_image_pool(torch.device("cpu"), keep_bytes=1)
 
 
 def test_decode_auto_and_workers_per_rank_come_from_the_node():

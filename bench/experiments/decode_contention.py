@@ -7,7 +7,7 @@ In one process, on in-memory batches of the dataset's RecordIO (no disk, no Data
 * ``model``: ResNet-50 inference (bf16, channels_last, as ``gpufeed bench train``) on one synthetic batch, back
   to back: the model's own rate (measured first and last, to bracket the GPU's drift);
 * ``decode``: the hw evaluation step alone (engines, centre crop, resize to 224), with ``--threads`` decoder
-  threads as :func:`gpufeed.pipelines.loader.decoded_batches` runs them in the loader;
+  threads as :func:`gpufeed.pipelines.batches_gpu.decoded_batches` runs them in the loader;
 * ``pipeline``: the model fed by that step as in the loader's loop (the model's stream waits for each batch
   on the GPU); its rate over the model's own is the AU the GPU side allows, DataLoader aside;
 * ``beside``: both at once without a dependency (the model in this thread, the step consumed in another on
@@ -50,7 +50,7 @@ class Bench:
 
         from gpufeed.bench.experiments.decode_rates import _Record, _records
         from gpufeed.bench.train import CudaResNet
-        from gpufeed.pipelines.loader import EncodedBytes, collate_encoded
+        from gpufeed.pipelines.batches_cpu import EncodedBytes, collate_encoded
 
         self.torch, self.args = torch, args
         datas = _records(args.dst, args.images)
@@ -79,7 +79,7 @@ class Bench:
 
     # ------------------------------------------------------------------------------------------- pieces
     def decoders(self, variant: str) -> list:
-        from gpufeed.pipelines.loader import HwJpegDecoder
+        from gpufeed.pipelines.batches_gpu import HwJpegDecoder
 
         options = PREALLOC.format(batch=self.args.batch) if variant == "prealloc" else ""
         made = [HwJpegDecoder(self.device, train=False, priority=-3 if variant == "priority" else 0, options=options)
@@ -100,7 +100,7 @@ class Bench:
             yield self.steps[k % len(self.steps)]
 
     def decoded(self, decoders, seconds: float):
-        from gpufeed.pipelines.loader import decoded_batches
+        from gpufeed.pipelines.batches_gpu import decoded_batches
 
         return decoded_batches(self.batches(seconds), decoders, self.device)
 
@@ -214,7 +214,7 @@ class Bench:
 
 def main(argv=None) -> int:
     from gpufeed.bench.results import append_rows
-    from gpufeed.pipelines.loader import set_image_pool
+    from gpufeed.pipelines.batches_gpu import set_image_pool
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")

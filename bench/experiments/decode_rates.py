@@ -33,7 +33,7 @@ def _records(dst: str, n: int) -> list[bytes]:
 
 
 class _Record:
-    """What :class:`gpufeed.pipelines.loader.EncodedBytes` reads of a sample."""
+    """What :class:`gpufeed.pipelines.batches_cpu.EncodedBytes` reads of a sample."""
 
     def __init__(self, payload: bytes, index: int):
         self.payload, self.index, self.labels, self.key = payload, index, (0,), f"record {index}"
@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     import torch
 
     from gpufeed.bench.results import append_rows
-    from gpufeed.pipelines.loader import CROP_COLUMNS, EncodedBytes, HwJpegDecoder, NvJpegDecoder, collate_encoded
+    from gpufeed.pipelines.batches_cpu import CROP_COLUMNS, EncodedBytes, collate_encoded
+    from gpufeed.pipelines.batches_gpu import HwJpegDecoder, NvJpegDecoder
     from gpufeed.pipelines.transforms import decode_image
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,0 +1,276 @@
+"""What the loader's DataLoader worker processes do to records: decode and crop on the CPU
+(:class:`CpuDecode`), CIFAR's augmentation, token windows, and the collation of a batch for each path (the
+encoded bytes and crop parameters the GPU paths take, the hybrid split). Each sample's crop and flip are drawn
+from ``(seed, index)``, so every path crops the same boxes. Used through :func:`gpufeed.loader`
+(:mod:`gpufeed.pipelines.loader`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpufeed.errors import ConfigError
+
+#: Columns of a crop drawn in the workers for the GPU paths: height, width (upright), the box (top, left, h, w),
+#: flip, EXIF orientation.
+CROP_COLUMNS = 8
+#: CIFAR training augmentation: zero padding on each side before the random crop of the stored size.
+CIFAR_PAD = 4
+#: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
+CENTER_FRACTION = 224 / 256
+
+
+def center_box(height: int, width: int, fraction: float = CENTER_FRACTION) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of the square centre crop that resize-256-then-crop-224 keeps, in source pixels."""
+    side = max(1, int(round(min(height, width) * fraction)))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+@dataclasses.dataclass(frozen=True)
+class CpuDecode:
+    """Runs in DataLoader workers: decode, then RandomResizedCrop + flip (``train``) or the centre crop; with
+    ``cifar``, CIFAR's pad-4 / random-crop / flip at the stored size instead (``augment=False``: the stored
+    pixels, for the GPU to augment).
+
+    The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
+    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch. With
+    ``with_index``, ``(pixels, label, index)`` for :class:`CifarCollate`.
+    """
+
+    train: bool
+    size: int = 224
+    seed: int = 0
+    cifar: bool = False
+    augment: bool = True
+    with_index: bool = False
+    reduce: bool = True  # JPEGs decode at a DCT scale-down where the crop allows (transforms.decode_crop)
+
+    def __call__(self, sample):
+        if self.with_index:
+            return self.pixels(sample), int(sample.labels[0]), int(sample.index)
+        return self.pixels(sample), int(sample.labels[0])
+
+    def pixels(self, sample) -> np.ndarray:
+        import cv2
+
+        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image, random_resized_crop_choice
+
+        if self.cifar:
+            img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
+            if not (self.train and self.augment):
+                return _owned(img)
+            (top,), (left,), (flip,) = cifar_params([sample.index], self.seed)
+            padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
+            out = padded[top:top + img.shape[0], left:left + img.shape[1]]
+            return np.ascontiguousarray(out[:, ::-1] if flip else out)
+        choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
+                  else self._centre)
+        if sample.kind != "raw":
+            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce)
+        img = np.asarray(sample.payload)
+        if img.ndim == 2 or img.shape[2] == 1:
+            img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+        box, flip = choose(*img.shape[:2])
+        out = crop_resize(img, img.shape[:2], box, (self.size, self.size))
+        return cv2.flip(out, 1) if flip else _owned(out)
+
+    def _centre(self, height: int, width: int):
+        """The evaluation box: the whole image where it is stored at the output size, else :func:`center_box`."""
+        if (height, width) == (self.size, self.size):
+            return (0, 0, height, width), False
+        return center_box(height, width), False
+
+
+def _owned(img: np.ndarray) -> np.ndarray:
+    """``img`` itself, or a contiguous copy where the reader's array is read-only or strided (torch's collate
+    warns on read-only arrays)."""
+    return img if img.flags.writeable and img.flags.c_contiguous else np.array(img)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenWindow:
+    """Runs in DataLoader workers for ``augment="tokens"``: a record's token ids (int64), checked to be one
+    language-model window: a 1-D array of ``length`` ids when ``length`` is given, each below ``vocab`` when that
+    is given (an embedding table indexed past its end fails on the GPU with no sample named)."""
+
+    length: int | None = None
+    vocab: int | None = None
+
+    def __call__(self, sample) -> np.ndarray:
+        if sample.kind != "tokens":
+            raise ConfigError(f"augment='tokens' reads token records, but {sample.key} holds {sample.kind} "
+                              "pixels; use augment='train', 'eval' or 'cifar' for images")
+        ids = np.asarray(sample.payload, dtype=np.int64)
+        if ids.ndim != 1 or (self.length is not None and len(ids) != self.length):
+            expected = f"a window of {self.length}" if self.length is not None else "one row"
+            raise ConfigError(f"{sample.key}: {ids.size} token ids in shape {ids.shape} where {expected} is expected; "
+                              "convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
+        if self.vocab is not None and ids.size and not 0 <= int(ids.min()) <= int(ids.max()) < self.vocab:
+            raise ConfigError(f"{sample.key}: token ids {int(ids.min())}..{int(ids.max())} are outside the model's "
+                              f"vocabulary of {self.vocab}; train a model with the dataset's vocabulary (vocab.txt)")
+        return ids
+
+
+def collate_tokens(batch):
+    """``[ids]`` (windows of one length) -> an N x (seq_len + 1) int64 tensor."""
+    import torch
+
+    lengths = {len(ids) for ids in batch}
+    if len(lengths) > 1:
+        raise ConfigError(f"token records of different lengths ({', '.join(map(str, sorted(lengths)))}) in one "
+                          "batch; convert Penn Treebank with ptb_mode='window' (every record seq_len + 1 ids)")
+    return torch.from_numpy(np.stack(batch))
+
+
+def crop_params(shapes: Sequence[tuple[int, int]], indices: Sequence[int], train: bool, seed: int = 0):
+    """Per image of shape ``(h, w)`` and sample index: its crop ``(top, left, h, w)`` and whether it is flipped,
+    drawn as :class:`CpuDecode` draws them (training: from ``(seed, index)``; evaluation: :func:`center_box`)."""
+    drawn = [draw_crop(h, w, index, train, seed) for (h, w), index in zip(shapes, indices)]
+    return [box for box, _ in drawn], [flip for _, flip in drawn]
+
+
+def draw_crop(height: int, width: int, index: int, train: bool, seed: int = 0):
+    """``((top, left, h, w), flip)`` of sample ``index`` in an upright ``height`` x ``width`` image: training's
+    ``RandomResizedCrop`` + flip drawn from ``(seed, index)``, or evaluation's :func:`center_box`."""
+    if not train:
+        return center_box(height, width), False
+    from gpufeed.pipelines.transforms import random_resized_crop_choice
+
+    return random_resized_crop_choice(np.random.default_rng((seed, int(index))))(height, width)
+
+
+def cifar_params(indices: Sequence[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CIFAR's training augmentation for each sample index: the crop's top and left in the image padded by
+    :data:`CIFAR_PAD` on every side, and whether it is flipped. Drawn from a SplitMix64 hash of
+    ``(seed, index)``, vectorised: a batch's draws cost microseconds in the main process (a generator per
+    sample would cost ~10 ms per batch of 512, as long as a CIFAR ResNet step)."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(indices, dtype=np.uint64) + np.uint64(seed % 2**64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    span = np.uint64(2 * CIFAR_PAD + 1)
+    tops = (z % span).astype(np.int64)
+    lefts = ((z >> np.uint64(16)) % span).astype(np.int64)
+    flips = ((z >> np.uint64(32)) & np.uint64(1)).astype(bool)
+    return tops, lefts, flips
+
+
+def cifar_augment(x, params):
+    """CIFAR's pad / random crop / flip of a whole NHWC uint8 batch in one gather, on whatever device ``x`` is
+    (the GPU in the loader): the same pixels as :class:`CpuDecode` gives each sample on the CPU. ``params`` is
+    :class:`CifarCollate`'s 3 x N int64 tensor (tops, lefts, flips) on ``x``'s device."""
+    import torch
+
+    n, h, w, _ = x.shape
+    tops, lefts, flips = params[0], params[1], params[2].bool()
+    padded = torch.nn.functional.pad(x, (0, 0, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD, CIFAR_PAD))
+    rows = tops[:, None] + torch.arange(h, device=x.device)
+    span = torch.arange(w, device=x.device)
+    cols = lefts[:, None] + torch.where(flips[:, None], w - 1 - span, span)
+    return padded[torch.arange(n, device=x.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CifarCollate:
+    """Runs in DataLoader workers for ``augment_on="gpu"``: ``[(pixels, label, index)]`` -> (NHWC uint8, int64
+    labels, the 3 x N int64 augmentation parameters of :func:`cifar_params`). Drawn here, the parameters travel
+    with the batch through pinned memory: the training loop's thread copies nothing from pageable memory per
+    step (on the H200 this measured no different from drawing them there, within the runs' noise)."""
+
+    seed: int = 0
+
+    def __call__(self, batch):
+        import torch
+
+        indices = [item[2] for item in batch]
+        tops, lefts, flips = cifar_params(indices, self.seed)
+        return (torch.from_numpy(np.stack([item[0] for item in batch])),
+                torch.tensor([item[1] for item in batch], dtype=torch.int64),
+                torch.from_numpy(np.stack([tops, lefts, flips.astype(np.int64)])))
+
+
+def encoded_bytes(sample) -> bytes:
+    if not isinstance(sample.payload, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"GPU decoding needs encoded images, but {sample.key} is stored as raw pixels; "
+                          "convert with --encode jpeg, or decode='cpu'")
+    return bytes(sample.payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedBytes:
+    """Runs in DataLoader workers for the GPU paths: the record's JPEG bytes, undecoded, its label, its index,
+    and its crop drawn here from the JPEG's header as :class:`CpuDecode` draws it (:func:`draw_crop`):
+    ``(height, width, top, left, h, w, flip, orientation)`` (:data:`CROP_COLUMNS`; the size upright, the EXIF
+    orientation as stored). Drawing 256 crops costs the main process, which the model
+    needs, ~10 ms of interpreter time per batch; 16 workers draw them beside their reads."""
+
+    train: bool = False
+    seed: int = 0
+
+    def __call__(self, sample):
+        from gpufeed.pipelines.imageio import probe
+
+        data = encoded_bytes(sample)
+        info = probe(data, sample.key)
+        box, flip = draw_crop(info.height, info.width, sample.index, self.train, self.seed)
+        return (data, int(sample.labels[0]), int(sample.index),
+                (info.height, info.width, *box, int(flip), info.orientation))
+
+
+def collate_encoded(batch):
+    """``[(jpeg bytes, label, index, crop)]`` -> (one flat uint8 tensor, int64 sizes, int64 labels, int64
+    indices, N x CROP_COLUMNS int64 crops).
+
+    One tensor per batch crosses from the worker (one shared-memory block, not one per image); the main process
+    splits it into per-image views."""
+    import torch
+
+    sizes = [len(item[0]) for item in batch]
+    flat = np.empty(sum(sizes), dtype=np.uint8)
+    offset = 0
+    for item, n in zip(batch, sizes):
+        flat[offset:offset + n] = np.frombuffer(item[0], dtype=np.uint8)
+        offset += n
+    return (torch.from_numpy(flat), torch.tensor(sizes, dtype=torch.int64),
+            torch.tensor([item[1] for item in batch], dtype=torch.int64),
+            torch.tensor([item[2] for item in batch], dtype=torch.int64),
+            torch.tensor([item[3] for item in batch], dtype=torch.int64).reshape(len(batch), CROP_COLUMNS))
+
+
+class HybridSplit:
+    """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here, the
+    seconds it took recorded) when its place in a fixed low-discrepancy sequence falls under the current share,
+    else its bytes go to the engines. ``share`` is a shared ``multiprocessing`` value the main process sets; the
+    workers, handed it when they start, see its changes."""
+
+    def __init__(self, cpu: CpuDecode, share):
+        self.cpu, self.share = cpu, share
+
+    def __call__(self, sample):
+        # The golden-ratio sequence spreads any share evenly over consecutive indices.
+        if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
+            t0 = time.perf_counter()
+            pixels = self.cpu.pixels(sample)
+            return "px", pixels, int(sample.labels[0]), int(sample.index), time.perf_counter() - t0
+        return ("jpeg", *EncodedBytes(self.cpu.train, self.cpu.seed)(sample))
+
+
+def collate_hybrid(batch):
+    """``[("px", pixels, label, index, seconds) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels,
+    their batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels,
+    their indices and crops, the seconds the worker spent decoding the pixels)."""
+    import torch
+
+    px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
+    enc = [(i, item) for i, item in enumerate(batch) if item[0] == "jpeg"]
+    pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
+    flat, sizes, _, indices, crops = collate_encoded([item[1:] for _, item in enc])
+    return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
+            torch.tensor([i for i, _ in enc], dtype=torch.int64),
+            torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops,
+            torch.tensor([sum(item[4] for item in batch if item[0] == "px")], dtype=torch.float64))
+
