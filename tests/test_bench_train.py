@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpufeed.bench import train
+from gpufeed.bench import train, train_models
 from gpufeed.bench.accelerator import PROFILES, get_profile
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
@@ -52,7 +52,7 @@ def test_profiles_scale_with_batch():
 
 
 def test_timed_loop_au_and_waits():
-    accel = train.EmulatedAccelerator("h200", "train", batch=8)
+    accel = train_models.EmulatedAccelerator("h200", "train", batch=8)
     run = train.timed_loop(train.synthetic_batches(accel, 8, 224, 0), accel.step, accel.synchronize, 8, steps=5,
                            warmup=1)
     figures = run.figures(compute_step_s=accel.step_s)
@@ -167,7 +167,7 @@ def test_ptb_lstm_reads_token_windows_from_every_format(tmp_path, ray_local):
     info = load_dataset_info(str(out))
     vocab = len((out / "vocab.txt").read_text().splitlines())
     assert info["image"] == "ptb" and info["seq_len"] == 12 and info["vocab"] == vocab
-    model = train.CudaLstm("train", vocab, device="cpu", seed=0)
+    model = train_models.CudaLstm("train", vocab, device="cpu", seed=0)
     first = None
     for fmt in ("lmdb", "recordio", "tfrecord"):
         ld = Loader(info["formats"][fmt]["paths"], format=fmt, batch_size=8, augment="tokens", workers=1,

@@ -49,7 +49,7 @@ class Bench:
         import torch
 
         from gpufeed.bench.experiments.decode_rates import _Record, _records
-        from gpufeed.bench.train import CudaResNet
+        from gpufeed.bench.train_models import CudaResNet
         from gpufeed.pipelines.batches_cpu import EncodedBytes, collate_encoded
 
         self.torch, self.args = torch, args
@@ -71,7 +71,7 @@ class Bench:
 
     def graph(self) -> None:
         """The model as one CUDA graph from here on (:class:`CudaResNet`'s ``--cuda-graph``), its own rate a row."""
-        from gpufeed.bench.train import CudaResNet
+        from gpufeed.bench.train_models import CudaResNet
 
         self.eager = self.model
         self.model = CudaResNet("infer", graph=True)
