@@ -9,7 +9,9 @@ machines. HTML embeds its plots as base64 PNG, so the report is one self-contain
 beside it in ``<name>_files/``.
 
 This module assembles the report (:func:`build_report`) and writes it (:func:`write_report`); the analysis
-is :mod:`.report_analysis`, the plots :mod:`.report_plots`, the HTML and Markdown :mod:`.report_render`. Their
+is :mod:`.report_rows` (rows read), :mod:`.report_analysis` (the answers) and :mod:`.report_tables` (tables, the
+published finding), the model :mod:`.report_model`, the plots :mod:`.report_plots`, the HTML and Markdown
+:mod:`.report_render`. Their
 building blocks are public here (``__all__``), so ``notebooks/storage_tiers.ipynb`` reuses them:
 :func:`train_table`, :func:`plot_throughput`, :func:`plot_au`, :func:`finding_checks`, :func:`answer` ...
 each takes the rows of :func:`gpufeed.bench.results.load_results`.
@@ -23,12 +25,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from gpufeed.bench import AU_TARGET
-from gpufeed.bench.report_analysis import (Block, Plot, Report, Section, Table, answer, choose_baseline,
-                                           demands, emulated_table, every_configuration, figure, finding_checks,
-                                           finding_table, fmt_num, fmt_pct, fmt_spread, generic_table,
-                                           loader_label, machine_table, of_bench, params, ratio_to_baseline, real_gpus_fed,
-                                           side_dataset, side_sections, sized_disks, storage_tiers, stored_size,
-                                           tier_label, train_table)
+from gpufeed.bench.report_model import Block, Plot, Report, Section, Table, fmt_num, fmt_pct
+from gpufeed.bench.report_rows import (choose_baseline, demands, figure, fmt_spread, loader_label, of_bench, params,
+                                       ratio_to_baseline, side_dataset, storage_tiers, stored_size, tier_label)
+from gpufeed.bench.report_tables import (emulated_table, finding_checks, finding_table, generic_table, machine_table,
+                                         train_table)
+from gpufeed.bench.report_analysis import answer, every_configuration, real_gpus_fed, side_sections, sized_disks
 from gpufeed.bench.report_plots import (plot_au, plot_convert_time, plot_latency, plot_read_throughput,
                                         plot_throughput, png_bytes)
 from gpufeed.bench.report_render import blocks_html, render_html, render_markdown, table_html

@@ -1,147 +1,22 @@
-"""The storage-tier report's analysis: its rows read, the answers worked out (GPUs fed per disk, cores for
-decoding, bandwidth, disks sized as bought), the published finding checked, and the tables, all as the
-report's model (:class:`Section` of paragraphs, bullet lists, :class:`Table` and :class:`Plot`).
-:mod:`gpufeed.bench.report` assembles them, :mod:`.report_plots` draws the plots and :mod:`.report_render`
-writes HTML or Markdown.
-"""
+"""The storage-tier report's answers: GPUs fed per disk (emulated and with real ranks), cores for decoding,
+bandwidth, disks sized as bought, the side sections (CIFAR, Penn Treebank, several GPUs at once).
+:mod:`gpufeed.bench.report` assembles them with the tables (:mod:`.report_tables`), :mod:`.report_plots` draws
+the plots and :mod:`.report_render` writes HTML or Markdown."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Union
+from collections.abc import Sequence
+from typing import Any
 
-from gpufeed.bench import AU_TARGET, MEMORY_TIER, SYNTHETIC
-from gpufeed.errors import ConfigError
-
-#: Tier tried first as the baseline of ratios, when present (the fastest of the published tiers).
-PREFERRED_BASELINE = "nvme"
-#: "Insensitive to the disk" is confirmed when tiers differ by at most this much (TIERS.md says ~1%; runs on a
-#: shared machine move by a few percent).
-INSENSITIVE_TOLERANCE = 0.03
-MB = 1e6
-GiB = 1 << 30
-
-#: The published finding of shared/TIERS.md, claim by claim: (bench, task, faster tier, slower tier, how much
-#: faster the first is, in words).
-PUBLISHED = (
-    ("convert", None, "nvme", "ssd", 0.25, "Preprocessing: local NVMe ~25% faster than SSD cloud disk"),
-    ("convert", None, "ssd", "ultra", 0.10, "Preprocessing: SSD cloud disk ~10% faster than ultra"),
-    ("train", "train", "nvme", "ultra", 0.01, "Training: insensitive to the disk (~1%)"),
-    ("train", "infer", "nvme", "ultra", 0.15, "Inference: ~15% slower on ultra disk"),
-)
-
-
-# ---------------------------------------------------------------------------------------------- reading rows
-
-
-def params(row: dict) -> dict:
-    return row.get("params") or {}
-
-
-def stored_size(row: dict) -> int | None:
-    """The dataset's stored shorter side (``--resize``), None when not resized (as captured, or stored another
-    way: see :func:`stored`)."""
-    return params(row).get("resize", row.get("resize"))
-
-
-def stored(row: dict) -> str | None:
-    """How the dataset's images are stored, as the ``gpufeed convert`` flags that store them (``--resize 160``,
-    ``--size 224x224 --center-crop``), None when as captured."""
-    store = params(row).get("store", row.get("store"))
-    if store:
-        return str(store)
-    size = stored_size(row)
-    return f"--resize {size}" if size else None
-
-
-def _stored_at(row: dict, resize: int | None) -> bool:
-    """Stored only resized to ``resize`` (None: as captured), not also cropped or kept raw."""
-    return stored(row) == (f"--resize {resize}" if resize else None)
-
-
-def _plain(row: dict) -> bool:
-    """Stored as captured or only resized: what the figures keyed by :func:`stored_size` compare."""
-    return _stored_at(row, stored_size(row))
-
-
-def figure(row: dict, name: str) -> float | None:
-    """The median of ``name``: the row's primary metric or one of its ``metrics``; None when absent.
-    ``device_mb_per_s`` is derived where a row has the emulated disk's byte counts: the MB/s it served, reads
-    and writes together (to set against the profile's cap)."""
-    if row.get("metric") == name:
-        return row.get("median")
-    block = (row.get("metrics") or {}).get(name)
-    if name == "device_mb_per_s" and block is None:
-        read, written, wall = (figure(row, k) for k in ("device_read_bytes", "device_written_bytes", "wall_s"))
-        return (read + written) / wall / MB if read is not None and written is not None and wall else None
-    return block.get("median") if isinstance(block, dict) else None
-
-
-def fmt_spread(row: dict) -> str:
-    """A row's spread over its repeats, or "1 run" where there was only one (a spread of 0.0% would claim a
-    precision that a single run cannot show)."""
-    if len(row.get("values") or ()) <= 1:
-        return "1 run"
-    return fmt_pct(row.get("spread"))
-
-
-def spread(row: dict, name: str | None = None) -> float | None:
-    if name is None or row.get("metric") == name:
-        return row.get("spread")
-    block = (row.get("metrics") or {}).get(name)
-    return block.get("spread") if isinstance(block, dict) else None
-
-
-def of_bench(rows: Iterable[dict], bench: str) -> list[dict]:
-    return [r for r in rows if r.get("bench") == bench]
-
-
-def is_synthetic(row: dict) -> bool:
-    return row.get("tier") == MEMORY_TIER or row.get("format") == SYNTHETIC
-
-
-def accelerator(row: dict) -> str | None:
-    """The accelerator a train row measured, with how its model ran where that changes the demand (inference as
-    one CUDA graph, ``bench train --cuda-graph``): rows of one accelerator name are compared only like with
-    like."""
-    name = params(row).get("accelerator")
-    return f"{name} (model as a CUDA graph)" if name and params(row).get("cuda_graph") else name
-
-
-def loader_label(row: dict) -> str:
-    """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
-    read-ahead, a fixed hybrid CPU share, the workers' niceness, and the child-process loader measured on 2026-11-25 (since taken out of
-    gpufeed)."""
-    p = params(row)
-    label = str(p.get("decode") or "-")
-    if p.get("read_ahead"):
-        label += ", read-ahead"
-    if p.get("feed") == "process":
-        label += ", child process"
-    if p.get("cpu_share_fixed") is not None:
-        label += f", CPU share {p['cpu_share_fixed']:.2f}"
-    if p.get("worker_nice"):
-        label += f", workers at nice {p['worker_nice']}"
-    return label
-
-
-def side_dataset(row: dict) -> str | None:
-    """``"ranks"`` for a run on several GPUs at once (``bench train --gpus N``), ``"cifar"`` for a row of the
-    CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn Treebank language model, None for
-    ImageNet on one accelerator. Each is reported in a section of its own, so per-rank figures, small records and
-    fast steps never mix with one GPU's ImageNet demand, sizes and core counts."""
-    model = str(params(row).get("model", ""))
-    if (params(row).get("gpus") or 1) > 1:
-        return "ranks"
-    if row.get("image") == "cifar" or model.startswith("cifar"):
-        return "cifar"
-    if row.get("image") == "ptb" or model.startswith("ptb"):
-        return "ptb"
-    return None
+from gpufeed.bench import AU_TARGET
+from gpufeed.bench.report_model import Block, GiB, MB, Section, Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
+from gpufeed.bench.report_rows import (Demand, accelerator, accelerator_emulated, demands, describe_config, figure,
+                                       is_synthetic, loader_label, of_bench, params, plain, side_dataset, stored,
+                                       stored_at, stored_size, tier_label, train_rows_for)
+from gpufeed.bench.report_tables import limit_text
 
 
 def _cores(row: dict) -> str:
@@ -307,194 +182,12 @@ def side_sections(rows: Sequence[dict]) -> list[Section]:
     return sections
 
 
-def accelerator_emulated(row: dict) -> bool:
-    return params(row).get("accelerator_mode") == "emulated"
-
-
-def tier_label(row: dict) -> str:
-    tier = row.get("tier") or "?"
-    return f"{tier}*" if row.get("mode") == "emulated" else tier
-
-
-def storage_tiers(rows: Iterable[dict]) -> list[str]:
-    """Tier names in the rows, fastest published first, synthetic 'memory' left out."""
-    order = ["nvme", "essd-pl1", "ssd", "essd-pl0", "pd-balanced", "gp3", "ultra"]
-    names = {r.get("tier") for r in rows if r.get("tier") and not is_synthetic(r)}
-    return sorted(names, key=lambda t: (order.index(t) if t in order else -1, t))
-
-
-def choose_baseline(rows: Sequence[dict], requested: str | None = None) -> str | None:
-    """``requested`` if given (it must appear in the rows); else nvme when present; else the tier with the
-    highest median throughput over the read and train rows it has."""
-    tiers = storage_tiers(rows)
-    if requested:
-        if requested not in tiers:
-            raise ConfigError(f"--baseline {requested!r} is not a tier in these results; they have "
-                              f"{', '.join(tiers) or 'no storage tiers'}")
-        return requested
-    if PREFERRED_BASELINE in tiers:
-        return PREFERRED_BASELINE
-    fastest = _fastest_tier((r for r in rows if r.get("bench") in ("read", "train") and not is_synthetic(r)),
-                            lambda r: r.get("median"))
-    if fastest is not None:
-        return fastest
-    return tiers[0] if tiers else None
-
-
-def _fastest_tier(rows: Iterable[dict], speed: Callable[[dict], float | None]) -> str | None:
-    """The tier whose rows have the highest median ``speed`` (rows without one left out); None if none has."""
-    by_tier = defaultdict(list)
-    for r in rows:
-        v = speed(r)
-        if v:
-            by_tier[r["tier"]].append(v)
-    return max(by_tier, key=lambda t: statistics.median(by_tier[t])) if by_tier else None
-
-
-#: Parameters that name paths, which differ from tier to tier for the same configuration.
-_PATH_PARAMS = frozenset({"tier_path", "command"})
-
-
-def _config_key(row: dict) -> tuple:
-    """Everything that identifies a configuration except its tier, for matching rows across tiers."""
-    p = {k: v for k, v in params(row).items() if k not in _PATH_PARAMS}
-    return (row.get("bench"), row.get("format"), row.get("metric"), repr(sorted(p.items(), key=str)))
-
-
-def ratio_to_baseline(rows: Sequence[dict], baseline: str | None) -> dict[int, float]:
-    """``{id(row): row median / the same configuration's median on the baseline tier}`` (time metrics too:
-    a ratio above 1 on seconds means slower)."""
-    if baseline is None:
-        return {}
-    base = {_config_key(r): r.get("median") for r in rows if r.get("tier") == baseline}
-    out = {}
-    for r in rows:
-        b = base.get(_config_key(r))
-        if b and r.get("median") is not None:
-            out[id(r)] = r["median"] / b
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- formatting
-
-
-def fmt_num(value: float | None, digits: int = 3) -> str:
-    """A readable number: thousands separators, ``digits`` significant digits for small values."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if value == 0:
-        return "0"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
-    return f"{value:,.{decimals}f}"
-
-
-def fmt_pct(value: float | None, signed: bool = False) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}x"
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-# ------------------------------------------------------------------------------------------------ the model
-
-
-@dataclasses.dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    note: str = ""
-
-
-@dataclasses.dataclass
-class Plot:
-    title: str
-    png: bytes
-    caption: str = ""
-
-
-Block = Union[str, Table, Plot, list]
-
-
-@dataclasses.dataclass
-class Section:
-    """A heading and its blocks in order: paragraphs (str), bullet lists (list of str), tables, plots."""
-
-    title: str
-    blocks: list[Block] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Report:
-    title: str
-    subtitle: str
-    sections: list[Section]
-
-
-# ------------------------------------------------------------------------------------------------ demand
-
-
-@dataclasses.dataclass(frozen=True)
-class Demand:
-    """What one accelerator asks of the pipeline for one task: images/s when it never waits for data."""
-
-    accelerator: str
-    emulated: bool
-    task: str
-    images_per_s: float
-    batch: int | None
-
-
-def demands(rows: Sequence[dict]) -> list[Demand]:
-    """From the synthetic-baseline train rows: one per accelerator and task, the median over every synthetic
-    run of it in the results (each `gpufeed bench train` call measures its own)."""
-    found: dict[tuple, list[dict]] = defaultdict(list)
-    for r in of_bench(rows, "train"):
-        if is_synthetic(r) and r.get("median") is not None:
-            found[(accelerator(r), params(r).get("task"))].append(r)
-    return [Demand(str(acc), accelerator_emulated(rs[0]), str(task), statistics.median(r["median"] for r in rs),
-                   params(rs[0]).get("batch_size")) for (acc, task), rs in found.items()]
-
-
-def train_rows_for(rows: Sequence[dict], demand: Demand) -> list[dict]:
-    return [r for r in of_bench(rows, "train") if not is_synthetic(r)
-            and accelerator(r) == demand.accelerator and params(r).get("task") == demand.task]
-
-
-def describe_config(row: dict) -> str:
-    decode = params(row).get("decode")
-    notes = [f"{decode} decode"] if decode else []
-    if stored(row):
-        notes.append(f"stored as {stored(row)}")
-    if row.get("bench") == "train" and params(row).get("cold") is False:
-        notes.append("page-cached")
-    text = f"{row.get('format')} on {tier_label(row)}"
-    return f"{text} ({', '.join(notes)})" if notes else text
-
-
-# --------------------------------------------------------------------------------------------- the answers
-
-
 def bytes_per_image(rows: Sequence[dict]) -> dict[Any, float]:
     """Mean stored bytes per image, by the dataset's stored size (``params.resize``; None = as captured)."""
     sizes = defaultdict(list)
     for r in rows:
         b = r.get("sample_bytes")
-        if b and _plain(r):
+        if b and plain(r):
             sizes[stored_size(r)].append(b)
     return {k: statistics.median(v) for k, v in sizes.items()}
 
@@ -513,7 +206,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
     augmentation).
     """
     reads = [r for r in of_bench(rows, "read") if params(r).get("decode") and r.get("median")
-             and _stored_at(r, resize) and r.get("valid", True)]
+             and stored_at(r, resize) and r.get("valid", True)]
     # Warm-cache reads measure the CPU, not the disk; use them when there are any.
     warm = [r for r in reads if params(r).get("cache") == "warm"]
     from_read = None
@@ -531,7 +224,7 @@ def decode_rate_per_core(rows: Sequence[dict], task: str = "train", resize: int 
         au = figure(r, "au")
         if p.get("decode") == "cpu" and p.get("task") == task and au is not None and au < AU_TARGET \
                 and p.get("workers") and r.get("median") and r.get("mode") == "measured" \
-                and _stored_at(r, resize):
+                and stored_at(r, resize):
             starved.append((r["median"] / p["workers"], r))
     from_loop = None
     if starved:
@@ -777,7 +470,7 @@ def _cores_answer(rows: Sequence[dict], d: Demand, resize_to: int) -> list[Block
                  f"it at AU {fmt_pct(figure(best, 'au'))} ({describe_config(best)}{_busy(best)}), so the "
                  f"measured {params(best).get('workers')} are enough where the estimate says {need}: trust the "
                  "measurement, the estimate counts a core's rate outside the loop.")
-    ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and _stored_at(r, resize_to)
+    ran = [r for r in train_rows_for(rows, d) if params(r).get("decode") == "cpu" and stored_at(r, resize_to)
            and r.get("mode") == "measured"]
     if ran:
         best = max(ran, key=lambda r: figure(r, "au") or 0)
@@ -931,7 +624,7 @@ def _resize_comparison(rows: Sequence[dict]) -> list[str]:
     for r in of_bench(rows, "train"):
         twin = full.get(key(r))
         size = stored_size(r)
-        if size and _plain(r) and twin is not None and twin.get("median") and r.get("median"):
+        if size and plain(r) and twin is not None and twin.get("median") and r.get("median"):
             task, fmt, decode, *_ = key(r)
             lines.append(f"{task}, {fmt} on {tier_label(r)}, {decode} decode: {fmt_num(r['median'])} img/s stored at "
                          f"--resize {size} vs {fmt_num(twin['median'])} as captured "
@@ -947,224 +640,3 @@ def _stored_side(rows: Sequence[dict]) -> int:
         if stored_size(r):
             return int(stored_size(r))
     return 375
-
-
-# ----------------------------------------------------------------------------------- the published finding
-
-
-@dataclasses.dataclass
-class Check:
-    claim: str
-    verdict: str  # "confirmed", "refuted", "no data"
-    measured: str
-    detail: str
-
-
-def _speed(row: dict) -> float | None:
-    """Work per second of a row, whatever its primary metric (time metrics are inverted)."""
-    m = row.get("median")
-    if not m:
-        return None
-    unit = (row.get("unit") or "").lower()
-    return 1.0 / m if unit in ("s", "seconds", "ms") else m
-
-
-def _stand_in(rows: Sequence[dict], bench: str, tier: str) -> tuple[str, str]:
-    """``(tier to use, note)``: ``tier`` itself when the rows have it; for a missing ``nvme``, the fastest
-    measured tier of ``bench`` (a local disk is the NVMe of the published finding), said so in the note."""
-    have = {r.get("tier") for r in of_bench(rows, bench)}
-    if tier in have or tier != PREFERRED_BASELINE:
-        return tier, ""
-    best = _fastest_tier((r for r in of_bench(rows, bench) if r.get("mode") == "measured" and not is_synthetic(r)),
-                         _speed)
-    if best is None:
-        return tier, ""
-    return best, f" The measured tier '{best}' (a real local disk) stands in for NVMe."
-
-
-def _tier_gap(rows: Sequence[dict], bench: str, task: str | None, fast: str, slow: str
-              ) -> list[tuple[str, float, float]]:
-    """``[(configuration, speed(fast) / speed(slow) - 1, the larger spread of the two rows)]`` over
-    configurations measured on both tiers."""
-    by_tier: dict[str, dict[tuple, dict]] = {fast: {}, slow: {}}
-    for r in of_bench(rows, bench):
-        if r.get("tier") in by_tier and (task is None or params(r).get("task") == task) and r.get("valid", True):
-            by_tier[r["tier"]][_config_key(r)] = r
-    gaps = []
-    for key, rf in by_tier[fast].items():
-        rs = by_tier[slow].get(key)
-        if rs and _speed(rf) and _speed(rs):
-            gaps.append((describe_config(rf).replace(f" on {tier_label(rf)}", ""), _speed(rf) / _speed(rs) - 1,
-                         max(rf.get("spread") or 0.0, rs.get("spread") or 0.0)))
-    return gaps
-
-
-def finding_checks(rows: Sequence[dict]) -> list[Check]:
-    """Each claim of TIERS.md's published finding against our rows.
-
-    A "~X% faster" claim is confirmed when our median gap over matching configurations lies within half to
-    twice X (same direction, same order of magnitude), refuted otherwise; "insensitive (~1%)" is confirmed when
-    the gap is within 3%. When the rows' repeats spread more than the gap (or, for a confirmation, more than
-    the claim), the verdict is "inconclusive". Tiers absent from the rows give "no data".
-    """
-    checks = []
-    for bench, task, fast, slow, claimed, claim in PUBLISHED:
-        fast, note = _stand_in(rows, bench, fast)
-        gaps = _tier_gap(rows, bench, task, fast, slow)
-        if not gaps:
-            have = sorted({r.get("tier") for r in of_bench(rows, bench)
-                           if task is None or params(r).get("task") == task} - {MEMORY_TIER, None})
-            hint = (f" (`gpufeed bench convert SRC --tier {fast}=MOUNT --tier {slow}` makes them: NAME=MOUNT measures "
-                    "a mount, a name alone emulates that profile on this disk; pass its results file to "
-                    "`gpufeed report` with the others)" if bench == "convert" else "")
-            checks.append(Check(claim, "no data", "n/a",
-                                f"needs `gpufeed bench {bench}` rows on both {fast} and {slow}"
-                                + (f" ({task})" if task else "") + f"; these results have {', '.join(have) or 'none'}"
-                                + hint))
-            continue
-        med = statistics.median(g for _, g, _ in gaps)
-        noise = statistics.median(n for _, _, n in gaps)
-        if claimed <= 0.02:
-            ok = abs(med) <= INSENSITIVE_TOLERANCE
-            rule = f"within {INSENSITIVE_TOLERANCE:.0%}"
-        else:
-            ok = claimed / 2 <= med <= claimed * 2
-            rule = f"between {claimed / 2:.0%} and {claimed * 2:.0%}"
-        each = "; ".join(f"{name}: {fmt_pct(g, signed=True)}" for name, g, _ in gaps)
-        direction = "faster" if med >= 0 else "slower"
-        detail = (f"{fast} is {fmt_pct(abs(med))} {direction} than {slow} (median of {len(gaps)} configuration(s): "
-                  f"{each}); the claim holds if the gap is {rule}.")
-        verdict = "confirmed" if ok else "refuted"
-        # Noise larger than the gap could have made a refutation; larger than the claim, a confirmation.
-        if (not ok and noise > abs(med)) or (ok and noise > max(claimed, INSENSITIVE_TOLERANCE * (claimed <= 0.02))):
-            verdict = "inconclusive"
-            detail += (f" But the runs spread by {fmt_pct(noise)} (max - min over median), more than the gap or "
-                       "the claim: repeat on a quieter machine.")
-        elif not ok and med > claimed * 2:
-            detail += " The gap is far larger than published: the disk matters much more here."
-        detail += note
-        checks.append(Check(claim, verdict, fmt_pct(med, signed=True), detail))
-    return checks
-
-
-# ------------------------------------------------------------------------------------------------- tables
-
-
-def finding_table(checks: Sequence[Check]) -> Table:
-    return Table("Published finding vs these results", ["claim", "verdict", "measured gap", "detail"],
-                 [[c.claim, c.verdict.upper(), c.measured, c.detail] for c in checks])
-
-
-def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
-    """One line per configuration; the synthetic baseline once per accelerator and task (median over every
-    `gpufeed bench train` call, each of which measures its own; spread across those calls)."""
-    from gpufeed.bench.results import stat
-
-    train = of_bench(rows, "train")
-    ratios = ratio_to_baseline(train, baseline)
-    t = Table("Training and inference loop", ["task", "format", "stored", "tier", "cache", "decode",
-                                              "accelerator", "img/s", "spread", "AU", f"vs {baseline or 'baseline'}",
-                                              "wait p50 ms", "wait p99 ms", "workers", "batch", "what limits it"], [])
-    synthetic: dict[tuple, list[dict]] = defaultdict(list)
-    for r in train:
-        if is_synthetic(r):
-            synthetic[(params(r).get("task"), accelerator(r))].append(r)
-    for (task, _acc), rs in sorted(synthetic.items(), key=lambda kv: str(kv[0])):
-        p, across = params(rs[0]), stat([r["median"] for r in rs])
-        t.rows.append([str(task), "synthetic", "-", "memory", "-", "-", _accelerator_cell(rs[0]),
-                       fmt_num(across["median"]),
-                       fmt_pct(across["spread"]) + f" ({len(rs)} calls)" if len(rs) > 1 else fmt_spread(rs[0]),
-                       "100%", "-", "-", "-", str(p.get("workers", "")), str(p.get("batch_size", "")), "-"])
-    for r in sorted((r for r in train if not is_synthetic(r)),
-                    key=lambda r: (str(params(r).get("task")), str(r.get("format")), str(stored(r)),
-                                   str(r.get("tier")), str(params(r).get("cold")), loader_label(r))):
-        p = params(r)
-        au = figure(r, "au")
-        t.rows.append([str(p.get("task")), str(r.get("format")),
-                       stored(r) or "as captured", tier_label(r),
-                       "warm" if p.get("cold") is False else "cold", loader_label(r),
-                       _accelerator_cell(r), fmt_num(r.get("median")), fmt_spread(r),
-                       f"**{fmt_pct(au)}**" if au is not None and au >= AU_TARGET else fmt_pct(au),
-                       fmt_ratio(ratios.get(id(r))), fmt_num(figure(r, "data_wait_p50_ms")),
-                       fmt_num(figure(r, "data_wait_p99_ms")), str(p.get("workers", "")), str(p.get("batch_size", "")),
-                       limit_text(r)])
-    t.note = (f"AU = compute time / wall time, the compute time being the synthetic-data loop's (tensors already in "
-              f"accelerator memory); bold marks AU >= {AU_TARGET:.0%}. Tiers marked * are emulated. spread = (max - "
-              "min) / median over repeats. wait = time a step waited for its batch. what limits it: for a run "
-              "below 90% AU, the resource at 90% of its ceiling over the timed steps (the disk against its "
-              "measured cold rate for those records at that queue depth, the cores, the JPEG engines), or none: "
-              "then the loader itself limited it, not the disk.")
-    return t
-
-
-def limit_text(row: dict) -> str:
-    """What limited a training row that missed 90% AU (its ``limit``, :mod:`gpufeed.bench.bottleneck`); "-" for
-    one that did not, or one measured before rows said."""
-    found = row.get("limit")
-    return found["text"] if found else "-"
-
-
-def _accelerator_cell(row: dict) -> str:
-    return f"{accelerator(row)}{' (emulated)' if accelerator_emulated(row) else ''}"
-
-
-def generic_table(rows: Sequence[dict], bench: str, title: str, baseline: str | None,
-                  extra: Sequence[str] = ()) -> Table:
-    """One line per row of ``bench``: the parameters that vary, primary metric, chosen secondary metrics, the
-    ratio to the baseline tier; parameters shared by every row go in the note."""
-    rows = of_bench(rows, bench)
-    ratios = ratio_to_baseline(rows, baseline)
-    keys = sorted({k for r in rows for k in params(r)} - _PATH_PARAMS)
-    shared = {k: params(rows[0]).get(k) for k in keys
-              if len(rows) > 1 and len({repr(params(r).get(k)) for r in rows}) == 1}
-    keys = [k for k in keys if k not in shared]
-    extra = [name for name in extra if any(figure(r, name) is not None for r in rows)]
-    t = Table(title, ["format", "tier", *keys, "metric", "median", "spread", *extra,
-                      f"vs {baseline or 'baseline'}"], [])
-    for r in sorted(rows, key=lambda r: (str(r.get("format")), str(r.get("tier")), repr(params(r)))):
-        p = params(r)
-        t.rows.append([str(r.get("format")), tier_label(r), *[_cell(p.get(k)) for k in keys],
-                       f"{r.get('metric')} ({r.get('unit')})", fmt_num(r.get("median")), fmt_spread(r),
-                       *[fmt_num(figure(r, name)) for name in extra], fmt_ratio(ratios.get(id(r)))])
-    if shared:
-        t.note = "Same in every row: " + ", ".join(f"{k} = {_cell(v)}" for k, v in shared.items()) + "."
-    return t
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return fmt_num(v)
-    return "-" if v is None else str(v)
-
-
-def emulated_table(rows: Sequence[dict]) -> Table:
-    t = Table("Emulated rows", ["bench", "task", "format", "tier", "storage", "accelerator", "valid"], [])
-    for r in rows:
-        tier_emul = r.get("mode") == "emulated"
-        if not (tier_emul or accelerator_emulated(r)):
-            continue
-        lim = r.get("tier_limits") or {}
-        storage = (f"emulated {r.get('profile')}: {fmt_num(lim.get('iops'))} IOPS, {fmt_num(lim.get('mb_per_s'))} "
-                   f"MB/s, {fmt_num(lim.get('latency_ms'))} ms") if tier_emul else "measured"
-        p = params(r)
-        accel = (f"emulated {p.get('accelerator')} ({fmt_num(p.get('emulated_step_s'))} s/step)"
-                 if accelerator_emulated(r) else (p.get("accelerator") or "-"))
-        valid = "yes" if r.get("valid", True) else f"no: {r.get('invalid_reason', '')}"
-        t.rows.append([str(r.get("bench")), str(p.get("task") or "-"), str(r.get("format")), str(r.get("tier")),
-                       storage, str(accel), valid])
-    return t
-
-
-def machine_table(rows: Sequence[dict]) -> Table:
-    t = Table("Machines", ["host", "CPU", "cores", "RAM", "GPU", "disk", "filesystem", "rows"], [])
-    seen: dict[tuple, list] = {}
-    for r in rows:
-        m = r.get("machine") or {}
-        disk = m.get("disk") or {}
-        gpus = ", ".join(g.get("name", "?") for g in m.get("gpus") or []) or "none"
-        key = (m.get("hostname"), m.get("cpu"), str(m.get("logical_cores")), fmt_bytes(m.get("ram_bytes")), gpus,
-               str(disk.get("model") or disk.get("device") or "-"), str(disk.get("fstype") or "-"))
-        seen.setdefault(key, []).append(r)
-    for key, rs in seen.items():
-        t.rows.append([str(k) for k in key] + [str(len(rs))])
-    return t

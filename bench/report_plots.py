@@ -9,8 +9,8 @@ import statistics
 from collections.abc import Sequence
 
 from gpufeed.bench import AU_TARGET
-from gpufeed.bench.report_analysis import (describe_config, demands, figure, is_synthetic, of_bench,
-                                           params, storage_tiers, tier_label)
+from gpufeed.bench.report_rows import (describe_config, demands, figure, is_synthetic, of_bench, params, storage_tiers,
+                                       tier_label)
 
 
 def _pyplot():

@@ -8,7 +8,7 @@ import html
 import os
 from collections.abc import Iterable
 
-from gpufeed.bench.report_analysis import Block, Plot, Report, Table
+from gpufeed.bench.report_model import Block, Plot, Report, Table
 
 
 _CSS = """
