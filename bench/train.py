@@ -42,7 +42,7 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import AUTO, DECODES, default_workers
+from gpufeed.pipelines.loader import AUTO, DECODES, LoaderOptions, default_workers
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``, the loader's default).
@@ -731,12 +731,6 @@ def options_from_args(args) -> TrainOptions:
     if args.gpus > 1 and args.accelerator == "emulated":
         raise ConfigError("--gpus runs real GPUs; for several emulated accelerators sharing the disk use "
                           "`gpufeed bench feed`")
-    if args.cpu_share is not None and (not 0.0 <= args.cpu_share <= 1.0 or "hybrid" not in args.decode):
-        raise ConfigError(f"--cpu-share {args.cpu_share}: a share between 0 and 1, for --decode hybrid")
-    if args.decode_threads < 1:
-        raise ConfigError(f"--decode-threads must be at least 1, not {args.decode_threads}")
-    if args.worker_nice is not None and not 0 <= args.worker_nice <= 19:
-        raise ConfigError(f"--worker-nice must be within 0..19, not {args.worker_nice}")
     if args.cuda_graph and (args.accelerator == "emulated" or args.model in PTB_MODELS
                             or "infer" not in args.task):
         raise ConfigError("--cuda-graph captures a CUDA image model's inference step: use it with --task infer (or "
@@ -758,11 +752,11 @@ def options_from_args(args) -> TrainOptions:
     elif tuple(args.augment_on) != ("cpu",):
         raise ConfigError(f"--augment-on is for the CIFAR models ({', '.join(CIFAR_MODELS)}); ImageNet "
                           "augmentation runs on the GPU with --decode gpu, hw or hybrid")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, not {args.batch_size}")
     workers = default_workers(args.gpus) if args.workers is None else args.workers
-    if workers < 0:
-        raise ConfigError(f"--workers must be >= 0, not {workers}")
+    # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
+    given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice)) if v is not None}
+    LoaderOptions(decode="hybrid" if "hybrid" in args.decode else "cpu", cpu_share=args.cpu_share, workers=workers,
+                  decode_threads=args.decode_threads, decode_priority=args.decode_priority, spelling="cli", **given)
     if args.accelerator != "cuda":
         from gpufeed.bench.accelerator import get_profile
 

@@ -50,6 +50,7 @@ Without torch, or without a GPU or nvImageCodec for the GPU paths, :func:`loader
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Sequence
@@ -145,6 +146,73 @@ def _first_record_kind(paths, format: str | None) -> str:
         return next(iter(reader)).kind
 
 
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """What a :class:`Loader` is asked for, checked once, here, whoever asks: ``gpufeed.loader(...)`` and
+    ``gpufeed bench train`` (which builds one per grid point and checks its flags with one before running).
+    ``decode`` may be ``"auto"`` here; the loader checks again with the path it chose. ``spelling`` is how the
+    messages name a setting: as the Python keyword (``cpu_share=0.5``) or the command line's flag
+    (``--cpu-share 0.5``)."""
+
+    batch_size: int = 256
+    decode: str = AUTO
+    augment: str = "train"
+    size: int = 224
+    workers: int | None = None  # None: default_workers(world_size)
+    seed: int = 0
+    shuffle: bool | None = None
+    drop_last: bool = True
+    normalize: bool = False
+    decode_threads: int = 2
+    decode_priority: int = 0
+    augment_on: str = "cpu"
+    window: int | None = None
+    vocab: int | None = None
+    read_ahead: bool = False
+    cpu_share: float | None = None
+    worker_nice: int = WORKER_NICE
+    spelling: str = dataclasses.field(default="python", compare=False, repr=False)
+
+    def _says(self, name: str, value=None) -> str:
+        value = getattr(self, name) if value is None else value
+        if self.spelling == "cli":
+            return f"--{name.replace('_', '-')} {value}"
+        return f"{name}={value!r}"
+
+    def __post_init__(self):
+        decode, augment = self.decode, self.augment
+        if decode not in (*DECODES, AUTO):
+            raise ConfigError(f"{self._says('decode')} is not one of {', '.join((*DECODES, AUTO))}")
+        if augment not in AUGMENTS:
+            raise ConfigError(f"{self._says('augment')} is not one of {', '.join(AUGMENTS)}")
+        if self.augment_on not in AUGMENT_ON:
+            raise ConfigError(f"{self._says('augment_on')} is not one of {', '.join(AUGMENT_ON)}")
+        if self.augment_on == "gpu" and (augment != "cifar" or decode not in ("cpu", AUTO)):
+            raise ConfigError("augment_on='gpu' is for augment='cifar' with decode='cpu' (the ImageNet "
+                              "augmentation runs on the GPU with decode='gpu', 'hw' or 'hybrid')")
+        if augment == "cifar" and decode not in ("cpu", AUTO):
+            raise ConfigError(f"augment='cifar' reads stored pixels: use decode='cpu' (not {decode!r}), and "
+                              "augment_on='gpu' to augment on the GPU")
+        if augment == "tokens" and decode not in ("cpu", AUTO):
+            raise ConfigError(f"augment='tokens' reads token ids, which need no decoding: use decode='cpu' (not "
+                              f"{decode!r})")
+        if self.cpu_share is not None and (decode not in ("hybrid", AUTO) or not 0.0 <= self.cpu_share <= 1.0):
+            raise ConfigError(f"{self._says('cpu_share')}: a fixed share of each batch for the CPU workers, between "
+                              f"0 and 1, for {self._says('decode', 'hybrid')} (None: set from both sides' measured "
+                              "rates)")
+        if self.batch_size < 1:
+            raise ConfigError(f"{self._says('batch_size')}: must be at least 1")
+        if not 0 <= self.worker_nice <= 19:
+            raise ConfigError(f"{self._says('worker_nice')}: a niceness from 0 (the training loop's own priority) "
+                              "to 19")
+        if self.decode_threads < 1:
+            raise ConfigError(f"{self._says('decode_threads')}: need at least 1")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"{self._says('workers')}: must be 0 (read in the loop's own process) or more")
+        if self.normalize and augment == "tokens":
+            raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
+
+
 class Loader:
     """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
 
@@ -170,6 +238,11 @@ class Loader:
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool = False, cpu_share: float | None = None, worker_nice: int = WORKER_NICE):
+        opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
+                             seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
+                             decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
+                             window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
+                             worker_nice=worker_nice)
         torch = import_torch()
         self.decode_reason = None
         if decode == AUTO:
@@ -177,29 +250,9 @@ class Loader:
                                           if augment in ("cifar", "tokens") else choose_decode(device, world_size or 1))
             if decode != "cpu" and _first_record_kind(paths, format) != "encoded":
                 decode, self.decode_reason = "cpu", "raw pixel records need no JPEG decoding"
-        if decode not in DECODES:
-            raise ConfigError(f"decode={decode!r} is not one of {', '.join((*DECODES, AUTO))}")
-        if augment not in AUGMENTS:
-            raise ConfigError(f"augment={augment!r} is not one of {', '.join(AUGMENTS)}")
-        if augment_on not in AUGMENT_ON:
-            raise ConfigError(f"augment_on={augment_on!r} is not one of {', '.join(AUGMENT_ON)}")
-        if augment_on == "gpu" and (augment != "cifar" or decode != "cpu"):
-            raise ConfigError("augment_on='gpu' is for augment='cifar' with decode='cpu' (the ImageNet "
-                              "augmentation runs on the GPU with decode='gpu', 'hw' or 'hybrid')")
-        if augment == "cifar" and decode != "cpu":
-            raise ConfigError(f"augment='cifar' reads stored pixels: use decode='cpu' (not {decode!r}), and "
-                              "augment_on='gpu' to augment on the GPU")
-        if augment == "tokens" and decode != "cpu":
-            raise ConfigError(f"augment='tokens' reads token ids, which need no decoding: use decode='cpu' (not "
-                              f"{decode!r})")
+            opts = dataclasses.replace(opts, decode=decode)  # checked again with the path chosen
+        self.options = opts
         self.augment_on = augment_on
-        if cpu_share is not None and (decode != "hybrid" or not 0.0 <= cpu_share <= 1.0):
-            raise ConfigError(f"cpu_share={cpu_share!r}: a fixed share of each batch for the CPU workers, between 0 "
-                              "and 1, with decode='hybrid' (None: set from both sides' measured rates)")
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
-        if not 0 <= worker_nice <= 19:
-            raise ConfigError(f"worker_nice={worker_nice}: a niceness from 0 (the training loop's own priority) to 19")
         self.worker_nice = worker_nice
         paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         if not paths:
@@ -207,11 +260,7 @@ class Loader:
         self.format = format or format_of(paths)
         self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
         self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize
-        if decode_threads < 1:
-            raise ConfigError(f"decode_threads={decode_threads}: need at least 1")
         self.decode_threads, self.decode_priority = decode_threads, decode_priority
-        if normalize and augment == "tokens":
-            raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
         if decode != "cpu":

@@ -134,7 +134,12 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--cuda-graph", "--task", "train"], "captures a CUDA image model's inference step"),
                        (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference"),
                        (["--cpu-share", "0.7"], "for --decode hybrid"),
-                       (["--cpu-share", "1.2", "--decode", "hybrid"], "between 0 and 1")):
+                       (["--cpu-share", "1.2", "--decode", "hybrid"], "between 0 and 1"),
+                       # The loader's own rules (LoaderOptions), spelled as this command's flags.
+                       (["--decode-threads", "0"], "--decode-threads 0: need at least 1"),
+                       (["--worker-nice", "20"], "--worker-nice 20: a niceness from 0"),
+                       (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+                       (["--workers", "-1"], "--workers -1: must be 0")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([dataset, "--results", results, *argv]))
 

@@ -6,6 +6,8 @@ scripts/gpu_decode.sh measures them and checks their batches against the CPU pat
 
 from __future__ import annotations
 
+import dataclasses
+
 import multiprocessing
 import os
 
@@ -405,3 +407,19 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
     assert L.default_workers() == max(1, min(L.MAX_DEFAULT_WORKERS, cores))
     assert L.default_workers(2) == max(1, min(L.MAX_DEFAULT_WORKERS, cores // 2 - 1))
     assert L.default_workers(cores * 4) == 1
+
+
+def test_loader_options_are_checked_once_for_every_caller():
+    """The loader's rules live in LoaderOptions: gpufeed.loader and bench train both ask it, each in its own
+    spelling; "auto" passes until the loader has chosen its path, then the rules hold for that path."""
+    with pytest.raises(ConfigError, match=r"decode_threads=0: need at least 1"):
+        L.LoaderOptions(decode_threads=0)
+    with pytest.raises(ConfigError, match=r"--decode-threads 0: need at least 1"):
+        L.LoaderOptions(decode_threads=0, spelling="cli")
+    auto = L.LoaderOptions(augment="cifar", cpu_share=0.5)  # "auto": the path is not chosen yet
+    with pytest.raises(ConfigError, match="cpu_share=0.5: .* decode='hybrid'"):
+        dataclasses.replace(auto, decode="cpu")
+    with pytest.raises(ConfigError, match="augment='cifar' reads stored pixels"):
+        dataclasses.replace(auto, decode="hybrid")
+    assert L.LoaderOptions(decode="hybrid", cpu_share=0.5).cpu_share == 0.5
+
