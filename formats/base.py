@@ -262,6 +262,11 @@ class Format(abc.ABC):
         or, for an output that is a directory (an LMDB environment), that directory."""
         return relpath
 
+    def data_file(self, output: str) -> str:
+        """The file that holds the records of one of this format's outputs (a path :meth:`output_path` names,
+        or one its writer wrote): the output itself, or the data file inside an output that is a directory."""
+        return output
+
     def parse_output(self, relpath: str) -> str | None:
         """The split of an output that :meth:`output_path` names (relative to the destination, ``/``-separated),
         or ``None`` when the path is not one of this format's outputs."""

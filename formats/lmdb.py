@@ -758,6 +758,9 @@ class LMDBFormat(Format):
     def reader_path(self, relpath: str) -> str:
         return relpath.rsplit("/", 1)[0]
 
+    def data_file(self, output: str) -> str:
+        return os.path.join(output, "data.mdb")
+
     #: Caffe's convert_cifar_data stores raw pixel Datums.
     cifar_encode = "raw"
 

@@ -31,7 +31,9 @@ def output_path(name: str, directory) -> str:
 
 def data_file(name: str, path: str) -> str:
     """The file holding the records, the one to damage."""
-    return os.path.join(path, "data.mdb") if name == "lmdb" else path
+    from gpufeed.formats import get_format
+
+    return get_format(name).data_file(path)
 
 
 def jpeg(rng, h=24, w=32) -> bytes:

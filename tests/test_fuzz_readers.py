@@ -39,7 +39,9 @@ def samples():
 
 
 def data_file(name, path):
-    return os.path.join(path, "data.mdb") if name == "lmdb" else path
+    from gpufeed.formats import get_format
+
+    return get_format(name).data_file(path)
 
 
 @pytest.fixture(scope="module")

@@ -36,12 +36,19 @@ _CHUNK = 1 << 20
 
 
 def data_file(name: str, path: str) -> str:
-    return os.path.join(path, "data.mdb") if name == "lmdb" else path
+    """The file holding the records of ``path``, written as format ``name`` (a peer's file: itself)."""
+    from gpufeed.formats import FORMATS, get_format
+
+    return get_format(name).data_file(path) if name in FORMATS else path
 
 
 def _output_path(name: str, directory: str) -> str:
-    return os.path.join(directory, {"recordio": "bench.rec", "tfrecord": "bench-00000-of-00001",
-                                    "lmdb": "bench_lmdb"}.get(name, name))
+    """Where format ``name`` writes one split, ``bench``, of one shard under ``directory``, as it names it."""
+    from gpufeed.formats import get_format
+
+    path = get_format(name).output_path(directory, "bench")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return path
 
 
 def make_samples(count: int, size: int, seed: int = 0):
