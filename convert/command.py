@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from gpufeed.convert.options import DEFAULT_QUALITY, EXECUTORS, PTB_MODES, SAMPLES_PER_SHARD, TASK_RETRIES
+from gpufeed.convert.options import EXECUTORS, PTB_MODES, SAMPLES_PER_SHARD, TASK_RETRIES
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import DEFAULT_MAX_PIXELS, ON_ERROR
-from gpufeed.pipelines.image_options import ENCODINGS, STORE_DTYPES
+from gpufeed.pipelines.image_options import DEFAULT_QUALITY, ENCODINGS, STORE_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,12 +15,10 @@ from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
 from gpufeed.io import canonical
 from gpufeed.machine import usable_cores
-from gpufeed.pipelines import DATASETS, DEFAULT_MAX_PIXELS, ON_ERROR
-from gpufeed.pipelines.image_options import GEOMETRY, check_image_options
+from gpufeed.pipelines import DATASETS, ON_ERROR
+from gpufeed.pipelines.image_options import GEOMETRY, ImageFields, check_image_options
 
 PTB_MODES = ("window", "sentence")
-#: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
-DEFAULT_QUALITY = 95
 #: A shard holds about this many samples when ``--shards`` is not given, as TensorFlow's ImageNet
 #: script does (1024 train shards of ~1250 images): large enough for sequential reads, small enough that
 #: a shard is a cheap unit of retry and resume.
@@ -45,8 +43,10 @@ def _choice(name: str, value, valid) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class ConvertOptions:
-    """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``."""
+class ConvertOptions(ImageFields):
+    """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``; the image options are
+    :class:`~gpufeed.pipelines.image_options.ImageFields`' (keyword-only; ``encode=None``: chosen from the
+    others, :attr:`effective_encode`)."""
 
     dataset: str
     src: str  # the dataset as shipped; for ``folder``, also an im2rec ``.lst`` or Caffe list file
@@ -55,20 +55,8 @@ class ConvertOptions:
     root: str | None = None  # where a list file's relative paths start (default: the list file's folder)
     workers: int = dataclasses.field(default_factory=usable_cores)
     splits: tuple[str, ...] | None = None
-    resize: int | None = None
-    size: tuple[int, int] | None = None
-    max_size: int | None = None
-    center_crop: bool = False
-    max_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused undecoded (decompression bombs)
-    encode: str | None = None
-    quality: int = DEFAULT_QUALITY
     label_offset: int = 0  # added to TFRecord class labels: 1 gives TensorFlow's 1..1000 (0 = background)
-    validate: bool = True
-    gray: bool = False
     normalize: bool = False
-    store_dtype: str = "uint8"
-    mean: tuple[float, ...] | None = None  # pixel units 0-255, RGB
-    std: tuple[float, ...] | None = None
     shards: int | None = None
     shard_size: int | None = None  # samples per shard; None: SAMPLES_PER_SHARD, small splits cut finer (plan)
     shard_bytes: int | None = None  # instead of shard_size: about this many input bytes per shard
@@ -266,11 +254,8 @@ class ConvertOptions:
     def image_options(self):
         from gpufeed.pipelines.transforms import ImageOptions
 
-        return ImageOptions(resize=self.resize, size=self.size, max_size=self.max_size,
-                            center_crop=self.center_crop, gray=self.gray, encode=self.effective_encode,
-                            quality=self.quality, validate=self.validate, store_dtype=self.store_dtype,
-                            max_pixels=self.max_pixels,
-                            mean=self.mean, std=self.std)
+        return ImageOptions(**{name: getattr(self, name) for name in ImageFields.names() if name != "encode"},
+                            encode=self.effective_encode)
 
     def source_options(self) -> dict:
         if self.dataset == "ptb":

@@ -13,6 +13,8 @@ from gpufeed.errors import ConfigError
 from gpufeed.pipelines import DEFAULT_MAX_PIXELS, MAX_SIDE
 
 ENCODINGS = ("jpeg", "png", "raw", "pass")
+#: JPEG quality im2rec uses by default (``--quality 95``); a different value is allowed, not assumed.
+DEFAULT_QUALITY = 95
 STORE_DTYPES = ("uint8", "float16", "float32")
 #: The options that change an image's geometry (``encode="pass"`` keeps the original bytes, so none of them).
 GEOMETRY = ("resize", "size", "max_size", "center_crop")
@@ -102,9 +104,11 @@ def check_normalised_range(mean, std, store_dtype: str, mean_name="mean", std_na
                           f"{' or ' + dtype_name + ' float32' if store_dtype == 'float16' else ''}")
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageOptions:
-    """How conversion turns an input image into the stored one.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageFields:
+    """The image options, declared once: :class:`ImageOptions` (what a worker applies) and the conversion's
+    options (:class:`gpufeed.convert.options.ConvertOptions`, where ``encode=None`` means chosen from the
+    others) both have exactly these, so a new image option is added here and on the command line.
 
     ``resize``: shorter side in pixels, longer = longer * resize // shorter (im2rec; upscales too).
     ``size``: exact ``(height, width)``, aspect not kept (Caffe). ``max_size``: cap on the longer side,
@@ -121,13 +125,25 @@ class ImageOptions:
     max_size: int | None = None
     center_crop: bool = False
     gray: bool = False
-    encode: str = "jpeg"
-    quality: int = 95
+    encode: str | None = None
+    quality: int = DEFAULT_QUALITY
     store_dtype: str = "uint8"
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
     validate: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(ImageFields))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageOptions(ImageFields):
+    """How conversion turns an input image into the stored one (the fields: :class:`ImageFields`); ``encode``
+    is always given here (default ``"jpeg"``)."""
+
+    encode: str = "jpeg"
 
     def __post_init__(self):
         if self.encode is None:
