@@ -25,7 +25,7 @@ import threading
 import time
 
 from gpufeed.errors import ConfigError, GpufeedError
-from gpufeed.formats import FORMATS
+from gpufeed.formats import FORMATS, parse_formats
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import ON_ERROR
 
@@ -215,10 +215,7 @@ def _bench_convert(args, scratch: str, progress) -> list[dict]:
 
         synth_imagenet(src, classes=10, per_class=args.synth, val_per_class=max(1, args.synth // 4),
                        bad_files=False)
-    formats = [f for f in args.formats.split(",") if f]
-    bad = [f for f in formats if f not in FORMATS]
-    if bad or not formats:
-        raise ConfigError(f"--formats {args.formats!r}: choose from {', '.join(FORMATS)}")
+    formats = list(parse_formats(args.formats))
     src_files = files_under(src)
     src_bytes = sum(os.path.getsize(f) for f in src_files)
     extra = (["--resize", str(args.resize)] if args.resize else []) + (

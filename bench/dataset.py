@@ -34,7 +34,7 @@ import os
 import time
 
 from gpufeed.errors import ConfigError
-from gpufeed.formats import FORMATS, format_class
+from gpufeed.formats import FORMATS, format_class, parse_formats
 from gpufeed.machine import usable_cores
 
 IMAGES = ("imagenet", "cifar", "ptb")
@@ -316,7 +316,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from gpufeed.convert.options import parse_size
 
-    info = build_dataset(args.out, [f for f in args.formats.split(",") if f], n=args.n, image=args.image,
+    info = build_dataset(args.out, list(parse_formats(args.formats)), n=args.n, image=args.image,
                          resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards,
                          size=parse_size(args.size) if args.size else None, center_crop=args.center_crop,
                          encode=args.encode)

@@ -280,7 +280,9 @@ def run(args) -> int:
     writer = ResultWriter(args.results, data_path=args.dst)
     for tier in tiers_from_args(args, os.path.abspath(args.dst)):
         directory = tier_dataset(tier, os.path.abspath(args.dst))
-        for fmt in [f for f in args.formats.split(",") if f]:
+        from gpufeed.formats import parse_formats
+
+        for fmt in parse_formats(args.formats):
             if fmt not in info["formats"]:
                 raise ConfigError(f"{args.dst} holds no {fmt}; it has {', '.join(info['formats'])}")
             paths = dataset_paths(info, directory, fmt)

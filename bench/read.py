@@ -414,7 +414,10 @@ def bench_read(args, progress=None) -> list[dict]:
 
     info = load_dataset_info(args.dst)
     grid = resolve_grid(args)
-    formats = _csv(args.formats, list(info["formats"]), "formats") if args.formats else list(info["formats"])
+    from gpufeed.formats import parse_formats
+
+    formats = (list(parse_formats(args.formats, list(info["formats"]))) if args.formats
+               else list(info["formats"]))
     modes = _csv(grid["modes"], DECODE_MODES, "modes")
     caches = _csv(grid["cache"], CACHE_STATES, "cache")
     if args.samples < 1 or args.batch_size < 1:

@@ -656,7 +656,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("dst", help="benchmark dataset directory, written by `gpufeed bench dataset DST`")
     add_tier_arguments(parser)
-    parser.add_argument("--formats", type=_csv(FORMATS), default=",".join(FORMATS), help="formats to feed from")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="formats to feed from (comma-separated)")
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
     parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
                         help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks from the cores, "
@@ -796,7 +796,9 @@ def run(args) -> int:
     opts = options_from_args(args)
     tiers = tiers_from_args(args, args.dst)
     writer = ResultWriter(args.results, data_path=args.dst)
-    run_benchmark(args.dst, list(args.formats), tiers, opts, writer=writer,
+    from gpufeed.formats import parse_formats
+
+    run_benchmark(args.dst, list(parse_formats(args.formats)), tiers, opts, writer=writer,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"results appended to {args.results}; turn them into a report with: gpufeed report {args.results} "
           "-o report.html")

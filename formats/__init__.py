@@ -17,6 +17,20 @@ _REGISTRY = {
 FORMATS = tuple(_REGISTRY)
 
 
+def parse_formats(text: str, allowed=FORMATS, what: str = "--formats") -> tuple[str, ...]:
+    """A comma-separated list of format names as a command line takes it (``"lmdb,recordio"``), each one of
+    ``allowed`` (default: every format), in the order given; a :class:`~gpufeed.errors.ConfigError` naming
+    the choices otherwise."""
+    from gpufeed.errors import ConfigError
+
+    names = tuple(t.strip() for t in str(text).split(",") if t.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise ConfigError(f"{what} {text!r}: {'no format named' if not names else 'unknown ' + ', '.join(bad)}; "
+                          f"choose from {', '.join(allowed)} (comma-separated)")
+    return names
+
+
 def format_modules() -> list[str]:
     """The modules that implement the formats (and the split outputs' assembly), for processes that import them
     ahead of their first shard."""

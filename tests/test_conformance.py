@@ -447,3 +447,17 @@ def test_a_reader_given_a_file_beside_or_inside_an_output_names_what_to_open(fmt
         assert os.path.isfile(side)
         with pytest.raises(ConfigError, match=f"{re.escape(side)} is .*(not a|inside an LMDB)"):
             fmt.reader(side)
+
+
+def test_format_lists_are_parsed_one_way():
+    """Every command's --formats / --to list goes through gpufeed.formats.parse_formats."""
+    from gpufeed.errors import ConfigError
+    from gpufeed.formats import FORMATS, parse_formats
+
+    assert parse_formats(" lmdb, recordio ,") == ("lmdb", "recordio")
+    with pytest.raises(ConfigError, match=r"--formats 'lmdb,parquet': unknown parquet; choose from " + FORMATS[0]):
+        parse_formats("lmdb,parquet")
+    with pytest.raises(ConfigError, match="no format named"):
+        parse_formats(",")
+    with pytest.raises(ConfigError, match="unknown tfrecord; choose from lmdb"):
+        parse_formats("tfrecord", allowed=["lmdb"])

@@ -256,7 +256,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temporary one, removed)")
     parser.add_argument("--json", default="formats_speed.json", help="where to write all figures")
     args = parser.parse_args(argv)
-    formats = [f for f in args.formats.split(",") if f]
+    from gpufeed.formats import parse_formats
+
+    formats = list(parse_formats(args.formats))
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ConfigError(f"unknown formats {sorted(unknown)}; choose from {', '.join(FORMATS)}")
