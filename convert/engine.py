@@ -515,6 +515,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 if progress is not None:
                     progress.update(result["written"] + len(result["skipped"]), result["bytes"])
                 committer.ready(st)
+            t0.marks["held_by_commit_window_s"] = round(tasks.held_s, 3)
             if local is not None:
                 local.close()
                 t0.marks["shards_converted_locally"] = local.shards

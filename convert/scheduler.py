@@ -259,6 +259,10 @@ class Tasks:
         self.admit = admit or (lambda inflight: True)
         self.pending = deque()
         self.inflight = {}
+        #: Seconds during which a worker was free and shards were waiting, but the commit window (``admit``)
+        #: held them back: the split sinks' commits falling behind the workers.
+        self.held_s = 0.0
+        self._held_since = None
 
     def _ray(self, block: bool):
         if self.ray is None:
@@ -281,8 +285,15 @@ class Tasks:
     def submit(self) -> None:
         while self.pending:
             running = len(self.inflight) + self._local_inflight()
-            if running >= self.workers or (running and not self.admit(running)):
+            if running >= self.workers:
                 return
+            if running and not self.admit(running):
+                if self._held_since is None:
+                    self._held_since = time.perf_counter()
+                return
+            if self._held_since is not None:
+                self.held_s += time.perf_counter() - self._held_since
+                self._held_since = None
             job = self.pending[0]
             if self.local is not None and (self.pool_converts or self._ray(block=False) is None):
                 if self.local.submit(job, self.items_of(job.plan)):

@@ -51,6 +51,8 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     ray_ready = tl.get("ray_ready", tl["shards_done"])
     assert tl["shards_converted_locally"] == ran["local"] == 1 and "ray" not in ran
     assert 0 < tl["listed"] <= ray_ready <= tl["shards_done"] <= tl["sinks_done"] <= tl["total"]
+    # How long free workers waited because the split sinks' commits had fallen behind (the commit window).
+    assert 0 <= tl["held_by_commit_window_s"] < conv["seconds"]
     assert 0 < conv["first_shard_started_s"] < conv["seconds"]
     assert conv["driver_anon_rss_mib"][0] > 0
     assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0
