@@ -314,7 +314,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from gpufeed.convert.options import parse_size
+    from gpufeed.pipelines.image_options import parse_size
 
     info = build_dataset(args.out, list(parse_formats(args.formats)), n=args.n, image=args.image,
                          resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards,

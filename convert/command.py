@@ -9,8 +9,8 @@ import argparse
 
 from gpufeed.convert.options import EXECUTORS, PTB_MODES, SAMPLES_PER_SHARD, TASK_RETRIES
 from gpufeed.machine import usable_cores
-from gpufeed.pipelines import DEFAULT_MAX_PIXELS, ON_ERROR
-from gpufeed.pipelines.image_options import DEFAULT_QUALITY, ENCODINGS, STORE_DTYPES
+from gpufeed.pipelines import ON_ERROR
+from gpufeed.pipelines.image_options import ImageFields
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,43 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
                    help="splits to convert, e.g. train,val (default: every split SRC holds; a list file's split is "
                         "named after the list, train.lst -> train, or by the one name given here%(default).0s)")
-    geo = p.add_mutually_exclusive_group()
-    geo.add_argument("--resize", type=int, default=None, metavar="N",
-                     help="resize the shorter side to N pixels, keeping the aspect (im2rec --resize; default: no resize%(default).0s)")
-    geo.add_argument("--size", default=None, metavar="HxW",
-                     help="resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)")
-    p.add_argument("--max-size", type=int, default=None, metavar="N",
-                   help="then cap the longer side at N pixels (combines with --resize/--size)")
-    p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N",
-                   help="refuse images with more pixels than this, undecoded: a guard against decompression "
-                        "bombs, at Pillow's default limit")
-    p.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing (im2rec)")
-    p.add_argument("--encode", choices=ENCODINGS, default=None,
-                   help="how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked "
-                        "to decode). Default: pass when nothing changes the pixels, jpeg when they are "
-                        "resized or cropped, raw for CIFAR%(default).0s")
-    p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality (im2rec's default)")
+    ImageFields.add_arguments(p)  # --resize/--size, --max-size, ..., --validate
     p.add_argument("--label-offset", type=int, default=0, choices=(0, 1),
                    help="TFRecord image/class/label: 0-based class indices, or 1 for TensorFlow's "
                         "build_imagenet_data convention (1..1000, 0 = background); RecordIO and LMDB stay 0-based")
-    p.add_argument("--validate", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --encode pass, decode each image (at 1/8 scale) so broken files are caught; "
-                        "--no-validate copies the bytes unchecked, as fast as the disk")
-    p.add_argument("--gray", action="store_true", help="store one gray channel")
     p.add_argument("--normalize", action="store_true",
                    help="compute exact per-channel mean/std of the train split: mean_std.json (MXNet "
                         "mean_r..std_b) and mean.binaryproto (Caffe) when every image has one size; with "
                         "--store-dtype float16/float32 and no --mean/--std, a first pass computes them and every "
                         "split is stored normalised with them")
-    p.add_argument("--store-dtype", choices=STORE_DTYPES, default="uint8",
-                   help="uint8 stores pixels as they are; float16/float32 store (pixel - mean) / std as raw "
-                        "HWC RGB tensors (implies --encode raw; needs --mean/--std or --normalize)")
-    p.add_argument("--mean", default=None, metavar="R,G,B",
-                   help="per-channel mean for --store-dtype float*, in pixel units 0-255, RGB order (e.g. "
-                        "123.675,116.28,103.53); default: computed by --normalize%(default).0s")
-    p.add_argument("--std", default=None, metavar="R,G,B",
-                   help="per-channel std for --store-dtype float*, pixel units 0-255, RGB (e.g. "
-                        "58.395,57.12,57.375); default: computed by --normalize%(default).0s")
     shards = p.add_mutually_exclusive_group()
     shards.add_argument("--shards", type=int, default=None, metavar="K",
                         help="shards per split (TFRecord files, units of work and of resume). Giving it also "
@@ -134,19 +106,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args):
-    from gpufeed.convert.options import ConvertOptions, parse_bytes, parse_floats, parse_list, parse_size
+    from gpufeed.convert.options import ConvertOptions, parse_bytes, parse_list
 
     return ConvertOptions(
         dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out, root=args.root,
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
-        resize=args.resize, size=parse_size(args.size) if args.size else None, max_size=args.max_size,
-        max_pixels=args.max_pixels,
-        center_crop=args.center_crop, encode=args.encode, quality=args.quality, validate=args.validate,
-        label_offset=args.label_offset,
-        gray=args.gray,
-        normalize=args.normalize, store_dtype=args.store_dtype,
-        mean=parse_floats(args.mean, "--mean") if args.mean else None,
-        std=parse_floats(args.std, "--std") if args.std else None, shards=args.shards, shard_size=args.shard_size,
+        **ImageFields.from_args(args), label_offset=args.label_offset, normalize=args.normalize,
+        shards=args.shards, shard_size=args.shard_size,
         shard_bytes=parse_bytes(args.shard_bytes, "--shard-bytes") if args.shard_bytes else None,
         limit=args.limit, shuffle=args.shuffle,
         seed=args.seed,

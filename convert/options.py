@@ -294,14 +294,6 @@ def configured_formats(names, shards: int | None, label_offset: int = 0) -> list
     return [format_class(name).for_conversion(shards, label_offset) for name in names]
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """``"227x227"`` -> ``(227, 227)`` (height x width)."""
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not m:
-        raise ConfigError(f"--size {text!r} is not HxW; write it like 227x227")
-    return int(m[1]), int(m[2])
-
-
 _BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -313,14 +305,6 @@ def parse_bytes(text: str, what: str) -> int:
     if not m or unit not in _BYTE_UNITS:
         raise ConfigError(f"{what} {text!r} is not a size; write it like 256MB or 1GiB")
     return int(float(m[1]) * _BYTE_UNITS[unit])
-
-
-def parse_floats(text: str, what: str) -> tuple[float, ...]:
-    """``"123.7,116.3,103.5"`` -> ``(123.7, 116.3, 103.5)``."""
-    try:
-        return tuple(float(t) for t in parse_list(text, what))
-    except ValueError:
-        raise ConfigError(f"{what} {text!r} is not a comma-separated list of numbers, e.g. 123.7,116.3,103.5") from None
 
 
 def parse_list(text: str, what: str) -> tuple[str, ...]:

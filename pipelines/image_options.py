@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from gpufeed.errors import ConfigError
 from gpufeed.pipelines import DEFAULT_MAX_PIXELS, MAX_SIDE
@@ -20,6 +21,30 @@ STORE_DTYPES = ("uint8", "float16", "float32")
 GEOMETRY = ("resize", "size", "max_size", "center_crop")
 #: The largest magnitude each stored float dtype holds (numpy's finfo, stated here to keep numpy out).
 FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38}
+
+
+def parse_size(text: str, what: str = "--size") -> tuple[int, int]:
+    """``"227x227"`` -> ``(227, 227)`` (height x width)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not m:
+        raise ConfigError(f"{what} {text!r} is not HxW; write it like 227x227")
+    return int(m[1]), int(m[2])
+
+
+def parse_floats(text: str, what: str) -> tuple[float, ...]:
+    """``"123.7,116.3,103.5"`` -> ``(123.7, 116.3, 103.5)``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ConfigError(f"{what} {text!r} names nothing; give a comma-separated list")
+    try:
+        return tuple(float(t) for t in items)
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} is not a comma-separated list of numbers, e.g. 123.7,116.3,103.5") from None
+
+
+def parse_flag(how: str, text: str, what: str):
+    """A flag's text as its field's value: ``"size"`` (HxW) or ``"floats"`` (R,G,B)."""
+    return parse_size(text, what) if how == "size" else parse_floats(text, what)
 
 
 def check_image_options(o, flags: bool = False) -> None:
@@ -104,6 +129,13 @@ def check_normalised_range(mean, std, store_dtype: str, mean_name="mean", std_na
                           f"{' or ' + dtype_name + ' float32' if store_dtype == 'float16' else ''}")
 
 
+def _field(default, **cli):
+    """A field with how the command line takes it (``cli`` in its metadata: argparse's keywords, plus ``group``
+    for flags that exclude each other, ``parse`` for text turned into the value by :func:`parse_flag`, and
+    ``boolean`` for a ``--x/--no-x`` pair)."""
+    return dataclasses.field(default=default, metadata={"cli": cli})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageFields:
     """The image options, declared once: :class:`ImageOptions` (what a worker applies) and the conversion's
@@ -120,22 +152,68 @@ class ImageFields:
     refused as decompression bombs before decoding.
     """
 
-    resize: int | None = None
-    size: tuple[int, int] | None = None
-    max_size: int | None = None
-    center_crop: bool = False
-    gray: bool = False
-    encode: str | None = None
-    quality: int = DEFAULT_QUALITY
-    store_dtype: str = "uint8"
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    validate: bool = True
+    resize: int | None = _field(None, type=int, metavar="N", group="geometry", help=(
+        "resize the shorter side to N pixels, keeping the aspect (im2rec --resize; default: no resize%(default).0s)"))
+    size: tuple[int, int] | None = _field(None, metavar="HxW", group="geometry", parse="size", help=(
+        "resize to exactly HxW, aspect not kept (Caffe resize_height/resize_width)"))
+    max_size: int | None = _field(None, type=int, metavar="N", help=(
+        "then cap the longer side at N pixels (combines with --resize/--size)"))
+    center_crop: bool = _field(False, action="store_true", help="cut the centre square before resizing (im2rec)")
+    gray: bool = _field(False, action="store_true", help="store one gray channel")
+    encode: str | None = _field(None, choices=ENCODINGS, help=(
+        "how images are stored: jpeg, png, raw pixels, or pass (the original bytes, checked to decode). Default: "
+        "pass when nothing changes the pixels, jpeg when they are resized or cropped, raw for CIFAR%(default).0s"))
+    quality: int = _field(DEFAULT_QUALITY, type=int, help="JPEG quality (im2rec's default)")
+    store_dtype: str = _field("uint8", choices=STORE_DTYPES, help=(
+        "uint8 stores pixels as they are; float16/float32 store (pixel - mean) / std as raw HWC RGB tensors "
+        "(implies --encode raw; needs --mean/--std or --normalize)"))
+    mean: tuple[float, ...] | None = _field(None, metavar="R,G,B", parse="floats", help=(
+        "per-channel mean for --store-dtype float*, in pixel units 0-255, RGB order (e.g. 123.675,116.28,103.53); "
+        "default: computed by --normalize%(default).0s"))
+    std: tuple[float, ...] | None = _field(None, metavar="R,G,B", parse="floats", help=(
+        "per-channel std for --store-dtype float*, pixel units 0-255, RGB (e.g. 58.395,57.12,57.375); default: "
+        "computed by --normalize%(default).0s"))
+    max_pixels: int = _field(DEFAULT_MAX_PIXELS, type=int, metavar="N", help=(
+        "refuse images with more pixels than this, undecoded: a guard against decompression bombs, at Pillow's "
+        "default limit"))
+    validate: bool = _field(True, boolean=True, help=(
+        "with --encode pass, decode each image (at 1/8 scale) so broken files are caught; --no-validate copies "
+        "the bytes unchecked, as fast as the disk"))
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(ImageFields))
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """The command-line flags of the image options (``--resize`` ... ``--validate``), one per field, from
+        the fields' own metadata."""
+        import argparse
+
+        groups = {}
+        for f in dataclasses.fields(ImageFields):
+            cli = dict(f.metadata["cli"])
+            group, boolean = cli.pop("group", None), cli.pop("boolean", False)
+            cli.pop("parse", None)
+            if boolean:
+                cli["action"] = argparse.BooleanOptionalAction
+            if group is not None and group not in groups:
+                groups[group] = parser.add_mutually_exclusive_group()
+            target = groups[group] if group is not None else parser
+            target.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, **cli)
+
+    @classmethod
+    def from_args(cls, args) -> dict:
+        """The image options of parsed command-line ``args`` (as :meth:`add_arguments` defined them), by field
+        name, text parsed where the field says so."""
+        out = {}
+        for f in dataclasses.fields(ImageFields):
+            value = getattr(args, f.name)
+            how = f.metadata["cli"].get("parse")
+            if how is not None and value is not None:
+                value = parse_flag(how, value, f"--{f.name.replace('_', '-')}")
+            out[f.name] = value
+        return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

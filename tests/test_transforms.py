@@ -364,3 +364,34 @@ def test_one_set_of_image_rules_speaks_python_to_the_api_and_flags_to_the_comman
     with pytest.raises(ConfigError) as cli:
         ConvertOptions("imagenet", str(tmp_path), ("lmdb",), str(tmp_path / "out"), **kwargs)
     assert flag in str(cli.value)
+
+
+def test_every_image_option_is_a_flag_of_convert(tmp_path):
+    """The image options are declared once (ImageFields); `convert`'s flags for them are built from the fields
+    and parsed back into ConvertOptions by name, so a new field is a new flag."""
+    import argparse
+    import dataclasses
+
+    from gpufeed.convert.command import add_arguments, options_from_args
+    from gpufeed.pipelines.image_options import ImageFields
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    flags = {a.dest for a in p._actions}
+    assert set(ImageFields.names()) <= flags
+    src = tmp_path / "src"
+    src.mkdir()
+    args = p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o"), "--size", "20x30",
+                         "--max-size", "25", "--center-crop", "--encode", "raw", "--quality", "80",
+                         "--store-dtype", "float32", "--mean", "1,2,3", "--std", "4,5,6", "--max-pixels", "1000",
+                         "--no-validate"])
+    o = options_from_args(args)
+    got = {f: getattr(o, f) for f in ImageFields.names()}
+    assert got == {"resize": None, "size": (20, 30), "max_size": 25, "center_crop": True, "gray": False,
+                   "encode": "raw", "quality": 80, "store_dtype": "float32", "mean": (1.0, 2.0, 3.0),
+                   "std": (4.0, 5.0, 6.0), "max_pixels": 1000, "validate": False}
+    gray = p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o"), "--gray", "--resize", "8"])
+    assert options_from_args(gray).gray and options_from_args(gray).resize == 8
+    defaults = options_from_args(p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o")]))
+    assert {f.name: getattr(defaults, f.name) for f in dataclasses.fields(ImageFields)} == {
+        f.name: f.default for f in dataclasses.fields(ImageFields)}
