@@ -19,7 +19,7 @@ from gpufeed import __version__, io
 from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries, owned_split
 from gpufeed.errors import ConfigError
-from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats.atomic import AtomicFile
 from gpufeed.formats.naming import is_temp_name
 
 MANIFEST = "manifest.json"

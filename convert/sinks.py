@@ -16,10 +16,9 @@ import os
 import shutil
 
 from gpufeed import io
-from gpufeed.formats._atomic import AtomicFile
-from gpufeed.formats._atomic import remove  # noqa: F401 (the one remove, for engine and manifest)
+from gpufeed.formats.atomic import AtomicFile
 from gpufeed.formats.assembly import output_error
-from gpufeed.io import file_size, join, makedirs, remove_tree  # noqa: F401 (used through this module too)
+from gpufeed.io import file_size, join, makedirs, remove, remove_tree  # noqa: F401 (used through this module too)
 
 SPOOL_DIR = "spool"
 #: Sidecar fields every fragment of one ``.rec`` must agree on (RecordIO stores one layout per file).

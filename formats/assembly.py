@@ -30,7 +30,7 @@ import threading
 
 from gpufeed import io
 from gpufeed.errors import ConfigError, OutputError
-from gpufeed.formats._atomic import AtomicFile, remove, replace_dir
+from gpufeed.formats.atomic import AtomicFile, remove, replace_dir
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
 from gpufeed.io import file_size, join, makedirs
 

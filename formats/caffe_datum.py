@@ -12,7 +12,7 @@ from google.protobuf.message import DecodeError
 
 from gpufeed import io as gio
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError
-from gpufeed.formats._atomic import AtomicFile
+from gpufeed.formats.atomic import AtomicFile
 from gpufeed.formats.base import Sample, sniff_image_format
 from gpufeed.formats.proto import caffe_pb2
 

@@ -44,7 +44,7 @@ import numpy as np
 from gpufeed import io as gio
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, OutputError, ShardNotFound
 from gpufeed.formats import _lmdb_pages, naming
-from gpufeed.formats._atomic import replace_dir
+from gpufeed.formats.atomic import replace_dir
 from gpufeed.formats._filebytes import advise_will_need, position
 from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed.formats.caffe_datum import KEY_DIGITS, decode_datum, encode_datum, make_key, split_key

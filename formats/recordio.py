@@ -36,7 +36,7 @@ import numpy as np
 import gpufeed
 from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTooLargeError, ShardNotFound
-from gpufeed.formats._atomic import AtomicFile, commit_all, exists
+from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, ViewCursor, position
 from gpufeed.formats.base import PER_SHARD, PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 
@@ -416,7 +416,7 @@ class RecordIOWriter(Writer):
     """Writes ``path`` (``.rec``) with its ``.idx``, ``.lst`` and sidecar, all appearing at :meth:`close`.
 
     ``params`` (a JSON-serialisable dict, e.g. the conversion options) is stored in the sidecar;
-    ``durable=False`` skips the fsyncs (see :class:`~gpufeed.formats._atomic.AtomicFile`).
+    ``durable=False`` skips the fsyncs (see :class:`~gpufeed.formats.atomic.AtomicFile`).
     """
 
     def __init__(self, path: str, params: dict | None = None, durable: bool = True):

@@ -35,7 +35,7 @@ from google.protobuf.message import DecodeError
 from gpufeed.formats.proto import tf_example_pb2 as example_pb2
 
 from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
-from gpufeed.formats._atomic import AtomicFile, commit_all, exists
+from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 from gpufeed import io

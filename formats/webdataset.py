@@ -31,7 +31,7 @@ import numpy as np
 
 from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, ShardNotFound
-from gpufeed.formats._atomic import AtomicFile, commit_all, exists
+from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, position
 from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
 

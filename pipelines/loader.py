@@ -386,7 +386,7 @@ class Loader:
 def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> None:
     """A DataLoader worker's start: the loader's emulated storage tier (``tier``: the variables of
     :data:`gpufeed.io.TIER_VARS` as the loader saw them, None for unset), one OpenCV thread
-    (:func:`_one_thread_per_worker`), then ``nice`` added to its niceness, so that the training loop's process,
+    (:func:`one_thread_per_worker`), then ``nice`` added to its niceness, so that the training loop's process,
     which launches the model's kernels, takes a core the moment it needs one instead of waiting behind busy
     workers (they still use every core it leaves idle)."""
     for var, value in (tier or {}).items():
@@ -394,12 +394,12 @@ def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> Non
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
-    _one_thread_per_worker(worker_id)
+    one_thread_per_worker(worker_id)
     if nice:
         os.nice(nice)
 
 
-def _one_thread_per_worker(_worker_id: int) -> None:
+def one_thread_per_worker(_worker_id: int) -> None:
     """DataLoader workers are one per core already: OpenCV's own thread pool in each (a thread per core by
     default, for resizes and colour conversions) would put cores x workers threads on the cores. A worker
     started from a fork server sets one thread here; a forked one has it already (:func:`opencv_threads`

@@ -101,12 +101,12 @@ def main(argv=None) -> int:
     row("bytes", timed(iter(dl), args.batches, lambda: None))
     del dl
 
-    from gpufeed.pipelines.loader import _one_thread_per_worker, opencv_threads
+    from gpufeed.pipelines.loader import one_thread_per_worker, opencv_threads
 
     train = args.augment == "train"
     for stage, transform, init in (("cpu-full-cvpool", CpuDecode(train, 224, reduce=False), None),
-                                   ("cpu-full", CpuDecode(train, 224, reduce=False), _one_thread_per_worker),
-                                   ("cpu", CpuDecode(train, 224), _one_thread_per_worker)):
+                                   ("cpu-full", CpuDecode(train, 224, reduce=False), one_thread_per_worker),
+                                   ("cpu", CpuDecode(train, 224), one_thread_per_worker)):
         ds = MapDataset(args.format, paths, transform=transform)
         ds.close()
         dl = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
