@@ -13,9 +13,10 @@ from typing import Any
 
 from gpufeed.bench import AU_TARGET
 from gpufeed.bench.report_model import Block, GiB, MB, Section, Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
-from gpufeed.bench.report_rows import (Demand, accelerator, accelerator_emulated, demands, describe_config, figure,
-                                       is_synthetic, loader_label, of_bench, params, plain, side_dataset, stored,
-                                       stored_at, stored_size, tier_label, train_rows_for)
+from gpufeed.bench.report_rows import (COLD_DEVICE_SHARE, Demand, accelerator, accelerator_emulated, demands,
+                                       describe_config, device_share, figure, is_synthetic, loader_label, of_bench,
+                                       params, plain, served_from_cache, side_dataset, stored, stored_at,
+                                       stored_size, tier_label, train_rows_for)
 from gpufeed.bench.report_tables import limit_text
 
 
@@ -295,6 +296,8 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
              and side_dataset(r) in (None, "ranks") and figure(r, "au") is not None]
     if not any((params(r).get("gpus") or 1) > 1 for r in train):
         return []
+    warm = [r for r in train if served_from_cache(r)]
+    train = [r for r in train if not served_from_cache(r)]
     groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in train:
         p = params(r)
@@ -329,7 +332,14 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
         sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
                          + (f" (from {fmt})" if most else "") + f", measured with {', '.join(map(str, ns))} GPUs")
-    return ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
+    blocks = ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
+    if warm:
+        blocks.append(f"Left out: {len(warm)} run{'s' if len(warm) > 1 else ''} marked cold whose disk read under "
+                      f"{COLD_DEVICE_SHARE:.0%} of the bytes of the records consumed (served from the page cache: "
+                      + ", ".join(sorted({f"{params(r).get('gpus') or 1} GPU{'s' if (params(r).get('gpus') or 1) > 1 else ''}"
+                                          f" {params(r).get('decode')} {fmt_pct(device_share(r))}" for r in warm}))
+                      + ").")
+    return blocks
 
 
 def _gpus_fed_line(rows: Sequence[dict], d: Demand) -> list[Block]:
