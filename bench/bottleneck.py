@@ -16,6 +16,38 @@ from __future__ import annotations
 MISSED = 0.90
 #: A resource limits a run when its use reaches this share of its ceiling.
 NEAR = 0.90
+#: A run marked cold counts as a cold measurement only where the block device read at least this share of the
+#: bytes of the records it consumed: below it, the records came from the page cache (batches read before the
+#: timed steps, or a dataset built in the same call that eviction did not reach).
+COLD_DEVICE_SHARE = 0.5
+
+
+def _median(row: dict, name: str) -> float | None:
+    block = (row.get("metrics") or {}).get(name)
+    return block.get("median") if isinstance(block, dict) else None
+
+
+def device_share(row: dict) -> float | None:
+    """Of the record bytes a training row marked cold consumed over its timed steps (every rank's), the share the
+    block device read meanwhile; None where the row is not cold or does not say."""
+    if not (row.get("params") or {}).get("cold") or not row.get("record_bytes"):
+        return None
+    read = _median(row, "disk_read_mb_per_s")
+    rate = row.get("total_per_s") or _median(row, "images_per_s")
+    if read is None or not rate:
+        return None
+    return read * 1e6 / (rate * row["record_bytes"])
+
+
+def served_from_cache(row: dict) -> bool:
+    """A row marked cold whose records came from the page cache instead (:data:`COLD_DEVICE_SHARE`)."""
+    share = device_share(row)
+    return share is not None and share < COLD_DEVICE_SHARE
+
+
+def cache_text(row: dict) -> str:
+    return (f"not a cold measurement: the disk read {device_share(row):.0%} of the bytes of the records the run "
+            "consumed, the rest came from the page cache")
 
 
 def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, cores: int) -> dict:
@@ -52,6 +84,8 @@ def limit(row: dict) -> dict | None:
     r = row.get("resources")
     if au is None or au >= MISSED or not r:
         return None
+    if served_from_cache(row):
+        return {"resource": "page cache", "text": cache_text(row)}
     disk, ceiling = r.get("disk_read_mb_per_s"), (r.get("disk_ceiling") or {}).get("mb_per_s")
     hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
     busy, main = r.get("cpu_busy"), r.get("main_thread_busy")

@@ -13,10 +13,10 @@ from typing import Any
 
 from gpufeed.bench import AU_TARGET
 from gpufeed.bench.report_model import Block, GiB, MB, Section, Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
-from gpufeed.bench.report_rows import (COLD_DEVICE_SHARE, Demand, accelerator, accelerator_emulated, demands,
-                                       describe_config, device_share, figure, is_synthetic, loader_label, of_bench,
-                                       params, plain, served_from_cache, side_dataset, stored, stored_at,
-                                       stored_size, tier_label, train_rows_for)
+from gpufeed.bench.bottleneck import COLD_DEVICE_SHARE, device_share, served_from_cache
+from gpufeed.bench.report_rows import (Demand, accelerator, accelerator_emulated, demands, describe_config, figure,
+                                       is_synthetic, loader_label, of_bench, params, plain, side_dataset, stored,
+                                       stored_at, stored_size, tier_label, train_rows_for)
 from gpufeed.bench.report_tables import limit_text
 
 

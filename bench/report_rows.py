@@ -61,30 +61,6 @@ def figure(row: dict, name: str) -> float | None:
     return block.get("median") if isinstance(block, dict) else None
 
 
-#: A training row marked cold counts as a cold measurement only where the block device read at least this share of
-#: the bytes of the records it consumed: below it, the records came from the page cache (batches read before the
-#: timed steps, or a dataset built in the same call that eviction did not reach).
-COLD_DEVICE_SHARE = 0.5
-
-
-def device_share(row: dict) -> float | None:
-    """Of the record bytes a training row marked cold consumed over its timed steps (every rank's), the share
-    the block device read meanwhile; None where the row is not cold or does not say."""
-    if not params(row).get("cold") or not row.get("record_bytes"):
-        return None
-    read = figure(row, "disk_read_mb_per_s")
-    rate = row.get("total_per_s") or figure(row, "images_per_s")
-    if read is None or not rate:
-        return None
-    return read * MB / (rate * row["record_bytes"])
-
-
-def served_from_cache(row: dict) -> bool:
-    """A row marked cold whose records came from the page cache instead (:data:`COLD_DEVICE_SHARE`)."""
-    share = device_share(row)
-    return share is not None and share < COLD_DEVICE_SHARE
-
-
 def fmt_spread(row: dict) -> str:
     """A row's spread over its repeats, or "1 run" where there was only one (a spread of 0.0% would claim a
     precision that a single run cannot show)."""

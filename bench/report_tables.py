@@ -9,9 +9,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from gpufeed.bench import AU_TARGET, MEMORY_TIER
+from gpufeed.bench.bottleneck import cache_text, served_from_cache
 from gpufeed.bench.report_model import Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
 from gpufeed.bench.report_rows import (PATH_PARAMS, PREFERRED_BASELINE, accelerator, accelerator_emulated, config_key,
-                                       device_share, served_from_cache,
                                        describe_config, fastest_tier, figure, fmt_spread, is_synthetic, loader_label,
                                        of_bench, params, ratio_to_baseline, stored, tier_label)
 
@@ -177,8 +177,7 @@ def limit_text(row: dict) -> str:
     """What limited a training row that missed 90% AU (its ``limit``, :mod:`gpufeed.bench.bottleneck`); "-" for
     one that did not, or one measured before rows said."""
     if served_from_cache(row):
-        return (f"not a cold measurement: the disk read {device_share(row):.0%} of the bytes of the records the run "
-                "consumed, the rest came from the page cache")
+        return cache_text(row)
     found = row.get("limit")
     return found["text"] if found else "-"
 

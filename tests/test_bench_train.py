@@ -340,6 +340,22 @@ def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loade
             assert "disk: 0.30 of 5.00 GB/s" in found["text"] and "not the disk" in found["text"]
 
 
+def test_a_cold_row_served_from_the_page_cache_says_so_instead_of_naming_a_limit():
+    """Two ranks at 3,000 img/s each of 118 KB records need 708 MB/s; a row marked cold whose disk read 50 MB/s
+    meanwhile was served from the page cache: no resource is named, the measurement is."""
+    from gpufeed.bench.bottleneck import device_share, limit
+
+    row = {"params": {"cold": True, "gpus": 2}, "record_bytes": 118_000, "total_per_s": 6_000,
+           "metrics": {"au": {"median": 0.84}, "disk_read_mb_per_s": {"median": 50.0}},
+           "resources": {"disk_read_mb_per_s": 50.0, "disk_ceiling": {"mb_per_s": 1300.0}, "cpu_busy": 0.2}}
+    assert abs(device_share(row) - 50e6 / (6_000 * 118_000)) < 1e-9
+    found = limit(row)
+    assert found["resource"] == "page cache" and found["text"].startswith("not a cold measurement: the disk read 7%")
+    row["metrics"]["disk_read_mb_per_s"]["median"] = 700.0  # cold: the disk's own figures decide
+    assert limit(row)["resource"] is None
+    assert device_share({**row, "params": {"cold": False}}) is None
+
+
 def test_the_defaults_fit_a_small_dataset_and_the_model_comes_from_it(dataset, tmp_path, capsys):
     """`bench dataset` (small by default) then `bench train` with its defaults runs: the warm-up and timed
     steps are fitted to the batches a cold run holds; given steps are kept (and refused when too many). The
