@@ -439,3 +439,19 @@ def test_a_join_killed_midway_keeps_the_earlier_split_and_its_rerun_finishes_bot
     assert code == 0, err
     assert tree_bytes(out2) == tree_bytes(ref)
     verify(out2)
+
+
+def test_the_resource_tracker_adds_no_lines_after_a_stopped_run():
+    """multiprocessing's resource tracker, started by the command line's process, prints nothing of its own
+    at the end: a semaphore it cleans up after a stop is its bookkeeping, not something to tell the user."""
+    import subprocess
+    import sys
+
+    code = ("from gpufeed.cli import quiet_helpers; quiet_helpers()\n"
+            "from multiprocessing import resource_tracker\n"
+            "resource_tracker.register('/mp-gpufeed-test-none', 'semaphore')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    # Without it the same script would print the tracker's two warnings (what a stopped run printed).
+    plain = subprocess.run([sys.executable, "-c", code.split("\n", 1)[1]], capture_output=True, text=True, timeout=60)
+    assert "leaked semaphore" in plain.stderr
