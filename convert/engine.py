@@ -15,6 +15,7 @@ input keeps its planned index unused (see docs/convert.md).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -652,6 +653,32 @@ def _per_sample_costs(events: list) -> dict:
     return out
 
 
+def idle_worker_seconds(events: list, workers: int) -> dict:
+    """Worker-seconds with no shard running, from this run's shard events (``started``, ``seconds``), between the
+    first shard's start and the last one's end, in three parts: ``ramp`` (until every worker first had a shard),
+    ``middle``, and ``last_wave`` (after the last shard started: workers left with nothing to take while the last
+    shards finish). Empty without timed shards."""
+    spans = sorted((ev["started"], ev["started"] + ev["seconds"]) for ev in events if "started" in ev and "seconds" in ev)
+    if not spans:
+        return {}
+    deltas = collections.Counter()
+    for s0, s1 in spans:
+        deltas[s0] += 1
+        deltas[s1] -= 1
+    edges = sorted(deltas)
+    last_start = spans[-1][0]
+    full = None  # when every worker first had a shard
+    idle = {"ramp": 0.0, "middle": 0.0, "last_wave": 0.0}
+    running = 0
+    for a, b in zip(edges, edges[1:]):
+        running += deltas[a]  # the shards running from a to b
+        if full is None and running >= workers:
+            full = a
+        part = "ramp" if full is None else "last_wave" if a >= last_start else "middle"
+        idle[part] += max(0, workers - running) * (b - a)
+    return {f"idle_worker_s_{k}": round(v, 3) for k, v in idle.items()}
+
+
 def _journal_shard(journal, state_dir, result) -> dict:
     stats = result.pop("stats")
     if stats is not None:
@@ -755,6 +782,8 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     if queued:  # the converting threads' waits for a core, where the OS reports them
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     summary.timeline.update(_per_sample_costs(events))
+    summary.timeline.update(idle_worker_seconds([ev for ev in events if ev.get("started", 0) >= t0.epoch],
+                                                options.workers))
     summary.normalization = manifest_mod.write(options, summary, source.classes(), stats,
                                                joined=manifest_mod.joined_manifest(journal.events))["normalization"]
     remove_state(state_dir)

@@ -53,6 +53,8 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert 0 < tl["listed"] <= ray_ready <= tl["shards_done"] <= tl["sinks_done"] <= tl["total"]
     # How long free workers waited because the split sinks' commits had fallen behind (the commit window).
     assert 0 <= tl["held_by_commit_window_s"] < conv["seconds"]
+    # Worker-seconds with no shard, as the workers ramped up, in the middle, and after the last shard started.
+    assert all(tl[f"idle_worker_s_{k}"] >= 0 for k in ("ramp", "middle", "last_wave"))
     assert 0 < conv["first_shard_started_s"] < conv["seconds"]
     assert conv["driver_anon_rss_mib"][0] > 0
     assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0

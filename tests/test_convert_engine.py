@@ -362,3 +362,19 @@ def test_a_second_split_joins_a_finished_destination(src, tmp_path, ray_local):
     assert set(doc["splits"]) == {"train", "val"} and set(doc["split_sources"]) == {"train", "val"}
     note = convert(options(src, out, formats=("recordio", "tfrecord"), splits=("train",))).note
     assert "already complete" in note
+
+
+def test_idle_worker_seconds_split_into_ramp_middle_and_last_wave():
+    """Where workers had no shard: two workers; one shard from 0 to 4, one from 1 to 3 (so one worker waits for
+    its first second), one from 3 to 5 (the last to start: after 4 one worker has nothing left)."""
+    from gpufeed.convert.engine import idle_worker_seconds
+
+    events = [{"started": 0.0, "seconds": 4.0}, {"started": 1.0, "seconds": 2.0}, {"started": 3.0, "seconds": 2.0}]
+    assert idle_worker_seconds(events, 2) == {"idle_worker_s_ramp": 1.0, "idle_worker_s_middle": 0.0,
+                                              "idle_worker_s_last_wave": 1.0}
+    # A gap between shards in the middle counts there; a resumed run's earlier shards (no timing) count nowhere.
+    events = [{"started": 0.0, "seconds": 2.0}, {"started": 0.0, "seconds": 1.0}, {"started": 1.5, "seconds": 2.0},
+              {"started": 2.0, "seconds": 1.0}, {"shard": 9}]
+    assert idle_worker_seconds(events, 2) == {"idle_worker_s_ramp": 0.0, "idle_worker_s_middle": 0.5,
+                                              "idle_worker_s_last_wave": 0.5}
+    assert idle_worker_seconds([], 4) == {}

@@ -746,6 +746,10 @@ def table(rows: list[dict]) -> str:
                    if f"{where}_cpu_ms_per_sample" in line]
             if per:
                 split += f" (CPU ms/img: {', '.join(per)})"
+            if "idle_worker_s_last_wave" in line:
+                split += ("; idle worker-s: " + " / ".join(f"{line[f'idle_worker_s_{k}']:.0f}"
+                                                           for k in ("ramp", "middle", "last_wave"))
+                          + " (ramp / middle / last wave)")
             if line.get("held_by_commit_window_s"):
                 split += f"; shards held back by the commits for {line['held_by_commit_window_s']} s"
             waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
