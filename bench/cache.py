@@ -51,6 +51,26 @@ def files_under(path: str) -> list[str]:
     return sorted(p for p in out if os.path.isfile(p) and not os.path.islink(p))
 
 
+def warm(*paths: str, threads: int = 16) -> int:
+    """Read every file at or below ``paths`` once (``threads`` at a time: a corpus of 300,000 files is read at
+    the disk's queue depth, not one file after another), so the next run finds them in the page cache; the
+    bytes read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = [f for p in paths for f in files_under(p)]
+
+    def read(batch: list[str]) -> int:
+        n = 0
+        for f in batch:
+            with open(f, "rb", buffering=0) as fh:
+                while chunk := fh.read(1 << 20):
+                    n += len(chunk)
+        return n
+
+    with ThreadPoolExecutor(threads) as ex:
+        return sum(ex.map(read, [files[i:i + 256] for i in range(0, len(files), 256)]))
+
+
 def _mapped_files(pid: int | str = "self") -> set[str]:
     mapped = set()
     try:

@@ -270,22 +270,6 @@ def run_in_child(cfg: dict) -> dict:
     return value
 
 
-def warm(paths: list[str]) -> int:
-    """Read every file under ``paths`` once (unthrottled) so the next run finds them in the page cache."""
-    from gpufeed.bench.cache import files_under
-
-    total = 0
-    for p in paths:
-        for f in files_under(p):
-            with open(f, "rb", buffering=0) as fh:
-                while True:
-                    chunk = fh.read(1 << 20)
-                    if not chunk:
-                        break
-                    total += len(chunk)
-    return total
-
-
 def tier_dataset(tier, dst: str) -> str:
     """The dataset directory for ``tier``: ``dst`` on the host disk, or a copy of it on a measured mount."""
     from gpufeed.bench.dataset import MANIFEST
@@ -405,7 +389,7 @@ _UNITS = {"samples_per_s": "samples/s", "samples": "samples", "mb_per_s": "MB/s"
 def bench_read(args, progress=None) -> list[dict]:
     """The grid of ``gpufeed bench read`` (:func:`resolve_grid`); returns the rows it wrote. ``progress``
     gets one line per configuration as it starts, with the time spent and an estimate of what is left."""
-    from gpufeed.bench.cache import evict
+    from gpufeed.bench.cache import evict, warm
     from gpufeed.bench.cli import tiers_from_args
     from gpufeed.bench.dataset import dataset_fields, load_dataset_info
     from gpufeed.bench.emulate import Throttle
@@ -464,7 +448,7 @@ def bench_read(args, progress=None) -> list[dict]:
                             if cache == "cold":
                                 evict(*paths)
                             else:
-                                warm(paths)
+                                warm(*paths)
 
                         def once(i, cfg=cfg):
                             cfg = {**cfg, "seed": i}

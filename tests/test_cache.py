@@ -97,3 +97,13 @@ def test_lmdb_environment_must_be_closed_first(tmp_path):
 def test_proc_io_of_self_and_thread():
     assert {"read_bytes", "write_bytes", "rchar"} <= set(proc_io())
     assert "read_bytes" in proc_io("thread-self")
+
+
+def test_warm_reads_every_file_under_its_paths_once(tmp_path):
+    from gpufeed.bench.cache import warm
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"x" * 3000)
+    (tmp_path / "d" / "b").write_bytes(b"y" * (2 << 20))
+    (tmp_path / "c").write_bytes(b"z" * 10)
+    assert warm(str(tmp_path / "d"), str(tmp_path / "c"), threads=2) == 3000 + (2 << 20) + 10

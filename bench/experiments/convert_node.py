@@ -138,21 +138,6 @@ def subset_tree(src: str, paths: list[str], k: int, into: str) -> tuple[str, lis
     return into, linked
 
 
-def warm_cache(paths: list[str]) -> float:
-    """Read every file once (16 threads), so that a warm run finds them in the page cache; GB read."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def read(batch: list[str]) -> int:
-        n = 0
-        for p in batch:
-            with open(p, "rb") as f:
-                n += len(f.read())
-        return n
-
-    with ThreadPoolExecutor(16) as ex:
-        return sum(ex.map(read, [paths[i:i + 1024] for i in range(0, len(paths), 1024)])) / 1e9
-
-
 def drop_caches(*trees: str) -> str:
     """Cold page cache: the kernel's drop_caches where this process may write it (root), else every file
     of ``trees`` evicted with fadvise (gpufeed.bench.cache.evict). Returns which was used."""
@@ -569,7 +554,9 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         def prepare(src=src, paths=paths, warm=warm) -> str:
             if not warm:
                 return drop_caches(src)
-            return f"warm ({warm_cache(paths):.1f} GB read before)"  # from the disk once, then from memory
+            from gpufeed.bench.cache import warm
+
+            return f"warm ({warm(*paths) / 1e9:.1f} GB read before)"  # from the disk once, then from memory
 
         shutil.rmtree(out, ignore_errors=True)
         cache = prepare()
