@@ -165,6 +165,11 @@ def test_imagenet_layout_subsets_and_warm_runs(tmp_path):
     assert "of_limit" not in warm and rows[3]["of_limit"] == round(cold["images_per_second"] /
                                                                    rows[0]["images_per_second"], 3)
     assert "[20 files, warm]" in table(rows) and rows[0]["layout"] == rows[0]["mix"] == "imagenet"
+    # Another corpus replaces this one and the subset trees made for it; nothing else in the work folder.
+    (work / "src-notes").mkdir()
+    run(30, 3, 1, str(work), ("limit",), layout="imagenet", mix="imagenet")
+    assert not (work / "src-20").exists() and not (work / "src-20.complete").exists()
+    assert (work / "src-notes").is_dir()
 
 
 def test_disk_depth_reads_each_file_once(tmp_path):

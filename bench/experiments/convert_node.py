@@ -510,9 +510,10 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
             meta = None  # another corpus: built again
     if meta is None:
         shutil.rmtree(src, ignore_errors=True)
-        for d in os.listdir(work):
-            if d.startswith("src-"):
-                shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+        for d in os.listdir(work):  # the subset trees made for the old corpus: those with their marker only
+            if d.startswith("src-") and d.endswith(".complete") and d[len("src-"):-len(".complete")].isdigit():
+                shutil.rmtree(os.path.join(work, d[:-len(".complete")]), ignore_errors=True)
+                os.remove(os.path.join(work, d))
         t0 = time.perf_counter()
         nbytes, _ = build_corpus(src, n, unique, workers, layout=layout, mix=mix)
         meta = {**want, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
