@@ -45,7 +45,7 @@ from gpufeed import io as gio
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, OutputError, ShardNotFound
 from gpufeed.formats import _lmdb_pages, naming
 from gpufeed.formats.atomic import replace_dir
-from gpufeed.formats._filebytes import advise_will_need, position
+from gpufeed.formats._filebytes import advise_will_need, position, random_read_fd
 from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
 from gpufeed.formats.caffe_datum import KEY_DIGITS, decode_datum, encode_datum, make_key, split_key
 
@@ -589,7 +589,7 @@ class LMDBReader(Reader):
                 offsets = self._per_record(self.meta.get("offsets"), np.dtype("<u8"))
                 if offsets is not None:
                     self._offsets = offsets
-                    self._fd = os.open(self.data_path, os.O_RDONLY)
+                    self._fd = random_read_fd(self.data_path)
         cur = self._cursor
         self._seekable = self._len == 0 or (
             cur.first() and bytes(cur.key()).startswith(b"%08d_" % 0)

@@ -342,8 +342,14 @@ class WebDatasetReader(Reader):
         return len(self._entries())
 
     def read_raw(self, i: int):
+        """Sample ``i``'s bytes, read at random: one request for its extent (:meth:`ByteSource.read_random`)."""
         entries = self._entries()
         offset, size = entries[position(i, len(entries), self.path)]
+        return self._src.read_random(offset, size)
+
+    def _sequential(self, i: int):
+        """Sample ``i``'s bytes for a scan in file order: a slice of the map, whose read-ahead serves scans."""
+        offset, size = self._entries()[i]
         return self._src.read_at(offset, size)
 
     def prefetch(self, indices) -> int:
@@ -357,13 +363,13 @@ class WebDatasetReader(Reader):
 
     def iter_raw(self) -> Iterator:
         for i in range(len(self)):
-            value = self.read_raw(i)
+            value = self._sequential(i)
             _members(memoryview(value), self.path, i, self._entries()[i][0])
             yield value
 
     def __iter__(self) -> Iterator[Sample]:
         for i in range(len(self)):
-            yield self[i]
+            yield _FORMAT.decode(b"", self._sequential(i), self.path, i, self._entries()[i][0], self.verify)
 
     def close(self) -> None:
         self._src.close()
