@@ -42,7 +42,8 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import AUTO, DECODES, LoaderOptions, default_workers
+from gpufeed.pipelines.loader import (AUTO, DECODES, FIXED_SHARE_MIN_WORKERS, HYBRID_CPU_SHARE, MAX_DEFAULT_WORKERS,
+                                      RATES, LoaderOptions, default_workers, hybrid_split)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``, the loader's default).
@@ -95,7 +96,7 @@ class TrainOptions:
     decode_priority: int = 0
     read_aheads: tuple[str, ...] = ("off",)
     cuda_graph: bool = False
-    cpu_share: float | None = None  # hybrid: a fixed CPU share (None: the loader's measured-rate split)
+    cpu_share: float | str | None = None  # hybrid: a fixed CPU share, "rates" or None (the loader's default)
     worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
@@ -117,6 +118,14 @@ class TrainOptions:
     def batch(self, task: str) -> int:
         return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
+    def _hybrid_split(self, task: str, decode: str | None) -> dict:
+        """A hybrid row's split: ``cpu_share_fixed`` where the loader held the CPU share fixed (given, or its
+        default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
+        if decode != "hybrid":
+            return {}
+        split = hybrid_split(self.cpu_share, "train" if task == "train" else "eval", self.workers)
+        return {} if split == RATES else {"cpu_share_fixed": split}
+
     def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
         """A row's params; ``described`` is the accelerator's :meth:`describe`; ``read_ahead`` whether the
         loader's workers read each batch ahead (rows from before it existed read record by record)."""
@@ -127,7 +136,7 @@ class TrainOptions:
                 **({"augment": "cifar" if task == "train" else "eval"} if self.cifar else {}),
                 **({"decode_threads": self.decode_threads, "decode_priority": self.decode_priority}
                    if decode in ("gpu", "hw", "hybrid") else {}),
-                **({"cpu_share_fixed": self.cpu_share} if decode == "hybrid" and self.cpu_share is not None else {}),
+                **self._hybrid_split(task, decode),
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **({"worker_nice": self.nice} if decode else {}),
@@ -683,7 +692,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "10, fitted with --steps)")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader worker processes per rank (default: each rank's share of the usable cores, "
-                             "less one for its own process where --gpus ranks share the node; at most 16)")
+                             f"less one for its own process where --gpus ranks share the node; at most {MAX_DEFAULT_WORKERS})")
     parser.add_argument("--image-size", type=int, default=None,
                         help=f"crop size fed to the model (default 224; {CIFAR_SIZE} for the CIFAR models)")
     parser.add_argument("--augment-on", type=_csv(("cpu", "gpu")), default="cpu",
@@ -710,9 +719,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="niceness the DataLoader workers add to their own (0-19), so the training loop's "
                              "process gets a core first when it needs one (default: the loader's, "
                              "gpufeed.pipelines.loader.WORKER_NICE)")
-    parser.add_argument("--cpu-share", type=float, default=None,
-                        help="hybrid: a fixed share (0-1) of each batch decoded by the CPU workers, instead of the "
-                             "split the loader sets from both sides' measured rates")
+    parser.add_argument("--cpu-share", type=_share, default=None,
+                        help=f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the "
+                             "split set from both sides' measured rates) (default: the loader's, "
+                             f"{HYBRID_CPU_SHARE['train']} training and {HYBRID_CPU_SHARE['eval']} inference with "
+                             f"{FIXED_SHARE_MIN_WORKERS} workers or more, else {RATES})")
+
+
+def _share(text: str) -> float | str:
+    if text == RATES:
+        return RATES
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a share from 0 to 1 nor {RATES!r}") from None
 
 
 def options_from_args(args) -> TrainOptions:

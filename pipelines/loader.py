@@ -79,6 +79,30 @@ IMAGENET_STD = (58.395, 57.12, 57.375)
 #: cropping a ~500x375 JPEG, and the H100/H200 JPEG engines together (nvImageCodec, ~140 KB photos).
 CPU_WORKER_RATE = 300.0
 HW_RATE = 13_000.0
+#: ``cpu_share="rates"``: the hybrid split set from both sides' measured rates (:class:`HybridRates`).
+RATES = "rates"
+#: The hybrid path's CPU share of each batch by default, by augmentation. Every image the engines decode costs
+#: the model time on the GPU (their work advances in the model's gaps: docs/loader.md), so the split that
+#: balances both sides' rates gives them too much. Measured on ResNet-50 from recordio, side by side with that
+#: split: training on 4 H100s sharing 64 cores, warm cache, 0.913 (0.7) and 0.914 (0.8) per rank against 0.862
+#: (results/gpu-ranks-h100x4.txt); on one H200 with 16 cores 0.951 (0.8) against 0.896; inference on one H200
+#: 0.700 (0.6) against 0.511 (results/gpu-feed-h200.txt).
+HYBRID_CPU_SHARE = {"train": 0.75, "eval": 0.6}
+#: Below this many DataLoader workers per rank the fixed shares above were never measured: the measured-rate
+#: split, which follows what the workers decode, is used instead.
+FIXED_SHARE_MIN_WORKERS = 12
+
+
+def hybrid_split(cpu_share, augment: str, workers: int):
+    """The hybrid path's split for a loader asked for ``cpu_share`` (a float, ``"rates"`` or None for the
+    default): a fixed CPU share of each batch, or :data:`RATES`."""
+    if cpu_share is not None:
+        return cpu_share
+    if workers >= FIXED_SHARE_MIN_WORKERS and augment in HYBRID_CPU_SHARE:
+        return HYBRID_CPU_SHARE[augment]
+    return RATES
+
+
 #: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's. At 10
 #: every training run fed less on the GPU machine (results/gpu-nice-h100.txt): the loop is not short of cores.
 WORKER_NICE = 0
@@ -169,7 +193,7 @@ class LoaderOptions:
     window: int | None = None
     vocab: int | None = None
     read_ahead: bool = False
-    cpu_share: float | None = None
+    cpu_share: float | str | None = None  # None: hybrid_split's default; RATES: the measured-rate split
     worker_nice: int = WORKER_NICE
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
@@ -196,10 +220,13 @@ class LoaderOptions:
         if augment == "tokens" and decode not in ("cpu", AUTO):
             raise ConfigError(f"augment='tokens' reads token ids, which need no decoding: use decode='cpu' (not "
                               f"{decode!r})")
-        if self.cpu_share is not None and (decode not in ("hybrid", AUTO) or not 0.0 <= self.cpu_share <= 1.0):
+        share = self.cpu_share
+        if share is not None and (decode not in ("hybrid", AUTO) or not (
+                share == RATES or isinstance(share, (int, float)) and 0.0 <= share <= 1.0)):
             raise ConfigError(f"{self._says('cpu_share')}: a fixed share of each batch for the CPU workers, between "
-                              f"0 and 1, for {self._says('decode', 'hybrid')} (None: set from both sides' measured "
-                              "rates)")
+                              f"0 and 1, or {RATES!r} (the split set from both sides' measured rates), for "
+                              f"{self._says('decode', 'hybrid')} (None: {HYBRID_CPU_SHARE['train']} training, "
+                              f"{HYBRID_CPU_SHARE['eval']} evaluation)")
         if self.batch_size < 1:
             raise ConfigError(f"{self._says('batch_size')}: must be at least 1")
         if not 0 <= self.worker_nice <= 19:
@@ -222,9 +249,11 @@ class Loader:
     reading one record each already keep that disk busy); for a higher-latency mount, measure it there with
     ``gpufeed bench train --read-ahead on,off``.
 
-    ``cpu_share``: ``hybrid`` only, a fixed share of each batch for the CPU workers instead of the split set from
-    both sides' measured rates (:class:`HybridRates`). Where the engines' work serialises with the model's (the
-    H200's inference, docs/loader.md), the rates' split leaves cores idle that a larger fixed share uses.
+    ``cpu_share``: ``hybrid`` only, the share of each batch the CPU workers decode. By default
+    (:func:`hybrid_split`) a fixed share measured best for the task (:data:`HYBRID_CPU_SHARE`: the engines'
+    work serialises with the model's, so a split that balances both sides' rates gives them too much), or, with
+    fewer than :data:`FIXED_SHARE_MIN_WORKERS` workers, the split from both sides' measured rates
+    (:class:`HybridRates`), which ``cpu_share="rates"`` asks for anywhere; a number fixes it.
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
@@ -237,7 +266,7 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool = False, cpu_share: float | None = None, worker_nice: int = WORKER_NICE):
+                 read_ahead: bool = False, cpu_share: float | str | None = None, worker_nice: int = WORKER_NICE):
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
@@ -283,11 +312,12 @@ class Loader:
             import multiprocessing
 
             self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
-            if cpu_share is None:
+            split = hybrid_split(cpu_share, augment, self.workers)
+            if split == RATES:
                 self._rates = HybridRates(self._share, self.workers, decode_threads,
                                           self.workers * CPU_WORKER_RATE, HW_RATE)
             else:
-                self._share.value = cpu_share
+                self._share.value = split
             transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded

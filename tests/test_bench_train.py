@@ -135,6 +135,7 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference"),
                        (["--cpu-share", "0.7"], "for --decode hybrid"),
                        (["--cpu-share", "1.2", "--decode", "hybrid"], "between 0 and 1"),
+                       (["--cpu-share", "rates"], "for --decode hybrid"),
                        # The loader's own rules (LoaderOptions), spelled as this command's flags.
                        (["--decode-threads", "0"], "--decode-threads 0: need at least 1"),
                        (["--worker-nice", "20"], "--worker-nice 20: a niceness from 0"),
@@ -376,3 +377,17 @@ def test_the_defaults_fit_a_small_dataset_and_the_model_comes_from_it(dataset, t
         args._bench_module.run(args)
     assert train.options_from_args(_parse([dataset, "--results", str(results)])).model == "resnet50"
     assert train._model_for(str(tmp_path / "nothing-here")) == "resnet50"
+
+
+def test_hybrid_rows_record_the_split_the_loader_held():
+    """A hybrid row says which split fed it: the loader's default fixed share for the task (or the one given)
+    as ``cpu_share_fixed``, nothing where the measured rates set it, as in every hybrid row before."""
+    def fixed(task, **kw):
+        return train.TrainOptions(**kw).params(task, "hybrid", {}).get("cpu_share_fixed")
+
+    assert fixed("train", workers=15) == 0.75
+    assert fixed("infer", workers=31) == 0.6
+    assert fixed("train", workers=15, cpu_share=0.8) == 0.8
+    assert fixed("train", workers=15, cpu_share="rates") is None
+    assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
+    assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})

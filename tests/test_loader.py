@@ -422,4 +422,17 @@ def test_loader_options_are_checked_once_for_every_caller():
     with pytest.raises(ConfigError, match="augment='cifar' reads stored pixels"):
         dataclasses.replace(auto, decode="hybrid")
     assert L.LoaderOptions(decode="hybrid", cpu_share=0.5).cpu_share == 0.5
+    assert L.LoaderOptions(decode="hybrid", cpu_share=L.RATES).cpu_share == L.RATES
+    with pytest.raises(ConfigError, match="cpu_share='half': .* or 'rates'"):
+        L.LoaderOptions(decode="hybrid", cpu_share="half")
+
+
+def test_hybrid_split_default_is_the_measured_share_for_the_task():
+    """The hybrid path holds the CPU share measured best for its task where a rank has the workers those
+    measurements had; with fewer, or when asked for ("rates"), the split follows both sides' measured rates."""
+    assert L.hybrid_split(None, "train", 15) == L.HYBRID_CPU_SHARE["train"] == 0.75
+    assert L.hybrid_split(None, "eval", 31) == L.HYBRID_CPU_SHARE["eval"] == 0.6
+    assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1) == L.RATES
+    assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
+    assert L.hybrid_split(0.3, "eval", 2) == 0.3
 
