@@ -43,11 +43,12 @@ from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
 from gpufeed.pipelines.loader import (AUTO, DECODES, FIXED_SHARE_MIN_WORKERS, HYBRID_CPU_SHARE, MAX_DEFAULT_WORKERS,
-                                      RATES, LoaderOptions, default_workers, hybrid_split)
+                                      RATES, LoaderOptions, default_read_ahead, default_workers, hybrid_split)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
-#: first (``on``), or reads record by record (``off``, the loader's default).
-READ_AHEADS = ("on", "off")
+#: first (``on``), or reads record by record (``off``), or as the loader does by default (``auto``: on for
+#: several ranks, :func:`~gpufeed.pipelines.loader.default_read_ahead`).
+READ_AHEADS = ("auto", "on", "off")
 
 TASKS = ("train", "infer")
 #: Batch sizes of the published H200 measurements (shared/PERFORMANCE.md).
@@ -707,9 +708,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rank's under `ranks`")
     parser.add_argument("--decode-threads", type=int, default=2,
                         help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
-    parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="off",
+    parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="auto",
                         help="on: each DataLoader worker starts reading every record of its batch before it uses the "
-                             "first; off: record by record (the loader's default); on,off measures both")
+                             "first; off: record by record; auto: the loader's default (on where --gpus ranks share "
+                             "the node); on,off measures both")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
                              "inference servers do; the loop's thread then launches one graph per batch")
@@ -724,6 +726,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "split set from both sides' measured rates) (default: the loader's, "
                              f"{HYBRID_CPU_SHARE['train']} training and {HYBRID_CPU_SHARE['eval']} inference with "
                              f"{FIXED_SHARE_MIN_WORKERS} workers or more, else {RATES})")
+
+
+def _read_aheads(asked, gpus: int) -> tuple[str, ...]:
+    """``--read-ahead`` as the runs use it: ``auto`` becomes the loader's default for ``gpus`` ranks, so each
+    row records what its workers did."""
+    auto = "on" if default_read_ahead(gpus) else "off"
+    return tuple(dict.fromkeys(auto if r == "auto" else r for r in asked))
 
 
 def _share(text: str) -> float | str:
@@ -787,7 +796,7 @@ def options_from_args(args) -> TrainOptions:
                         workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
-                        decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=tuple(args.read_ahead),
+                        decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=_read_aheads(args.read_ahead, args.gpus),
                         cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
                         fit_steps=fit_steps)
 

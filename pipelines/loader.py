@@ -93,6 +93,12 @@ HYBRID_CPU_SHARE = {"train": 0.75, "eval": 0.6}
 FIXED_SHARE_MIN_WORKERS = 12
 
 
+def default_read_ahead(ranks: int = 1) -> bool:
+    """Whether the DataLoader workers read each batch ahead by default: where several ranks share the node
+    (their cold reads together are what the disk limits; see :class:`Loader`)."""
+    return ranks > 1
+
+
 def hybrid_split(cpu_share, augment: str, workers: int):
     """The hybrid path's split for a loader asked for ``cpu_share`` (a float, ``"rates"`` or None for the
     default): a fixed CPU share of each batch, or :data:`RATES`."""
@@ -245,8 +251,10 @@ class Loader:
 
     ``read_ahead``: each DataLoader worker asks the kernel for every record of its batch before reading the
     first (:meth:`~gpufeed.formats.base.Reader.prefetch`), so a cold batch is read at the disk's queue depth,
-    not one record at a time. Off by default: on the H200 machine's local NVMe it fed no better (16 workers
-    reading one record each already keep that disk busy); for a higher-latency mount, measure it there with
+    not one record at a time. By default (None) on where several ranks share the node (``world_size`` > 1):
+    4 H100 ranks from a cold virtio disk got 0.923 each with it against 0.628 without, 2 ranks 0.941 against
+    0.946 (results/gpu-ranks-h100x4.txt); off for one rank, which on the H200 machine's local NVMe fed no
+    better with it (16 workers reading one record each already keep that disk busy). Measure a mount with
     ``gpufeed bench train --read-ahead on,off``.
 
     ``cpu_share``: ``hybrid`` only, the share of each batch the CPU workers decode. By default
@@ -266,7 +274,9 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool = False, cpu_share: float | str | None = None, worker_nice: int = WORKER_NICE):
+                 read_ahead: bool | None = None, cpu_share: float | str | None = None,
+                 worker_nice: int = WORKER_NICE):
+        read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,

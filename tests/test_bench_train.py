@@ -391,3 +391,10 @@ def test_hybrid_rows_record_the_split_the_loader_held():
     assert fixed("train", workers=15, cpu_share="rates") is None
     assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
+
+
+def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
+    """--read-ahead auto (the default) runs as the loader would for that many ranks, and the rows say which."""
+    assert train._read_aheads(("auto",), 1) == ("off",)
+    assert train._read_aheads(("auto",), 4) == ("on",)
+    assert train._read_aheads(("auto", "on", "off"), 2) == ("on", "off")

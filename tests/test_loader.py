@@ -436,3 +436,8 @@ def test_hybrid_split_default_is_the_measured_share_for_the_task():
     assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
     assert L.hybrid_split(0.3, "eval", 2) == 0.3
 
+
+
+def test_read_ahead_by_default_only_where_ranks_share_the_node():
+    assert L.default_read_ahead(1) is False
+    assert L.default_read_ahead(2) is True and L.default_read_ahead(4) is True
