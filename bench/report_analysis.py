@@ -144,8 +144,8 @@ def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
         return ["Rows from several GPUs without a run from a format: nothing to compare."]
     blocks: list[Block] = []
     table = Table("Several GPUs, one DistributedDataParallel rank and one loader each, per configuration",
-                  ["task", "GPUs", "format", "tier", "decode", "each rank img/s", "each rank AU", "slowest AU",
-                   "total img/s", "cores (slowest rank)", "what limits it"], [])
+                  ["task", "GPUs", "format (stored)", "tier", "cache", "decode", "each rank img/s", "each rank AU",
+                   "slowest AU", "total img/s", "cores (slowest rank)", "what limits it"], [])
     for task in sorted({params(r).get("task") for r in runs}):
         base = [x["per_s"] for r in synthetic if params(r).get("task") == task for x in r["ranks"]]
         mine = [r for r in runs if params(r).get("task") == task]
@@ -160,8 +160,10 @@ def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
                          f"below {AU_TARGET:.0%}: not fed."))
         for r in sorted(mine, key=lambda r: (str(params(r).get("decode")), str(r.get("format")))):
             q, ranks = params(r), r.get("ranks") or []
-            table.rows.append([str(task), str(q.get("gpus")), str(r.get("format")), tier_label(r),
-                               str(q.get("decode")), " / ".join(fmt_num(x["per_s"]) for x in ranks),
+            how = stored(r)
+            table.rows.append([str(task), str(q.get("gpus")), str(r.get("format")) + (f" ({how})" if how else ""),
+                               tier_label(r), "cold" if q.get("cold") else "warm (--no-cold)",
+                               loader_label(r), " / ".join(fmt_num(x["per_s"]) for x in ranks),
                                " / ".join(fmt_pct(x["au"]) for x in ranks), fmt_pct(figure(r, "au")),
                                fmt_num(r.get("total_per_s")), _cores(r), limit_text(r)])
     blocks.append(table)
@@ -297,11 +299,14 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     if not any((params(r).get("gpus") or 1) > 1 for r in train):
         return []
     warm = [r for r in train if served_from_cache(r)]
-    train = [r for r in train if not served_from_cache(r)]
+    asked_warm = [r for r in train if not params(r).get("cold")]  # --no-cold: the page cache, by request
+    train = [r for r in train if params(r).get("cold") and not served_from_cache(r)]
     groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for r in train:
         p = params(r)
-        key = (str(p.get("model")), str(p.get("task")), str(p.get("accelerator")), tier_label(r), str(r.get("format")))
+        how = stored(r)
+        key = (str(p.get("model")), str(p.get("task")), str(p.get("accelerator")), tier_label(r),
+               str(r.get("format")) + (f" ({how})" if how else ""))
         n = int(p.get("gpus") or 1)
         if n not in groups[key] or figure(r, "au") > figure(groups[key][n], "au"):
             groups[key][n] = r
@@ -339,6 +344,10 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                       + ", ".join(sorted({f"{params(r).get('gpus') or 1} GPU{'s' if (params(r).get('gpus') or 1) > 1 else ''}"
                                           f" {params(r).get('decode')} {fmt_pct(device_share(r))}" for r in warm}))
                       + ").")
+    if asked_warm:
+        blocks.append(f"Left out: {len(asked_warm)} run{'s' if len(asked_warm) > 1 else ''} with the data in the page "
+                      "cache by request (`--no-cold`): what the loader feeds with the disk out of the way, listed "
+                      "under 'Several GPUs on one node'.")
     return blocks
 
 

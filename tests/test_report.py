@@ -368,7 +368,7 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
     assert "it consumes 4,595 img/s when it never waits" in answer and "3,635" not in answer
     assert ("resnet50 train on 2 x NVIDIA H200: each rank consumes 4,224 img/s when it never waits. Best: lmdb "
             "with hw decoding, slowest rank at AU 86.1%, 7,289 img/s in all; below 90%: not fed.") in ranks
-    assert "| train | 2 | lmdb | local | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 | - |" in ranks
+    assert "| train | 2 | lmdb | local | cold | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 | - |" in ranks
     # The answer's first lines: how many real GPUs each disk fed, from the runs with 1 and 2 ranks.
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "f"), "f").split("## The answer")[1]
     # (The one-GPU inference runs of that call read 10-47% of their records from the disk, the rest from the page
@@ -379,7 +379,7 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
     assert "| resnet50 | train | NVIDIA H200 | local | recordio | 1 | 1: " in fed
     # The rows measured since say, per configuration below 90%, what limited it.
     ranks = report.render_markdown(report.build_report(rows), str(tmp_path / "s"), "s").split("## Several GPUs")[1]
-    assert ("| train | 2 | recordio | local | hybrid | 3,851 / 3,865 | 88.3% / 88.6% | 88.3% | 7,715 | 6.58 | no "
+    assert ("| train | 2 | recordio | local | cold | hybrid | 3,851 / 3,865 | 88.3% / 88.6% | 88.3% | 7,715 | 6.58 | no "
             "resource at 90% of its ceiling (disk: 0.56 of 1.64 GB/s; CPU: 44% of 32 cores busy; JPEG engines: "
             "2,063 of 13,000 img/s): the loader itself limits this run, not the disk |") in ranks
 
@@ -465,11 +465,31 @@ def test_a_run_marked_cold_that_read_from_the_page_cache_is_not_counted_as_cold(
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h100x4.jsonl")
-    text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    earlier = [r for r in load_results(path) if "session 4" not in r.get("call", "")]
+    text = report.render_markdown(report.build_report(earlier), str(tmp_path / "r"), "r")
     answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
     assert ("| resnet50 | train | NVIDIA H100 80GB HBM3 | local | recordio | 1 | 1: 99.6% (cpu), 2: 86.7% (hybrid), "
             "3: 87.0% (hybrid), 4: 85.5% (hybrid) | disk: 1.42 of 1.12 GB/s |") in answer
     assert "Left out: 4 runs marked cold whose disk read under 50% of the bytes of the records consumed" in answer
-    assert ("| train | 4 | recordio | local | hybrid | 3,082 / 3,083 / 3,084 / 3,090 | 84.1% / 84.2% / 84.3% / 84.4% | "
+    assert ("| train | 4 | recordio | local | cold | hybrid | 3,082 / 3,083 / 3,084 / 3,090 | 84.1% / 84.2% / 84.3% / 84.4% | "
             "84.1% | 12,338 | 2.37 | not a cold measurement: the disk read 0% of the bytes of the records the run "
             "consumed, the rest came from the page cache |") in ranks
+
+
+def test_the_gpus_fed_answer_counts_cold_runs_only_and_says_how_images_were_stored(tmp_path):
+    """Session 4 of results/gpu-ranks-h100x4.jsonl: 4 ranks fed at 92.3% cold (hybrid, read-ahead), runs with the
+    data in the page cache by request (--no-cold) left out of the count and said so, and inference from images
+    stored as 224 centre crops counted apart from photos as captured."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h100x4.jsonl")
+    text = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
+    assert ("| resnet50 | train | NVIDIA H100 80GB HBM3 | local | recordio | 4 | 1: 99.6% (cpu), 2: 94.6% (hybrid), "
+            "3: 87.0% (hybrid), 4: 92.3% (hybrid) | - |") in answer
+    assert ("| resnet50 | infer | NVIDIA H100 80GB HBM3 | local | recordio (--size 224x224 --center-crop) | 1 | "
+            "1: 91.3% (cpu), 4: 82.6% (cpu) | disk: 1.29 of 1.21 GB/s |") in answer
+    assert "Left out: 6 runs with the data in the page cache by request (`--no-cold`)" in answer
+    assert ("| train | 4 | recordio | local | cold | hybrid, read-ahead, CPU share 0.75 | 3,350 / 3,350 / 3,343 / "
+            "3,360 |") in ranks
+    assert "| train | 4 | recordio | local | warm (--no-cold) | hybrid, CPU share 0.70 |" in ranks
