@@ -11,6 +11,12 @@
 #   RUNS="2:train" DECODES=auto,hw OUT=$OUT bash scripts/gpu_ranks.sh   # a subset (RUNS: GPUS:TASK ...)
 #   WORKERS=16 ...                                                       # workers per rank (default: the loader's)
 #   EMULATED=essd-pl1 ...      # also an emulated cloud tier on the same disk, one device shared by every rank
+#   DATA=/tmp/r224 DATASET_ARGS="--size 224x224 --center-crop" ...   # a dataset stored another way (built once)
+#   WARM=1 ...                 # the dataset read into the page cache first and never evicted (--no-cold): what
+#                              # the loader feeds when the disk is out of the way
+#   CPU_SHARE=0.8 ...          # hybrid: a fixed share of each batch decoded by the CPU workers
+#   READ_AHEAD=on,off ...      # each worker starts every record of its batch reading at once, and not
+#   DEADLINE_AT=<epoch s> ...  # one deadline for several invocations (scripts/gpu_ranks_infer.sh)
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,25 +26,33 @@ RESULTS=$OUT/${RESULTS_NAME:-gpu-ranks-h200x2.jsonl}
 [ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
-START=$SECONDS
+NOW=$(date +%s)
+DEADLINE_AT=${DEADLINE_AT:-$(( NOW + ${DEADLINE_S:-570} ))}
 stamp "machine: $(nproc) cores; NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-unset}" \
   "TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST-unset}"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader || true
 nvidia-smi topo -m 2>/dev/null | head -4 || true
 DATA=${DATA:-/tmp/gpufeed-ranks}
 # Each rank reads N/2 records: enough for the warm-up (>= 2 s at ~4,600 img/s) and the timed steps, cold.
-[ -f "$DATA/bench_dataset.json" ] || { stamp "building ${N:-48000} images"; \
-  python3 -m gpufeed bench dataset "$DATA" -n "${N:-48000}" --workers "$(nproc)"; }
+[ -f "$DATA/bench_dataset.json" ] || { stamp "building ${N:-48000} images ${DATASET_ARGS:-as captured}"; \
+  python3 -m gpufeed bench dataset "$DATA" -n "${N:-48000}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" \
+    --workers "$(nproc)" ${DATASET_ARGS:-}; }
+COLD=--cold
+if [ "${WARM:-0}" = 1 ]; then
+  stamp "reading $DATA into the page cache"
+  python3 -c "import sys; from gpufeed.bench.cache import warm; print(warm(sys.argv[1], threads=64) >> 20, 'MiB read')" "$DATA"
+  COLD=--no-cold
+fi
 for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   gpus=${run%%:*} task=${run#*:}
   steps=${TRAIN_STEPS:-30}; [ "$task" = infer ] && steps=${INFER_STEPS:-20}
-  left=$(( ${DEADLINE_S:-570} - (SECONDS - START) ))
+  left=$(( DEADLINE_AT - $(date +%s) ))
   if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
   limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
   stamp "--gpus $gpus, $task, decode ${DECODES:-auto,hw,cpu} (at most $limit s)"
-  timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" \
+  timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" "$COLD" \
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
-    ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
 done
 stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 29 item 4 in one call on the 4-GPU machine: ResNet-50 inference on 4 ranks against 1 GPU on the same
+# host, cold local disk, recordio, in passes of scripts/gpu_ranks.sh over datasets stored three ways:
+#   captured   as captured (118 KB photos): decode auto (the loader's choice) and hw;
+#   r224       `--size 224x224 --center-crop` (the 1-GPU inference recipe, ~31 KB JPEGs): decode cpu;
+#   r160       `--resize 160` (~18 KB JPEGs, the eval crop upscaled to 224): decode cpu, 4 ranks;
+#   warm       training on 4 ranks with the captured dataset in the page cache (WARM=1): what the loader feeds
+#              when the disk is out of the way, decode auto, hw and cpu;
+#   share      the same, hybrid at fixed CPU shares (SHARES, default "0.7 0.8") (not in the default passes);
+#   confirm    training with the loader's default split: 4 ranks warm (auto), then 2 and 4 ranks cold (auto, cpu,
+#              hw) (not in the default passes).
+# PASSES picks some, in order (default: captured r224 warm r160). One deadline for the whole call (DEADLINE_S, default 570).
+#
+#   device run (kind nvidia-h200-x4), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks_infer.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# 192,000 records: 48,000 per rank of 4, 93 inference batches of 512, 30 of them held ahead by 15 workers.
+export OUT=${OUT:-$PWD/out} N=${N:-192000} FORMATS=${FORMATS:-recordio} INFER_STEPS=${INFER_STEPS:-30}
+export RESULTS_NAME=${RESULTS_NAME:-gpu-ranks-h100x4.jsonl}
+export DEADLINE_AT=$(( $(date +%s) + ${DEADLINE_S:-570} ))
+WHEELS=.whl-decode source scripts/device_setup.sh
+export INSTALL=0
+for pass in ${PASSES:-captured r224 warm r160}; do
+  case $pass in
+    captured) DATA=/tmp/gpufeed-ranks RUNS="4:infer 1:infer" DECODES=auto,hw bash scripts/gpu_ranks.sh ;;
+    r224) DATA=/tmp/gpufeed-ranks-224 DATASET_ARGS="--size 224x224 --center-crop" RUNS="4:infer 1:infer" DECODES=cpu \
+            bash scripts/gpu_ranks.sh ;;
+    r160) DATA=/tmp/gpufeed-ranks-160 DATASET_ARGS="--resize 160" RUNS="4:infer" DECODES=cpu \
+            bash scripts/gpu_ranks.sh ;;
+    warm) DATA=/tmp/gpufeed-ranks WARM=1 RUNS="4:train" DECODES=${WARM_DECODES:-auto,hw,cpu} bash scripts/gpu_ranks.sh ;;
+    confirm) # the loader's default hybrid share, warm and cold, against cpu and hw in the same call
+             DATA=/tmp/gpufeed-ranks WARM=1 RUNS="4:train" DECODES=auto bash scripts/gpu_ranks.sh
+             DATA=/tmp/gpufeed-ranks RUNS="2:train 4:train" DECODES=auto,cpu,hw bash scripts/gpu_ranks.sh ;;
+    share) for share in ${SHARES:-0.7 0.8}; do
+             DATA=/tmp/gpufeed-ranks WARM=1 RUNS="4:train" DECODES=hybrid CPU_SHARE=$share bash scripts/gpu_ranks.sh
+           done ;;
+  esac
+done
