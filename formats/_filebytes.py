@@ -231,7 +231,11 @@ class ByteSource:
                 mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                 mm.madvise(mmap.MADV_SEQUENTIAL)
                 self._mv = memoryview(mm)
+                # The map keeps its own hold on the file: one descriptor per source stays open, the random one
+                # (a loader's worker may hold a thousand shards open).
                 self._rfd = random_read_fd(self.path)
+                f.close()
+                f = None
         self._f = f
         self._pid = os.getpid()
 
@@ -287,7 +291,7 @@ class ByteSource:
         if self.compression is not None or not io.is_local(self.path):
             return 0
         self._open()
-        return advise_will_need(self._f.fileno(), extents)
+        return advise_will_need(self._rfd if self._rfd is not None else self._f.fileno(), extents)
 
     def read_random(self, offset: int, n: int):
         """``n`` bytes at ``offset`` (fewer at end of file) read at random: one ``pread`` through the descriptor

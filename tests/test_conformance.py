@@ -428,6 +428,20 @@ def test_a_cold_random_read_fetches_its_record_not_its_neighbours(fmt_name, tmp_
     assert read < 1.1 * size * len(wanted), f"{read / (size * len(wanted)):.2f}x the records' bytes"
 
 
+def test_a_file_reader_holds_one_descriptor(fmt_name, tmp_path, rng):
+    """A loader's worker may hold a thousand shards open: a mapped file reader keeps one descriptor of its own
+    (the one random reads and their read-ahead hints go through) beside the one Python's memory map holds (a
+    duplicate it keeps before Python 3.13), as many as before random reads had theirs."""
+    if fmt_name == "lmdb":
+        pytest.skip("an LMDB's descriptors are LMDB's own (its data and lock files)")
+    path = write(fmt_name, output_path(fmt_name, tmp_path), image_samples(rng, 4))
+    before = len(os.listdir("/proc/self/fd"))
+    with get_format(fmt_name).reader(path) as r:
+        r[2], list(r)
+        assert len(os.listdir("/proc/self/fd")) - before <= 2
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_prefetch_is_a_no_op_under_an_emulated_tier(fmt_name, tmp_path, rng):
     """An emulated tier charges and paces every read as it comes: a read-ahead behind its back would serve later
     reads from the page cache at the real disk's speed, so there is none."""
