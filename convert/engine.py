@@ -151,7 +151,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     for s in splits:
         if s not in available:
             raise ConfigError(f"--split {s!r} is not in {options.src}; it holds {', '.join(available) or 'no splits'}")
-    plans, items_by_split, listed = {}, {}, {}
+    plans, items_by_split, listed, known_by_split = {}, {}, {}, {}
     for s in splits:
         items = source.items(s)
         if options.list_file is not None:
@@ -171,7 +171,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             shards = max(1, round(input_bytes(items, cache) / options.shard_bytes))
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
                               shards, options.shard_size, identities=known)
-        items_by_split[s] = items
+        items_by_split[s], known_by_split[s] = items, known
     t0.mark("listed")
     if ray_start is not None and not options.pool_converts:
         ray_start.begin()  # (where the local processes convert, Ray starts only once a shard needs it)
@@ -221,8 +221,16 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             # Kept in the journal, as the manifest is removed until this run finishes: a run killed meanwhile
             # still proves the earlier splits' files, and its rerun writes them into the manifest.
             journal.append({"event": "joined", "manifest": joined})
-        for s, plan in plans.items():
+        for s, plan in list(plans.items()):
             items = items_by_split[s]
+            planned = journal.planned_shards(s, plan.digest)
+            if planned is not None and planned != len(plan.shards):
+                # Resumed with the same options: the split keeps the shards it was planned in, even where this
+                # gpufeed's default count differs from the one that started it.
+                plan = plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
+                                             planned, identities=known_by_split[s])
+                if progress is not None:
+                    progress.phase(f"resuming {s} in the {planned} shards it was planned in")
             journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
                 identities([items[i] for i in plan.order[sp.start:sp.stop]], options.strict)))
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)

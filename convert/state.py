@@ -233,6 +233,14 @@ class Journal:
                                   "destination and rerun the same command to resume") from e
             self.events.extend(events)
 
+    def planned_shards(self, split: str, digest: str) -> int | None:
+        """The shard count ``split`` was planned with when this conversion started, where its inputs' keys are
+        the same now (``digest``); None for a split not planned yet, or planned from other inputs."""
+        for e in self.events:
+            if e["event"] == "plan" and e["split"] == split and e["digest"] == digest:
+                return e["shards"]
+        return None
+
     def check_plan(self, split: str, plan, items: list, strict: bool = False, digest_of=None) -> None:
         """Record a split's plan, or refuse to resume if the source changed since it was journalled: other
         inputs, or, in a shard already converted, the same names with other contents or labels (named in

@@ -336,8 +336,10 @@ def test_label_offset_gives_tensorflow_labels_in_tfrecord_only(src, tmp_path, ra
 @pytest.mark.parametrize("n, shard_size, shards", [
     (1204, None, 12),    # a small split still shared by several workers (it was one shard of 1,204)
     (50, None, 1),       # too few samples for shards of 100
-    (50_000, None, 40),  # ImageNet val: 1,250 a shard, as TensorFlow's layout
-    (1_281_167, None, 1025),
+    (50_000, None, 32),  # ImageNet val: ~1,250 a shard, a power of two
+    (300_000, None, 256),  # 4 whole waves on 64 workers, where 240 shards made 3.75
+    (1_281_167, None, 1024),  # TensorFlow's ImageNet layout: 1,024 train shards
+    (20_000, None, 16),
     (1204, 1250, 1),     # a size the user gives is kept
 ])
 def test_default_shards_come_from_the_split_alone(n, shard_size, shards):

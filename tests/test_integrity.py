@@ -106,6 +106,36 @@ def test_a_replaced_input_is_noticed_on_resume_and_named(src, tmp_path):
     verify(str(out))
 
 
+def test_a_resume_keeps_the_shards_its_conversion_was_planned_in(src, tmp_path, monkeypatch):
+    """A conversion started by a gpufeed whose default shard count differs (here: shards of 2 samples) resumes,
+    with the same options, in the shards it was planned in: the output is byte for byte what that gpufeed
+    makes in one run."""
+    from gpufeed.convert import plan as plan_mod
+
+    out = tmp_path / "out"
+    opts = options(src, out, workers=1, splits=("train",), formats=("tfrecord", "recordio"), shard_size=None)
+    with monkeypatch.context() as m:  # the earlier default
+        m.setattr(plan_mod, "MIN_SHARD_SAMPLES", 2)
+        with pytest.raises(KeyboardInterrupt):
+            convert(opts, StopAfter(2))
+    planned = next(json.loads(line)["shards"] for line in open(out / ".gpufeed" / "journal.jsonl")
+                   if json.loads(line)["event"] == "plan")
+    assert planned > 2 and plan_mod.default_shards(len(options_items(opts))) != planned
+    convert(opts)
+    verify(str(out))
+    fresh = tmp_path / "fresh"
+    with monkeypatch.context() as m:  # the whole conversion, uninterrupted, by the earlier default
+        m.setattr(plan_mod, "MIN_SHARD_SAMPLES", 2)
+        convert(dataclasses.replace(opts, out=str(fresh)))
+    assert tree_bytes(out) == tree_bytes(fresh)
+
+
+def options_items(opts):
+    from gpufeed.pipelines import open_source
+
+    return open_source(opts.dataset, opts.src).items("train")
+
+
 def test_an_input_replaced_before_its_shard_converts_is_taken_as_it_is_now(src, tmp_path):
     """Only converted shards bind a resume to their inputs: one not converted yet reads its files then."""
     source = tmp_path / "imagenet"
