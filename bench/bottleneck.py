@@ -4,7 +4,8 @@ at 90% of it or more; where none was, the loader itself (a defect to fix, never 
 A row of ``gpufeed bench train`` carries ``resources`` (:func:`resources`): the data's block device (MB/s read
 against the disk's measured cold ceiling for the records' size at the loader's queue depth,
 :func:`gpufeed.bench.hostdisk.ceiling`, or an emulated tier's own limit), the share of every core busy, the JPEG
-decodes per second on each path (CPU workers, the GPU's engines) against the engines' rate, and the slowest
+decodes per second on each path (CPU workers, the GPU's engines) against the engines' rate and, on the CPU,
+against what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), and the slowest
 rank's share of time waiting for data and of its main thread's time running (the thread that takes each batch and
 launches the model's kernels). :func:`limit` names the resource that limited a run that missed
 :data:`MISSED` AU, in words a report prints as they are.
@@ -50,9 +51,12 @@ def cache_text(row: dict) -> str:
             "consumed, the rest came from the page cache")
 
 
-def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, cores: int) -> dict:
+def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, cores: int,
+              cpu_decode: dict | None = None) -> dict:
     """The ``resources`` block of a train row from its (slowest rank's) metrics: ``ceiling`` the disk's
-    (``mb_per_s``, ``pattern``, ``source``), ``engines_per_s`` one GPU's JPEG engines' rate where they decode."""
+    (``mb_per_s``, ``pattern``, ``source``), ``engines_per_s`` one GPU's JPEG engines' rate where they decode,
+    ``cpu_decode`` what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), set
+    beside the CPU workers' decodes on the whole node (every rank's, ``node_cpu_decodes_per_s``)."""
     m = row.get("metrics") or {}
 
     def median(name):
@@ -70,9 +74,11 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
             decodes["hw"] = rate * (1.0 - cpu)
         if decode == "gpu":
             decodes["gpu"] = rate
+    node_cpu = decodes["cpu"] * int(p.get("gpus") or 1) if "cpu" in decodes else None
     out = {"disk_read_mb_per_s": median("disk_read_mb_per_s"), "disk_busy": median("disk_busy"),
            "disk_ceiling": ceiling, "cpu_busy": median("cpu_busy"), "cores": cores,
            "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
+           "node_cpu_decodes_per_s": node_cpu, "cpu_decode_ceiling": cpu_decode if node_cpu else None,
            "main_thread_busy": median("main_thread_busy"), "wait_share": median("data_wait_share")}
     return {k: v for k, v in out.items() if v not in (None, {})}
 
@@ -89,11 +95,16 @@ def limit(row: dict) -> dict | None:
     disk, ceiling = r.get("disk_read_mb_per_s"), (r.get("disk_ceiling") or {}).get("mb_per_s")
     hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
     busy, main = r.get("cpu_busy"), r.get("main_thread_busy")
+    decoded, decode_top = r.get("node_cpu_decodes_per_s"), (r.get("cpu_decode_ceiling") or {}).get("img_per_s")
     # (resource, its use, its ceiling, what to print): a share of the cores, or the thread that takes the GPU's
     # batches and launches its kernels (the GPU starved while it was this busy: with the launch queue empty it
     # does not spin, so its time went to the loop's own host work).
     checks = [("disk", disk, ceiling, lambda: f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s"),
               ("cpu", busy, 1.0, lambda: f"CPU: {busy:.0%} of {r.get('cores', '?')} cores busy"),
+              # The cores' busy share under-states a CPU of hyper-threads: set their decodes beside what every
+              # core decodes at once, measured.
+              ("cpu", decoded, decode_top,
+               lambda: f"CPU decode: {decoded:,.0f} of {decode_top:,.0f} img/s (every core decoding at once)"),
               ("engines", hw, engines, lambda: f"JPEG engines: {hw:,.0f} of {engines:,.0f} img/s"),
               ("main thread", main, 1.0, lambda: f"the rank's main thread: {main:.0%} of one core")]
     found, seen = [], []

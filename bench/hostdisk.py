@@ -143,33 +143,22 @@ def random_pattern(request_bytes: int, queue_depth: int) -> str:
 CEILINGS_FILE = "hostdisk-ceilings.json"
 
 
-def _ceilings_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpufeed", CEILINGS_FILE)
-
-
 def ceiling(directory: str, record_bytes: int, queue_depth: int, seconds: float = 2.0,
             file_bytes: int = 1024 * MiB) -> dict | None:
     """The cold random-read ceiling of the disk under ``directory`` for requests of ``record_bytes`` (rounded up
     to 4 KiB) at ``queue_depth``: ``mb_per_s``, ``iops``, ``pattern``, ``disk``, ``measured`` (when). Measured
     once per disk, request size and queue depth, and kept (:data:`CEILINGS_FILE` in the user cache); ``None``
     where the test's reads did not come from the device (the page cache could not be evicted)."""
-    import json
-
+    from gpufeed.bench.kept import keep, kept
     from gpufeed.bench.results import disk_info
 
     info = disk_info(directory)
     disk = ":".join(str(info.get(k)) for k in ("disk", "model", "size_bytes", "fstype"))
     size = -(-max(1, int(record_bytes)) // (4 * KiB)) * 4 * KiB
     key = f"{disk}|{random_pattern(size, queue_depth)}"
-    path = _ceilings_path()
-    try:
-        with open(path) as f:
-            kept = json.load(f)
-    except (OSError, ValueError):
-        kept = {}
-    if key in kept:
-        return kept[key]
+    found = kept(CEILINGS_FILE, key)
+    if found is not None:
+        return found
     test = test_file(directory, file_bytes)
     try:
         evict(test)
@@ -180,12 +169,7 @@ def ceiling(directory: str, record_bytes: int, queue_depth: int, seconds: float 
         return None
     found = {"mb_per_s": r["mb_per_s"], "iops": r["iops"], "pattern": r["pattern"], "disk": disk,
              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    kept[key] = found
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(kept, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    keep(CEILINGS_FILE, key, found)
     return found
 
 

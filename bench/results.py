@@ -64,7 +64,7 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -312,7 +312,7 @@ def thread_cpu_seconds(tid: int | None = None) -> float | None:
 
 def machine_info(data_path: str | None = None) -> dict[str, Any]:
     """CPU, cores, RAM, GPUs, kernel, and (given ``data_path``) the disk and filesystem holding the data."""
-    info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": _cpu_model(),
+    info = {"hostname": socket.gethostname(), "kernel": platform.release(), "cpu": cpu_model(),
             "logical_cores": os.cpu_count(), "physical_cores": _physical_cores(),
             "usable_cores": usable_cores(),
             "ram_bytes": _ram_bytes(), "gpus": _gpus()}

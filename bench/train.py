@@ -454,6 +454,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
     rows = []
     unit = "seq/s" if opts.ptb else "img/s"
     ceilings = _disk_ceilings(dst, info, formats, tiers, opts)
+    cpu_ceilings = _cpu_decode_ceilings(dst, info, formats, opts)
 
     def emit(row):
         row = writer.write(row) if writer is not None else row
@@ -478,7 +479,8 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
             from gpufeed.bench.bottleneck import limit, resources
             from gpufeed.pipelines.loader import HW_RATE
 
-            row["resources"] = resources(row, ceilings.get((first.tier, first.fmt)), HW_RATE, usable_cores())
+            row["resources"] = resources(row, ceilings.get((first.tier, first.fmt)), HW_RATE, usable_cores(),
+                                         cpu_ceilings.get(first.task))
             row["limit"] = limit(row)
         return row
 
@@ -515,6 +517,24 @@ def _fitted_steps(opts: TrainOptions, info: dict, log: Callable[[str], None]) ->
     log(f"the dataset holds {held} batches per rank, {ahead} of them read ahead by the workers: {warmup} warm-up "
         f"and {batches - warmup} timed steps (a larger dataset, `gpufeed bench dataset -n`, measures more)")
     return dataclasses.replace(opts, warmup_steps=warmup, steps=batches - warmup)
+
+
+def _cpu_decode_ceilings(dst: str, info: dict, formats: list[str], opts: TrainOptions) -> dict:
+    """``{task: ceiling}``: what every core decodes and crops at once from this dataset's records, for the tasks
+    whose rows decode on the CPU (:func:`gpufeed.bench.cpuceiling.decode_ceiling`, measured once per machine and
+    kept); nothing for CIFAR's and Penn Treebank's stored pixels and ids."""
+    if opts.cifar or opts.ptb or not set(opts.decodes) & {"cpu", "hybrid", AUTO} or not formats:
+        return {}
+    from gpufeed.bench.cpuceiling import decode_ceiling
+
+    fmt = formats[0]
+    path = info["formats"][fmt]["paths"][0]
+    out = {}
+    for task in opts.tasks:
+        found = decode_ceiling(fmt, path, task == "train", opts.image_size)
+        if found:
+            out[task] = {**found, "source": "measured on this machine, every core decoding at once"}
+    return out
 
 
 def _disk_ceilings(dst: str, info: dict, formats: list[str], tiers: list, opts: TrainOptions) -> dict:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 
 import numpy as np
+
 import pytest
 
 from gpufeed.bench import train, train_models
@@ -327,6 +329,14 @@ def test_the_answer_says_what_limits_the_closest_configuration():
     ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.2, "cores": 64,
       "main_thread_busy": 0.97}, 0.84, ("main thread", "the rank's main thread: 97% of one core")),
     ({"disk_read_mb_per_s": 4900.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.99}, 0.95, None),
+    # 4 ranks' CPU workers decoding 13,100 img/s with only 79% of 64 vCPUs busy (hyper-threads): the cores'
+    # measured decode ceiling says the CPU is the limit.
+    ({"disk_read_mb_per_s": 0.0, "disk_ceiling": {"mb_per_s": 1750.0}, "cpu_busy": 0.79, "cores": 64,
+      "node_cpu_decodes_per_s": 13_100.0, "cpu_decode_ceiling": {"img_per_s": 13_900.0}}, 0.89,
+     ("cpu", "CPU decode: 13,100 of 13,900 img/s (every core decoding at once)")),
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.4, "cores": 64,
+      "node_cpu_decodes_per_s": 6_000.0, "cpu_decode_ceiling": {"img_per_s": 13_900.0}}, 0.8,
+     (None, "CPU decode: 6,000 of 13,900 img/s")),
 ])
 def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loader(resources, au, expected):
     """Never the disk's fault unless the disk was at 90% of what it reads cold at that size and depth."""
@@ -339,6 +349,34 @@ def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loade
         assert found["resource"] == expected[0] and expected[1] in found["text"]
         if expected[0] is None:
             assert "disk: 0.30 of 5.00 GB/s" in found["text"] and "not the disk" in found["text"]
+
+
+def test_resources_set_every_ranks_cpu_decodes_beside_the_cores_ceiling():
+    """A row's CPU decodes are the slowest rank's img/s times its CPU share; on the node, every rank's."""
+    from gpufeed.bench.bottleneck import resources
+
+    row = {"median": 3_000.0, "params": {"decode": "hybrid", "gpus": 4},
+           "metrics": {"cpu_share": {"median": 0.75}, "cpu_busy": {"median": 0.6}}}
+    r = resources(row, None, 13_000.0, 64, {"img_per_s": 12_000.0})
+    assert r["decodes_per_s"] == {"cpu": 2_250.0, "hw": 750.0} and r["node_cpu_decodes_per_s"] == 9_000.0
+    assert r["cpu_decode_ceiling"] == {"img_per_s": 12_000.0}
+    hw = resources({**row, "params": {"decode": "hw", "gpus": 4}}, None, 13_000.0, 64, {"img_per_s": 12_000.0})
+    assert "cpu_decode_ceiling" not in hw and "node_cpu_decodes_per_s" not in hw
+
+
+def test_the_cores_decode_ceiling_is_measured_once_per_task_and_kept(dataset, tmp_path, monkeypatch):
+    """Every core decoding the dataset's own records at once, as the DataLoader workers do: a positive rate,
+    measured once for training crops and once for centre crops, then read back from the user cache."""
+    from gpufeed.bench.cpuceiling import CEILINGS_FILE, decode_ceiling
+    from gpufeed.bench.dataset import load_dataset_info
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = load_dataset_info(dataset)["formats"]["recordio"]["paths"][0]
+    train_ceiling = decode_ceiling("recordio", path, True, seconds=0.5, processes=2)
+    assert train_ceiling["img_per_s"] > 0 and train_ceiling["processes"] == 2
+    assert decode_ceiling("recordio", path, True, seconds=0.5, processes=2) == train_ceiling  # kept
+    assert decode_ceiling("recordio", path, False, seconds=0.5, processes=2)["measured"]
+    assert len(json.load(open(tmp_path / "cache" / "gpufeed" / CEILINGS_FILE))) == 2
 
 
 def test_a_cold_row_served_from_the_page_cache_says_so_instead_of_naming_a_limit():
