@@ -70,16 +70,16 @@ if [ ! -f "$DATA/expected.json" ]; then
   echo "== data in $DATA"
   rm -rf "$DATA/src" "$DATA/jpeg" "$DATA/raw" "$DATA/pass" "$DATA/edge" "$DATA"/src-cifar* "$DATA"/cifar*
   "$GPUFEED" synth imagenet "$DATA/src" --classes 4 --per-class 6 --val-per-class 2
-  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord --out "$DATA/jpeg" --resize 256 --shards 2 \
+  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord,webdataset --out "$DATA/jpeg" --resize 256 --shards 2 \
     --workers 1 --on-error skip --no-progress
-  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord --out "$DATA/raw" --size 32x32 \
+  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord,webdataset --out "$DATA/raw" --size 32x32 \
     --encode raw --normalize --split train --workers 1 --on-error skip --no-progress
-  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord --out "$DATA/pass" --encode pass \
+  "$GPUFEED" convert imagenet "$DATA/src" --to lmdb,recordio,tfrecord,webdataset --out "$DATA/pass" --encode pass \
     --split train --workers 1 --on-error skip --no-progress
   # CIFAR with each format's default encoding (raw Datums, PNG in RecordIO and TFRecord), as users convert it.
   for c in cifar10 cifar100; do
     "$GPUFEED" synth "$c" "$DATA/src-$c" --forms python
-    "$GPUFEED" convert "$c" "$DATA/src-$c" --to lmdb,recordio,tfrecord --out "$DATA/$c" --workers 1 --no-progress
+    "$GPUFEED" convert "$c" "$DATA/src-$c" --to lmdb,recordio,tfrecord,webdataset --out "$DATA/$c" --workers 1 --no-progress
   done
   "$PY" tests/interop/make_cases.py "$DATA"
 fi

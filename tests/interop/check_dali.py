@@ -1,5 +1,6 @@
 """Reads gpufeed's outputs with NVIDIA DALI's readers on the CPU: ``fn.readers.mxnet``, ``fn.readers.tfrecord``
-(with gpufeed's ``.idx`` files) and ``fn.readers.caffe``.
+(with gpufeed's ``.idx`` files), ``fn.readers.caffe`` and ``fn.readers.webdataset`` (with the shards' ``wds2idx``
+indexes).
 
 Run under an interpreter with nvidia-dali: ``python check_dali.py DATA_ROOT``; no GPU is needed (``device_id=None``
 builds a CPU-only pipeline). Each file is read one sample per batch through one epoch; payload bytes, labels and
@@ -128,6 +129,36 @@ def check_caffe(c: Checks, rel: str, spec: dict) -> None:
             c.equal(sha256(rgb.tobytes()), w["sha256"], f"{where}: bytes = the image's BGR CHW planes")
 
 
+def check_webdataset(c: Checks, rel: str, spec: dict) -> None:
+    """``fn.readers.webdataset`` with the shard's ``wds2idx`` index: each sample's payload member (``.jpg`` /
+    ``.png`` bytes, or a ``.npy`` of raw pixels) and its ``.cls`` label text."""
+    want = spec["records"]
+    raw = bool(want) and want[0]["kind"] == "raw"
+    encoded = bool(want) and want[0]["kind"] == "encoded"
+
+    @pipeline_def
+    def pipe():
+        payload, label = fn.readers.webdataset(paths=[c.path(rel)], index_paths=[c.path(spec["index"])],
+                                               ext=["npy" if raw else "jpg;png", "cls"],
+                                               missing_component_behavior="error", name="r")
+        return (payload, label, fn.decoders.image(payload, device="cpu")) if encoded else (payload, label)
+
+    for i, (w, out) in enumerate(zip(want, _epoch(pipe, rel, c, len(want)))):
+        where = f"{rel} sample {i}"
+        c.equal([int(out[1].tobytes())], [int(x) for x in w["labels"]], f"{where}: .cls label")
+        truth = c.class_label(dataset_of(rel), w["key"])
+        if truth is not None:
+            c.equal([int(out[1].tobytes())], [truth], f"{where}: label against classes.txt")
+        if raw:
+            import io
+
+            arr = np.load(io.BytesIO(out[0].tobytes()), allow_pickle=False)
+            c.equal([list(arr.shape), arr.dtype.name], [w["shape"], w["dtype"]], f"{where}: .npy shape and dtype")
+            c.equal(sha256(np.ascontiguousarray(arr).tobytes()), w["sha256"], f"{where}: .npy pixels")
+        else:
+            _check_image(c, where, out[0], out[2] if encoded else None, w)
+
+
 def main() -> None:
     c = Checks("dali", sys.argv[1])
     exp = c.expected
@@ -141,6 +172,8 @@ def main() -> None:
         c.run(f"fn.readers.tfrecord {rel} ({len(spec['records'])} records)", check_tfrecord, c, rel, spec)
     for rel, spec in exp["lmdb"].items():
         c.run(f"fn.readers.caffe {rel} ({len(spec['records'])} entries)", check_caffe, c, rel, spec)
+    for rel, spec in exp.get("webdataset", {}).items():
+        c.run(f"fn.readers.webdataset {rel} ({len(spec['records'])} samples)", check_webdataset, c, rel, spec)
     c.finish(f"nvidia-dali {dali.__version__}, CPU pipelines")
 
 

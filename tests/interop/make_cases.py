@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from gpufeed.formats import get_format
-from gpufeed.formats import recordio, tfrecord
+from gpufeed.formats import recordio, tfrecord, webdataset
 from gpufeed.formats.base import Sample
 from gpufeed.formats.caffe_datum import read_mean_binaryproto
 from gpufeed.pipelines.synth import synth_jpeg
@@ -141,7 +141,7 @@ def _read_all(fmt: str, path: str, **opts) -> list[dict]:
 
 def describe(root: str) -> dict:
     """What gpufeed reads in every output under ``root``: paths relative to ``root``."""
-    out = {"recordio": {}, "tfrecord": {}, "lmdb": {}, "mean": {}, "classes": {}}
+    out = {"recordio": {}, "tfrecord": {}, "lmdb": {}, "webdataset": {}, "mean": {}, "classes": {}}
     rel = lambda p: os.path.relpath(p, root)  # noqa: E731
     for rec in sorted(glob.glob(os.path.join(root, "*", "recordio", "*.rec"))):
         layout = recordio.read_sidecar(rec)
@@ -155,6 +155,9 @@ def describe(root: str) -> dict:
                                        "records": _read_all("tfrecord", shard)}
     for env in sorted(glob.glob(os.path.join(root, "*", "lmdb", "*_lmdb"))):
         out["lmdb"][rel(env)] = {"records": _read_all("lmdb", env)}
+    for tar in sorted(glob.glob(os.path.join(root, "*", "webdataset", "*.tar"))):
+        out["webdataset"][rel(tar)] = {"index": rel(webdataset.index_path(tar)),
+                                       "records": _read_all("webdataset", tar)}
     for mean in sorted(glob.glob(os.path.join(root, "*", "mean.binaryproto"))):
         m = read_mean_binaryproto(mean)
         out["mean"][rel(mean)] = {"shape": list(m.shape), "data": [float(x) for x in m.ravel()]}
@@ -171,7 +174,8 @@ def main() -> None:
     expected = describe(root)
     with open(os.path.join(root, "expected.json"), "w") as f:
         json.dump(expected, f)
-    counts = {k: sum(len(v["records"]) for v in expected[k].values()) for k in ("recordio", "tfrecord", "lmdb")}
+    counts = {k: sum(len(v["records"]) for v in expected[k].values())
+              for k in ("recordio", "tfrecord", "lmdb", "webdataset")}
     print(f"edge cases written; expected.json lists {counts}")
 
 
