@@ -145,7 +145,7 @@ CPU_ENOUGH_CORES = 24
 def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
     """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, and how many ranks
     share the node: ``cpu`` for the node's only rank with :data:`CPU_ENOUGH_CORES` cores or more (or without a
-    GPU); else ``hybrid`` (CPU workers and engines, each batch split by their measured rates) on a GPU with
+    GPU); else ``hybrid`` (CPU workers and engines sharing each batch, :func:`hybrid_split`) on a GPU with
     engines and nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores
 

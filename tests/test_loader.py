@@ -404,6 +404,10 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
 
     assert L.choose_decode("cpu") == ("cpu", "no CUDA GPU")
     cores = usable_cores()
+    # gpufeed.loader, the documented entry point, decodes where auto chooses unless told.
+    import inspect
+
+    assert inspect.signature(gpufeed.loader).parameters["decode"].default == L.AUTO
     assert L.default_workers() == max(1, min(L.MAX_DEFAULT_WORKERS, cores))
     assert L.default_workers(2) == max(1, min(L.MAX_DEFAULT_WORKERS, cores // 2 - 1))
     assert L.default_workers(cores * 4) == 1
