@@ -79,8 +79,15 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
     # Every process forks before the clock starts, then all decode over the same wall-clock window.
     start = time.time() + 1.0 + 0.02 * processes
     end = start + seconds
-    with multiprocessing.get_context("fork").Pool(processes) as pool:
+    pool = multiprocessing.get_context("fork").Pool(processes)
+    try:
         counts = pool.map(_decode_for, [(samples, train, size, start, end)] * processes)
+        # Told to finish, then joined: terminating a pool (what `with Pool()` does) in a process with Ray up
+        # left a worker waiting on the task queue's lock while the parent joined it, for good.
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()  # after an error; nothing left to stop after the join
     found = {"img_per_s": sum(counts) / seconds, "processes": processes,
              "per_process": sum(counts) / seconds / processes, "record_bytes": round(record),
              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
