@@ -56,23 +56,33 @@ def _read_samples(fmt: str, path: str, count: int) -> list:
 
 
 def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: float = 2.0,
-                   processes: int | None = None) -> dict | None:
+                   processes: int | None = None, record_bytes: float | None = None) -> dict | None:
     """Images per second every usable core decodes and crops at once (``img_per_s``; with ``processes``,
     ``per_process``, ``record_bytes``, ``measured``), as the DataLoader workers do for ``train`` (random
     resized crops) or evaluation (centre crops) at ``size``, from the records of the output at ``path``
     (``fmt``). Measured once per machine, task, size and record size and kept (:data:`CEILINGS_FILE`); None
-    where the output holds no records."""
+    where the output holds no records. ``record_bytes``: the output's mean record size where the caller knows
+    it (a benchmark dataset's description), so a kept ceiling is found without reading a record."""
     from gpufeed.bench.kept import keep, kept
     from gpufeed.bench.results import cpu_model
     from gpufeed.machine import usable_cores
 
     processes = processes or usable_cores()
+
+    def key_for(record: float) -> str:
+        bucket = max(1, round(record / SIZE_STEP))
+        return (f"{cpu_model()}|{processes} processes|{'train' if train else 'eval'}|{size}|"
+                f"~{bucket * SIZE_STEP // 1024} KiB")
+
+    if record_bytes:
+        found = kept(CEILINGS_FILE, key_for(record_bytes))
+        if found is not None:
+            return found
     samples = _read_samples(fmt, path, SAMPLE_RECORDS)
     if not samples:
         return None
     record = sum(len(s.payload) if isinstance(s.payload, bytes) else s.payload.nbytes for s in samples) / len(samples)
-    bucket = max(1, round(record / SIZE_STEP))
-    key = f"{cpu_model()}|{processes} processes|{'train' if train else 'eval'}|{size}|~{bucket * SIZE_STEP // 1024} KiB"
+    key = key_for(record_bytes or record)
     found = kept(CEILINGS_FILE, key)
     if found is not None:
         return found

@@ -124,7 +124,7 @@ class TrainOptions:
         default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
         if decode != "hybrid":
             return {}
-        split = hybrid_split(self.cpu_share, "train" if task == "train" else "eval", self.workers)
+        split = hybrid_split(self.cpu_share, augment_of(task), self.workers)
         return {} if split == RATES else {"cpu_share_fixed": split}
 
     def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
@@ -192,7 +192,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
     from gpufeed.pipelines.loader import Loader
 
     batch = opts.batch(task)
-    augment = "train" if task == "train" else "eval"
+    augment = augment_of(task)
     if opts.cifar and task == "train":
         augment = "cifar"
     if opts.ptb:
@@ -528,10 +528,11 @@ def _cpu_decode_ceilings(dst: str, info: dict, formats: list[str], opts: TrainOp
     from gpufeed.bench.cpuceiling import decode_ceiling
 
     fmt = formats[0]
-    path = info["formats"][fmt]["paths"][0]
+    described = info["formats"][fmt]
     out = {}
     for task in opts.tasks:
-        found = decode_ceiling(fmt, path, task == "train", opts.image_size)
+        found = decode_ceiling(fmt, described["paths"][0], task == "train", opts.image_size,
+                               record_bytes=described.get("record_bytes"))
         if found:
             out[task] = {**found, "source": "measured on this machine, every core decoding at once"}
     return out
@@ -746,6 +747,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "split set from both sides' measured rates) (default: the loader's, "
                              f"{HYBRID_CPU_SHARE['train']} training and {HYBRID_CPU_SHARE['eval']} inference with "
                              f"{FIXED_SHARE_MIN_WORKERS} workers or more, else {RATES})")
+
+
+def augment_of(task: str) -> str:
+    """The loader's augmentation for a task: training crops, or evaluation's centre crop for inference."""
+    return "train" if task == "train" else "eval"
 
 
 def _read_aheads(asked, gpus: int) -> tuple[str, ...]:

@@ -293,22 +293,6 @@ class ByteSource:
         self._open()
         return advise_will_need(self._rfd if self._rfd is not None else self._f.fileno(), extents)
 
-    def read_random(self, offset: int, n: int):
-        """``n`` bytes at ``offset`` (fewer at end of file) read at random: one ``pread`` through the descriptor
-        with no read-ahead (:func:`random_read_fd`) where the file is mapped, instead of page faults that follow
-        the map's sequential read-ahead; as :meth:`read_at` otherwise."""
-        self._open()
-        if self._rfd is None:
-            return self.read_at(offset, n)
-        n = max(0, min(n, len(self._mv) - offset))
-        data = os.pread(self._rfd, n, offset)
-        while len(data) < n:  # a short read (a signal): read on from where it stopped
-            more = os.pread(self._rfd, n - len(data), offset + len(data))
-            if not more:
-                break
-            data += more
-        return data
-
     def read_at(self, offset: int, n: int):
         """``n`` bytes at ``offset`` (fewer at end of file); a zero-copy slice when memory-mapped."""
         self._open()

@@ -342,10 +342,10 @@ class WebDatasetReader(Reader):
         return len(self._entries())
 
     def read_raw(self, i: int):
-        """Sample ``i``'s bytes, read at random: one request for its extent (:meth:`ByteSource.read_random`)."""
+        """Sample ``i``'s bytes, read at random: one request for its extent (:meth:`ByteSource.record`)."""
         entries = self._entries()
         offset, size = entries[position(i, len(entries), self.path)]
-        return self._src.read_random(offset, size)
+        return self._src.record(offset, size).read(size)
 
     def _sequential(self, i: int):
         """Sample ``i``'s bytes for a scan in file order: a slice of the map, whose read-ahead serves scans."""

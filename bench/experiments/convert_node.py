@@ -555,9 +555,9 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         def prepare(src=src, paths=paths, warm=warm) -> str:
             if not warm:
                 return drop_caches(src)
-            from gpufeed.bench.cache import warm
+            from gpufeed.bench.cache import warm as read_into_cache
 
-            return f"warm ({warm(*paths) / 1e9:.1f} GB read before)"  # from the disk once, then from memory
+            return f"warm ({read_into_cache(*paths) / 1e9:.1f} GB read before)"  # from the disk once, then memory
 
         shutil.rmtree(out, ignore_errors=True)
         cache = prepare()
