@@ -184,3 +184,36 @@ def test_disk_depth_reads_each_file_once(tmp_path):
     # All 30 files read by the first run (5 s is ample), none left for a second.
     assert [r["files"] for r in rows] == [30] and rows[0]["bytes"] == sum(5000 + i for i in range(30))
     assert "| buffered | 2 | 30 |" in depth_table(rows)
+
+
+def test_the_node_benchmark_removes_only_trees_it_made(tmp_path):
+    """Its corpus, subset trees and output folder are removed and rebuilt only with the marker it leaves beside
+    each; a folder of the same name it did not make is named and left as it is, and a tree a killed run left
+    half made (its `.making` marker) is made again."""
+    work = tmp_path / "work"
+    run(12, 3, 1, str(work), ("limit",))
+    assert (work / "src.complete").exists()
+    mine = work / "src-6"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=f"{mine} is in the way and was not made by this benchmark"):
+        run(12, 3, 1, str(work), ("limit@6",))
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (mine / "notes.txt").unlink()
+    mine.rmdir()
+    (work / "out").mkdir()
+    (work / "out" / "mine.rec").write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="out is in the way"):
+        run(12, 3, 1, str(work), ("limit",))
+    assert (work / "out" / "mine.rec").read_bytes() == b"x"
+    (work / "out" / "mine.rec").unlink()
+    (work / "out").rmdir()
+    half = work / "src-6"  # a killed run's: its marker says so
+    (half / "x").mkdir(parents=True)
+    (work / "src-6.making").touch()
+    rows = run(12, 3, 1, str(work), ("limit@6",))
+    assert rows[0]["scope"] == "6" and not (half / "x").exists() and (work / "src-6.complete").exists()
+    assert not (work / "out").exists() and not (work / "out.making").exists()
+    # Another corpus: its own trees go, with their markers.
+    run(10, 2, 1, str(work), ("limit",))
+    assert not (work / "src-6").exists() and not (work / "src-6.complete").exists()

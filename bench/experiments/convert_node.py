@@ -124,17 +124,47 @@ def parse_run(spec: str) -> tuple[str, int | None, bool]:
     return name, (int(k) if k else None), warm
 
 
+#: Markers beside a tree this benchmark makes (a file in the tree would be an input): ``.making`` while it is
+#: written (a killed run leaves it), ``.complete`` once whole. Only a tree with one of them is ever removed.
+MAKING, COMPLETE = ".making", ".complete"
+
+
+def make_tree_here(tree: str) -> None:
+    """Clear the way for a tree this benchmark makes at ``tree``: what it made there before (its marker beside
+    it) is removed; anything else is refused, named, and left as it is."""
+    if os.path.lexists(tree) and not any(os.path.exists(tree + m) for m in (MAKING, COMPLETE)):
+        raise FileExistsError(f"{tree} is in the way and was not made by this benchmark (no {tree}{COMPLETE} "
+                              "beside it): move it, or give another --work")
+    open(tree + MAKING, "w").close()
+    if os.path.exists(tree + COMPLETE):
+        os.remove(tree + COMPLETE)
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def tree_made(tree: str) -> None:
+    open(tree + COMPLETE, "w").close()
+    os.remove(tree + MAKING)
+
+
+def remove_made_tree(tree: str) -> None:
+    """Remove ``tree`` and its marker where this benchmark made it (a marker beside it); else nothing."""
+    markers = [tree + m for m in (MAKING, COMPLETE) if os.path.exists(tree + m)]
+    if markers:
+        shutil.rmtree(tree, ignore_errors=True)
+        for m in markers:
+            os.remove(m)
+
+
 def subset_tree(src: str, paths: list[str], k: int, into: str) -> tuple[str, list[str]]:
     """A tree of hard links to the first ``k`` of ``paths`` (under ``src``) at ``into``, made once."""
     chosen = paths[:k]
     linked = [os.path.join(into, os.path.relpath(p, src)) for p in chosen]
-    done = into + ".complete"  # beside the tree: a file in it would be an input
-    if not os.path.exists(done):
-        shutil.rmtree(into, ignore_errors=True)
+    if not os.path.exists(into + COMPLETE):
+        make_tree_here(into)
         for p, q in zip(chosen, linked):
             os.makedirs(os.path.dirname(q), exist_ok=True)
             os.link(p, q)
-        open(done, "w").close()
+        tree_made(into)
     return into, linked
 
 
@@ -509,17 +539,19 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
         if have != want:
             meta = None  # another corpus: built again
     if meta is None:
-        shutil.rmtree(src, ignore_errors=True)
+        if os.path.exists(meta_path) and not os.path.exists(src + COMPLETE):  # a corpus made before the markers
+            open(src + COMPLETE, "w").close()
+        make_tree_here(src)
         for d in os.listdir(work):  # the subset trees made for the old corpus: those with their marker only
-            if d.startswith("src-") and d.endswith(".complete") and d[len("src-"):-len(".complete")].isdigit():
-                shutil.rmtree(os.path.join(work, d[:-len(".complete")]), ignore_errors=True)
-                os.remove(os.path.join(work, d))
+            if d.startswith("src-") and d[len("src-"):].isdigit():
+                remove_made_tree(os.path.join(work, d))
         t0 = time.perf_counter()
         nbytes, _ = build_corpus(src, n, unique, workers, layout=layout, mix=mix)
         meta = {**want, "bytes": nbytes, "seconds": round(time.perf_counter() - t0, 1)}
         print(json.dumps({"corpus": meta}), flush=True)
         with open(meta_path, "w") as f:
             json.dump(meta, f)
+        tree_made(src)
     dataset = "imagenet" if layout == "imagenet" else "folder"
     paths = sorted(os.path.join(d, name) for d, _, names in os.walk(src) for name in names)
     pass_n = min(pass_n or n, len(paths))
@@ -559,7 +591,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
 
             return f"warm ({read_into_cache(*paths) / 1e9:.1f} GB read before)"  # from the disk once, then memory
 
-        shutil.rmtree(out, ignore_errors=True)
+        make_tree_here(out)
         cache = prepare()
         limit = limits.get(scope["scope"])
         if name == "limit":
@@ -592,7 +624,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
             pairs += len(order) > 1
             for position, variant in enumerate(order):
                 if position:
-                    shutil.rmtree(out, ignore_errors=True)
+                    make_tree_here(out)
                     cache = prepare()
                 tag = ({key: variant[key] for key in ("build", "executor") if key in variant} | {"pair_position": position}
                        if len(order) > 1 else {})
@@ -618,7 +650,7 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                     row["projected_imagenet_64_cores_minutes"] = round(
                         IMAGENET_TRAIN / (row["images_per_second"] / workers * 64) / 60, 1)
                 emit({"run": name, **scope, **tag, **row, "cache": cache})
-    shutil.rmtree(out, ignore_errors=True)
+    remove_made_tree(out)
     _bracket(rows)
     _against_writes(rows)
     copy = next((r for r in rows if r["run"] == "cp"), None)
