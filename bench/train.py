@@ -42,7 +42,7 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import (AUTO, DECODES, FIXED_SHARE_MIN_WORKERS, HYBRID_CPU_SHARE, MAX_DEFAULT_WORKERS,
+from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_CORES, DECODES, FIXED_SHARE_MIN_WORKERS, HYBRID_CPU_SHARE, MAX_DEFAULT_WORKERS,
                                       RATES, LoaderOptions, default_read_ahead, default_workers, hybrid_split)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
@@ -124,7 +124,7 @@ class TrainOptions:
         default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
         if decode != "hybrid":
             return {}
-        split = hybrid_split(self.cpu_share, augment_of(task), self.workers)
+        split = hybrid_split(self.cpu_share, augment_of(task), self.workers, self.gpus)
         return {} if split == RATES else {"cpu_share_fixed": split}
 
     def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
@@ -744,9 +744,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gpufeed.pipelines.loader.WORKER_NICE)")
     parser.add_argument("--cpu-share", type=_share, default=None,
                         help=f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the "
-                             "split set from both sides' measured rates) (default: the loader's, "
-                             f"{HYBRID_CPU_SHARE['train']} training and {HYBRID_CPU_SHARE['eval']} inference with "
-                             f"{FIXED_SHARE_MIN_WORKERS} workers or more, else {RATES})")
+                             "split set from both sides' measured rates); with --decode auto, for the rows where "
+                             "auto picks hybrid (default: the loader's: every image on the CPU for one rank with "
+                             f"{CPU_ENOUGH_CORES} workers or more; else {HYBRID_CPU_SHARE['train']} training and "
+                             f"{HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; "
+                             f"else {RATES})")
 
 
 def augment_of(task: str) -> str:
@@ -810,7 +812,8 @@ def options_from_args(args) -> TrainOptions:
     workers = default_workers(args.gpus) if args.workers is None else args.workers
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice)) if v is not None}
-    LoaderOptions(decode="hybrid" if "hybrid" in args.decode else "cpu", cpu_share=args.cpu_share, workers=workers,
+    LoaderOptions(decode="hybrid" if {"hybrid", AUTO} & set(args.decode) else "cpu", cpu_share=args.cpu_share,
+                  workers=workers,
                   decode_threads=args.decode_threads, decode_priority=args.decode_priority, spelling="cli", **given)
     if args.accelerator != "cuda":
         from gpufeed.bench.accelerator import get_profile

@@ -135,9 +135,9 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--augment-on", "gpu"], "is for the CIFAR models"),
                        (["--cuda-graph", "--task", "train"], "captures a CUDA image model's inference step"),
                        (["--cuda-graph", "--accelerator", "emulated"], "captures a CUDA image model's inference"),
-                       (["--cpu-share", "0.7"], "for --decode hybrid"),
+                       (["--cpu-share", "0.7", "--decode", "cpu,hw"], "for --decode hybrid"),
                        (["--cpu-share", "1.2", "--decode", "hybrid"], "between 0 and 1"),
-                       (["--cpu-share", "rates"], "for --decode hybrid"),
+                       (["--cpu-share", "rates", "--decode", "hw"], "for --decode hybrid"),
                        # The loader's own rules (LoaderOptions), spelled as this command's flags.
                        (["--decode-threads", "0"], "--decode-threads 0: need at least 1"),
                        (["--worker-nice", "20"], "--worker-nice 20: a niceness from 0"),
@@ -145,6 +145,8 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--workers", "-1"], "--workers -1: must be 0")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([dataset, "--results", results, *argv]))
+    # With --decode auto (the default) a share applies to the rows where auto picks hybrid.
+    assert train.options_from_args(_parse([dataset, "--results", results, "--cpu-share", "0.7"])).cpu_share == 0.7
 
 
 def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):
@@ -424,10 +426,12 @@ def test_hybrid_rows_record_the_split_the_loader_held():
         return train.TrainOptions(**kw).params(task, "hybrid", {}).get("cpu_share_fixed")
 
     assert fixed("train", workers=15) == 0.75
-    assert fixed("infer", workers=31) == 0.6
+    assert fixed("infer", workers=31, gpus=2) == 0.6
     assert fixed("train", workers=15, cpu_share=0.8) == 0.8
     assert fixed("train", workers=15, cpu_share="rates") is None
     assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
+    assert fixed("train", workers=32) == fixed("infer", workers=24) == 1.0  # one rank whose workers carry it
+    assert fixed("train", workers=31, gpus=2) == 0.75
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
 
 

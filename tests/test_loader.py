@@ -313,7 +313,8 @@ def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
 @pytest.mark.parametrize("kwargs, text", [({"decode": "nvdec"}, "decode='nvdec'"),
                                           ({"augment": "test"}, "augment='test'"),
                                           ({"batch_size": 0}, "batch_size"),
-                                          ({"cpu_share": 0.5}, "cpu_share=0.5: .* decode='hybrid'"),
+                                          ({"cpu_share": 0.5}, "cpu_share=0.5 splits batches for decode='hybrid'; "
+                                                            "decode='auto' chose 'cpu' here"),
                                           ({"decode": "hybrid", "cpu_share": 1.5}, "cpu_share=1.5"),
                                           ({"worker_nice": 20}, "worker_nice=20: .* 0 .* to 19")])
 def test_bad_arguments(dataset, kwargs, text):
@@ -435,10 +436,16 @@ def test_hybrid_split_default_is_the_measured_share_for_the_task():
     """The hybrid path holds the CPU share measured best for its task where a rank has the workers those
     measurements had; with fewer, or when asked for ("rates"), the split follows both sides' measured rates."""
     assert L.hybrid_split(None, "train", 15) == L.HYBRID_CPU_SHARE["train"] == 0.75
-    assert L.hybrid_split(None, "eval", 31) == L.HYBRID_CPU_SHARE["eval"] == 0.6
+    assert L.hybrid_split(None, "eval", 31, ranks=2) == L.HYBRID_CPU_SHARE["eval"] == 0.6
     assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1) == L.RATES
     assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
     assert L.hybrid_split(0.3, "eval", 2) == 0.3
+    # The node's only rank with the workers to carry every image: the CPU decodes them all; not so where
+    # ranks share the node, whatever the workers.
+    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_CORES) == L.ALONE_CPU_SHARE == 1.0
+    assert L.hybrid_split(None, "eval", 32, ranks=1) == 1.0
+    assert L.hybrid_split(None, "train", 31, ranks=2) == 0.75
+    assert L.hybrid_split(0.5, "train", 32, ranks=1) == 0.5
 
 
 
