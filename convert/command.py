@@ -10,7 +10,7 @@ import argparse
 from gpufeed.convert.options import EXECUTORS, PTB_MODES, SAMPLES_PER_SHARD, TASK_RETRIES
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import ON_ERROR
-from gpufeed.pipelines.image_options import ImageFields
+from gpufeed.pipelines.image_options import ImageOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default=None, metavar="SPLIT[,SPLIT...]",
                    help="splits to convert, e.g. train,val (default: every split SRC holds; a list file's split is "
                         "named after the list, train.lst -> train, or by the one name given here%(default).0s)")
-    ImageFields.add_arguments(p)  # --resize/--size, --max-size, ..., --validate
+    ImageOptions.add_arguments(p)  # --resize/--size, --max-size, ..., --validate
     p.add_argument("--label-offset", type=int, default=0, choices=(0, 1),
                    help="TFRecord image/class/label: 0-based class indices, or 1 for TensorFlow's "
                         "build_imagenet_data convention (1..1000, 0 = background); RecordIO and LMDB stay 0-based")
@@ -112,7 +112,7 @@ def options_from_args(args):
     return ConvertOptions(
         dataset=args.dataset, src=args.src, formats=parse_list(args.to, "--to"), out=args.out, root=args.root,
         workers=args.workers, splits=parse_list(args.split, "--split") if args.split else None,
-        **ImageFields.from_args(args), label_offset=args.label_offset, normalize=args.normalize,
+        image=ImageOptions.from_args(args), label_offset=args.label_offset, normalize=args.normalize,
         shards=args.shards, shard_size=args.shard_size,
         shard_bytes=parse_bytes(args.shard_bytes, "--shard-bytes") if args.shard_bytes else None,
         limit=args.limit, shuffle=args.shuffle,

@@ -142,7 +142,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     # Local paths absolute: the workers (Ray's, on this machine or others) do not run in this directory.
     out = os.path.abspath(io.local_path(options.out)) if io.is_local(options.out) else options.out.rstrip("/")
     root = options.source_root
-    root = os.path.abspath(io.local_path(root)) if io.is_local(root) else root
+    root = os.path.abspath(io.local_path(root)) if options.src_is_place and io.is_local(root) else root
     if progress is not None:
         progress.phase(f"listing {options.src}")
     source = open_source(options.dataset, root, on_error=options.on_error, **options.source_options())
@@ -363,7 +363,7 @@ def _dry_run(options, out, plans) -> Summary:
 
 
 def _unit(options) -> str:
-    return "records" if options.dataset == "ptb" else "images"
+    return "records" if options.text else "images"
 
 
 def _stats_split(options, plans) -> str | None:
@@ -426,7 +426,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         raw = any(options.encode_for(f) == "raw" for f in ordered)
         spool_dir = sinks.memory_spools(out, 2 * max(1, options.workers) * per_shard * len(ordered),
                                         sinks.RAW_SPOOL_SAMPLE_BYTES if raw else sinks.SPOOL_SAMPLE_BYTES) or spool_dir
-    float_dtype = options.store_dtype if options.store_dtype != "uint8" else None
+    float_dtype = options.image.store_dtype if options.image.store_dtype != "uint8" else None
     for fmt in options.formats:
         sinks.makedirs(sinks.join(out, fmt))
     if ordered:

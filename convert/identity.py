@@ -10,7 +10,7 @@ import os
 
 from gpufeed import io
 from gpufeed.errors import INPUT_ERRORS
-from gpufeed.pipelines.base import FileRef, InlineRef, TarMemberRef, read_item
+from gpufeed.pipelines.base import FileRef, InlineRef, SynthRef, TarMemberRef, read_item
 
 
 def item_identity(item, cache: dict, strict: bool = False) -> bytes:
@@ -45,6 +45,8 @@ def item_identity(item, cache: dict, strict: bool = False) -> bytes:
 
         data = ref.data.tobytes() if isinstance(ref.data, np.ndarray) else bytes(ref.data)
         parts.append(f"{crc32c.crc32c(data)}:{len(data)}")
+    elif isinstance(ref, SynthRef):
+        parts.append(f"synthetic {ref.kind} {ref.seed} {ref.index}")
     return "\t".join(parts).encode("utf-8", "surrogateescape")
 
 
@@ -89,6 +91,8 @@ def input_bytes(items: list, cache: dict) -> int:
             sizes.append(ref.size)
         elif isinstance(ref, InlineRef):
             sizes.append(getattr(ref.data, "nbytes", None) or len(ref.data))
+        elif isinstance(ref, SynthRef):
+            sizes.append(None)
         elif io.is_local(ref.url):
             sizes.append(cache.get(("size", ref.url)))
         else:

@@ -16,7 +16,7 @@ from gpufeed.formats import FORMATS
 from gpufeed.io import canonical
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import DATASETS, ON_ERROR
-from gpufeed.pipelines.image_options import GEOMETRY, ImageFields, check_image_options
+from gpufeed.pipelines.image_options import GEOMETRY, ImageOptions
 
 PTB_MODES = ("window", "sentence")
 #: A shard holds about this many samples when ``--shards`` is not given, as TensorFlow's ImageNet
@@ -42,16 +42,22 @@ def _choice(name: str, value, valid) -> None:
         raise ConfigError(f"{name} {value!r} is not valid; choose one of {', '.join(map(str, valid))}")
 
 
+def _image_options_asked() -> ImageOptions:
+    """A conversion's image options by default: nothing changed, the encoding chosen from the dataset."""
+    return ImageOptions(encode=None)
+
+
 @dataclasses.dataclass(frozen=True)
-class ConvertOptions(ImageFields):
-    """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``; the image options are
-    :class:`~gpufeed.pipelines.image_options.ImageFields`' (keyword-only; ``encode=None``: chosen from the
-    others, :attr:`effective_encode`)."""
+class ConvertOptions:
+    """One conversion: ``DATASET`` at ``src`` to ``formats`` under ``out``, each image stored as ``image`` asks
+    (:class:`~gpufeed.pipelines.image_options.ImageOptions`, checked there; ``encode=None``, the default:
+    chosen from the others and the dataset, :attr:`effective_encode`)."""
 
     dataset: str
     src: str  # the dataset as shipped; for ``folder``, also an im2rec ``.lst`` or Caffe list file
     formats: tuple[str, ...]
     out: str
+    image: ImageOptions = dataclasses.field(default_factory=_image_options_asked)
     root: str | None = None  # where a list file's relative paths start (default: the list file's folder)
     workers: int = dataclasses.field(default_factory=usable_cores)
     splits: tuple[str, ...] | None = None
@@ -122,7 +128,9 @@ class ConvertOptions(ImageFields):
             if not set(takers) & set(self.formats):
                 raise ConfigError(f"--label-offset applies to {', '.join(takers)} labels; add "
                                   f"{' or '.join(takers)} to --to or leave it out")
-        check_image_options(self, flags=True)
+        if not isinstance(self.image, ImageOptions):
+            raise ConfigError(f"image={self.image!r}: give the image options as an ImageOptions "
+                              "(gpufeed.pipelines.image_options)")
         if self.shards is not None and self.shards < 1:
             raise ConfigError(f"--shards must be at least 1, not {self.shards}")
         if self.shard_size is not None and self.shard_size < 1:
@@ -135,9 +143,9 @@ class ConvertOptions(ImageFields):
             raise ConfigError(f"--limit must be at least 1 input per split, not {self.limit}")
         if self.seq_len < 1:
             raise ConfigError(f"--seq-len must be at least 1, not {self.seq_len}")
-        if self.dataset == "ptb":
-            image = [f"--{n.replace('_', '-')}" for n in (*GEOMETRY, "gray", "normalize", "encode")
-                     if getattr(self, n)]
+        if self.text:
+            image = [f"--{n.replace('_', '-')}" for n in (*GEOMETRY, "gray", "encode") if getattr(self.image, n)]
+            image += ["--normalize"] * self.normalize
             if image:
                 raise ConfigError(f"{', '.join(image)} transform images; Penn Treebank is text (token records): "
                                   "drop them (--seq-len and --ptb-mode shape its records)")
@@ -146,6 +154,20 @@ class ConvertOptions(ImageFields):
         if self.splits is not None and not self.splits:
             raise ConfigError("--split needs at least one split name, e.g. train,val")
         self._check_out_not_in_src()
+
+    @property
+    def text(self) -> bool:
+        """Whether the dataset is text (token records): Penn Treebank, or synthetic windows of it."""
+        if self.dataset == "synthetic":
+            from gpufeed.pipelines.sources_synthetic import parse_spec
+
+            return parse_spec(self.src)[0] == "ptb"
+        return self.dataset == "ptb"
+
+    @property
+    def src_is_place(self) -> bool:
+        """Whether SRC names a place (a path or URL), not what to make (``synthetic``'s KIND:N[:SEED])."""
+        return self.dataset != "synthetic"
 
     @property
     def list_file(self) -> str | None:
@@ -185,7 +207,7 @@ class ConvertOptions(ImageFields):
         if "://" not in self.out and os.path.exists(self.out) and not os.path.isdir(self.out):
             raise ConfigError(f"--out {self.out} is a file; the destination is a folder: give a new one, or the "
                               "folder of an earlier gpufeed convert run")
-        if "://" in self.src or "://" in self.out:
+        if "://" in self.src or "://" in self.out or not self.src_is_place:
             return
         if self.list_file is not None:
             return  # the inputs are the files the list names: the engine checks that none is inside --out
@@ -197,8 +219,9 @@ class ConvertOptions(ImageFields):
     def _check_store_dtype(self) -> None:
         """The rules of normalised float storage that belong to a conversion (its statistics pre-pass);
         check_image_options has checked the rest."""
-        given = [n for n, v in (("--mean", self.mean), ("--std", self.std)) if v is not None]
-        if self.store_dtype == "uint8":
+        image = self.image
+        given = [n for n, v in (("--mean", image.mean), ("--std", image.std)) if v is not None]
+        if image.store_dtype == "uint8":
             if given:
                 raise ConfigError(f"{' and '.join(given)} normalise stored pixels, which needs --store-dtype "
                                   "float16 or float32; drop them (--normalize alone only computes statistics)")
@@ -206,14 +229,14 @@ class ConvertOptions(ImageFields):
         if len(given) == 1:
             raise ConfigError(f"{given[0]} needs its partner: give both --mean R,G,B and --std R,G,B")
         if not given and not self.normalize:
-            raise ConfigError(f"--store-dtype {self.store_dtype} stores (pixel - mean) / std: give --mean R,G,B "
+            raise ConfigError(f"--store-dtype {image.store_dtype} stores (pixel - mean) / std: give --mean R,G,B "
                               "and --std R,G,B (0-255 scale), or --normalize to compute them from the train split")
 
     @property
     def statistics_prepass(self) -> bool:
         """Normalised float storage without a given mean/std: the train split's statistics are computed
         first (an exact pass of their own), then used to normalise every split."""
-        return self.store_dtype != "uint8" and self.mean is None
+        return self.image.store_dtype != "uint8" and self.image.mean is None
 
     @property
     def effective_shuffle(self) -> bool:
@@ -226,21 +249,22 @@ class ConvertOptions(ImageFields):
         """``--encode`` as applied: by default the original bytes when nothing changes the pixels (im2rec
         ``--pass-through``), JPEG when they are resized or cropped, PNG for CIFAR (lossless; see
         :meth:`encode_for` for the formats that store it otherwise)."""
-        if self.encode is not None:
-            return self.encode
-        if self.store_dtype != "uint8":
+        image = self.image
+        if image.encode is not None:
+            return image.encode
+        if image.store_dtype != "uint8":
             return "raw"
         if self.dataset in ("cifar10", "cifar100"):
             return "png"
-        changed = any(v is not None for v in (self.resize, self.size, self.max_size))
-        return "jpeg" if changed or self.center_crop or self.gray else "pass"
+        changed = any(v is not None for v in (image.resize, image.size, image.max_size))
+        return "jpeg" if changed or image.center_crop or image.gray else "pass"
 
     def encode_for(self, fmt: str) -> str:
         """The encoding format ``fmt`` stores. Without ``--encode``, CIFAR is stored as each ecosystem
         ships it, so its own readers take it unchanged: raw pixel Datums in LMDB (Caffe's
         ``convert_cifar_data``), PNG in RecordIO (what ``ImageRecordIter`` decodes) and in TFRecord (as
         TFDS stores CIFAR). Every other case: :attr:`effective_encode` for all formats."""
-        if self.encode is None and self.store_dtype == "uint8" and self.dataset in ("cifar10", "cifar100"):
+        if self.image.encode is None and self.image.store_dtype == "uint8" and self.dataset in ("cifar10", "cifar100"):
             from gpufeed.formats import format_class
 
             return format_class(fmt).cifar_encode
@@ -251,11 +275,9 @@ class ConvertOptions(ImageFields):
         RecordIO as one ``.rec`` per split or (``--shards``) one per shard."""
         return configured_formats(self.formats, self.shards, self.label_offset)
 
-    def image_options(self):
-        from gpufeed.pipelines.transforms import ImageOptions
-
-        return ImageOptions(**{name: getattr(self, name) for name in ImageFields.names() if name != "encode"},
-                            encode=self.effective_encode)
+    def image_options(self) -> ImageOptions:
+        """The image options a worker applies: ``image`` with its encoding chosen."""
+        return dataclasses.replace(self.image, encode=self.effective_encode)
 
     def source_options(self) -> dict:
         if self.dataset == "ptb":
@@ -274,7 +296,7 @@ class ConvertOptions(ImageFields):
         d = self.to_json()
         for k in (*_RUNTIME_ONLY, "out"):
             d.pop(k)
-        for k in PATH_OPTIONS:
+        for k in PATH_OPTIONS if self.src_is_place else ():
             if d[k] is not None:
                 d[k] = canonical(d[k])
         encodes = {f: self.encode_for(f) for f in self.formats}
@@ -283,8 +305,11 @@ class ConvertOptions(ImageFields):
         return d
 
     def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
+        """Every option by name, the image options among the others (as journals and manifests record them)."""
+        d = {**self.image.fields(), **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                        if f.name != "image"}}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
 
 
 def configured_formats(names, shards: int | None, label_offset: int = 0) -> list:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-DATASETS = ("imagenet", "cifar10", "cifar100", "ptb", "folder")
+DATASETS = ("imagenet", "cifar10", "cifar100", "ptb", "folder", "synthetic")
 #: What an unusable input does to a run: end it (naming the input), or skip it and list it in the summary.
 ON_ERROR = ("fail", "skip")
 #: Images with more pixels are refused undecoded. Pillow's own default (``PIL.Image.MAX_IMAGE_PIXELS``):

@@ -44,7 +44,17 @@ class InlineRef:
     data: Union[bytes, np.ndarray]
 
 
-Ref = Union[FileRef, TarMemberRef, InlineRef]
+@dataclasses.dataclass(frozen=True)
+class SynthRef:
+    """A synthetic input, made by whoever reads it from these three alone
+    (:mod:`gpufeed.pipelines.sources_synthetic`)."""
+
+    kind: str
+    seed: int
+    index: int
+
+
+Ref = Union[FileRef, TarMemberRef, InlineRef, SynthRef]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -121,5 +131,5 @@ def item_size(item: Item) -> int:
 
 
 def needs_read(item: Item) -> bool:
-    """False for data already in memory (CIFAR pixels, PTB tokens)."""
-    return not isinstance(item.ref, InlineRef)
+    """False for data already in memory (CIFAR pixels, PTB tokens) or made where it is read (synthetic)."""
+    return not isinstance(item.ref, (InlineRef, SynthRef))

@@ -138,9 +138,9 @@ def _field(default, **cli):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageFields:
-    """The image options, declared once: :class:`ImageOptions` (what a worker applies) and the conversion's
-    options (:class:`gpufeed.convert.options.ConvertOptions`, where ``encode=None`` means chosen from the
-    others) both have exactly these, so a new image option is added here and on the command line.
+    """The image options, declared once with their command-line flags; :class:`ImageOptions` holds and checks
+    them, and the conversion's options (:class:`gpufeed.convert.options.ConvertOptions`) hold an
+    ImageOptions, so a new image option is added here and nowhere else.
 
     ``resize``: shorter side in pixels, longer = longer * resize // shorter (im2rec; upscales too).
     ``size``: exact ``(height, width)``, aspect not kept (Caffe). ``max_size``: cap on the longer side,
@@ -184,6 +184,10 @@ class ImageFields:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(ImageFields))
 
+    def fields(self) -> dict:
+        """The options by name (:meth:`names`), as given."""
+        return {name: getattr(self, name) for name in self.names()}
+
     @classmethod
     def add_arguments(cls, parser) -> None:
         """The command-line flags of the image options (``--resize`` ... ``--validate``), one per field, from
@@ -203,9 +207,10 @@ class ImageFields:
             target.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, **cli)
 
     @classmethod
-    def from_args(cls, args) -> dict:
-        """The image options of parsed command-line ``args`` (as :meth:`add_arguments` defined them), by field
-        name, text parsed where the field says so."""
+    def from_args(cls, args) -> ImageOptions:
+        """The image options of parsed command-line ``args`` (as :meth:`add_arguments` defined them), text
+        parsed where the field says so, checked with the rules' messages naming the flags; ``encode`` is None
+        where ``--encode`` was not given (a conversion chooses it)."""
         out = {}
         for f in dataclasses.fields(ImageFields):
             value = getattr(args, f.name)
@@ -213,20 +218,23 @@ class ImageFields:
             if how is not None and value is not None:
                 value = parse_flag(how, value, f"--{f.name.replace('_', '-')}")
             out[f.name] = value
-        return out
+        return ImageOptions(**out, spelling="cli")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageOptions(ImageFields):
-    """How conversion turns an input image into the stored one (the fields: :class:`ImageFields`); ``encode``
-    is always given here (default ``"jpeg"``)."""
+    """How conversion turns an input image into the stored one (the fields: :class:`ImageFields`), checked
+    once, here. ``encode`` defaults to ``"jpeg"``; ``None`` leaves it to a conversion, which chooses it from
+    the other options and the dataset (:attr:`gpufeed.convert.options.ConvertOptions.effective_encode`):
+    :func:`~gpufeed.pipelines.transforms.make_sample` applies only options whose encoding is chosen.
+    ``spelling``: how the rules' messages name an option, as Python's keyword (``max_size=0``) or the command
+    line's flag (``--max-size 0``)."""
 
-    encode: str = "jpeg"
+    encode: str | None = "jpeg"
+    spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
     def __post_init__(self):
-        if self.encode is None:
-            raise ConfigError(f"encode=None is not valid; choose one of {', '.join(ENCODINGS)}")
-        check_image_options(self)
+        check_image_options(self, flags=self.spelling == "cli")
         # Equal options compare and hash equal whatever sequences they were given as (and cross processes so).
         if self.size is not None:
             object.__setattr__(self, "size", tuple(self.size))

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
-from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, TarMemberRef
+from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +40,8 @@ class Vocabulary(ClassInfo):
 
 
 def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
-    """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` (imagenet, folder, cifar10, cifar100, ptb).
+    """The :class:`~gpufeed.pipelines.base.Source` for ``dataset`` (imagenet, folder, cifar10, cifar100, ptb,
+    synthetic: ``src`` is then ``KIND:N[:SEED]``, :mod:`gpufeed.pipelines.sources_synthetic`).
 
     Options: imagenet ``layout="auto"|"tree"|"archives"`` (which to read when a folder holds both),
     ``limits`` (:class:`~gpufeed.pipelines.archive.ArchiveLimits`, also for cifar and ptb archives);
@@ -50,6 +51,10 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
     """
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+    if dataset == "synthetic":  # SRC names what to make (KIND:N[:SEED]), no place
+        from gpufeed.pipelines.sources_synthetic import SyntheticSource
+
+        return SyntheticSource(src, on_error)
     root = Root(src)
     if not root.exists(root.path):
         raise SourceNotFound(src, None, "check the path: SRC is the dataset as shipped, a folder or an archive")
@@ -118,6 +123,10 @@ def read_ref(ref: Ref):
     """The bytes a :class:`FileRef` or :class:`TarMemberRef` names (one ranged read), or the inline array."""
     if isinstance(ref, InlineRef):
         return ref.data
+    if isinstance(ref, SynthRef):
+        from gpufeed.pipelines.sources_synthetic import make_data
+
+        return make_data(ref)
     if isinstance(ref, FileRef):
         if is_local(ref.url):
             return read_local_file(local_path(ref.url))

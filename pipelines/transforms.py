@@ -26,7 +26,7 @@ import numpy as np
 from gpufeed.errors import ConfigError, InputError
 from gpufeed.formats.base import Sample
 from gpufeed.pipelines.base import Item, read_item
-from gpufeed.pipelines.image_options import ImageOptions
+from gpufeed.pipelines.image_options import ENCODINGS, ImageOptions
 from gpufeed.pipelines.imageio import ImageInfo, decode, decode_image, probe, reduction_for
 
 # Fast JPEG validation for pass-through: entropy-decodes every scan (so corruption is found) but runs
@@ -94,6 +94,9 @@ def make_sample(item: Item, options: ImageOptions, index: int, stats: "ChannelSt
     Raises :class:`~gpufeed.errors.BadImageError`, :class:`~gpufeed.errors.DecompressionBombError` or
     :class:`~gpufeed.errors.InputError`, each naming ``item.origin``.
     """
+    if options.encode is None:
+        raise ConfigError("ImageOptions(encode=None) leaves the encoding to a conversion; choose one of "
+                          f"{', '.join(ENCODINGS)} to apply them to an image")
     if data is None:
         data = read_item(item)
     origin = item.origin

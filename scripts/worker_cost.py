@@ -39,6 +39,7 @@ def main() -> None:
     from gpufeed.bench.experiments.transform_speed import limit_one, make_corpus
     from gpufeed.convert import worker
     from gpufeed.convert.options import ConvertOptions
+    from gpufeed.pipelines.image_options import ImageOptions
     from gpufeed.convert.plan import ShardPlan
     from gpufeed.pipelines import open_source
 
@@ -61,7 +62,7 @@ def main() -> None:
     def shard(formats: str):
         out = tempfile.mkdtemp(dir=work)
         opts = ConvertOptions(dataset="folder", src=os.path.dirname(src), out=out, formats=tuple(formats.split(",")),
-                              resize=256)
+                              image=ImageOptions(resize=256, encode=None))
         fmts = opts.output_formats()
         spool = os.path.join(out, "spool")
         os.makedirs(spool)

@@ -23,11 +23,19 @@ def synth_source(root) -> str:
     return src
 
 
+def conversion(**kw) -> ConvertOptions:
+    """ConvertOptions from keywords, the image options' among them (``resize=48``) given to its ImageOptions."""
+    from gpufeed.pipelines.image_options import ImageOptions
+
+    image = {k: kw.pop(k) for k in ImageOptions.names() if k in kw}
+    return ConvertOptions(**kw, image=ImageOptions(**{"encode": None, **image}))
+
+
 def options(src, out, **kw) -> ConvertOptions:
     base = dict(dataset="imagenet", src=str(src), formats=("lmdb", "recordio", "tfrecord"), out=str(out),
                 workers=2, resize=48, on_error="skip", shard_size=SHARD_SIZE, progress=False)
     base.update(kw)
-    return ConvertOptions(**base)
+    return conversion(**base)
 
 
 def tree_bytes(out) -> dict[str, bytes]:

@@ -14,6 +14,7 @@ from convert_fixtures import options, tree_bytes
 from gpufeed.cli import COMMANDS, build_parser
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
+from gpufeed.pipelines.image_options import ImageOptions
 from gpufeed.convert.plan import plan_split
 from gpufeed.convert.verify import verify
 from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, InputError, OutputError,
@@ -45,7 +46,7 @@ def test_options_name_the_valid_values():
     with pytest.raises(ConfigError, match="fail, skip"):
         ConvertOptions("imagenet", "s", ("lmdb",), "o", on_error="ignore")
     with pytest.raises(ConfigError, match="--encode pass"):
-        ConvertOptions("imagenet", "s", ("lmdb",), "o", encode="pass", resize=256)
+        ConvertOptions("imagenet", "s", ("lmdb",), "o", image=ImageOptions(encode="pass", resize=256, spelling="cli"))
     with pytest.raises(ConfigError, match="auto, pool, ray"):
         ConvertOptions("imagenet", "s", ("lmdb",), "o", executor="threads")
     with pytest.raises(ConfigError, match="--executor pool .* --address ray://h:10001"):

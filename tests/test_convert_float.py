@@ -8,10 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from convert_fixtures import options, synth_source, tree_bytes
+from convert_fixtures import conversion, options, synth_source, tree_bytes
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
-from gpufeed.convert.options import ConvertOptions
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, CorruptRecordError
 
@@ -29,7 +28,7 @@ def _cifar_options(src, out, **kw):
     base = dict(dataset="cifar10", src=src, formats=("lmdb", "recordio", "tfrecord"), out=str(out), workers=2,
                 shard_size=8, progress=False, store_dtype="float16", normalize=True)
     base.update(kw)
-    return ConvertOptions(**base)
+    return conversion(**base)
 
 
 def _exact_stats(src, split):
@@ -45,17 +44,17 @@ def _exact_stats(src, split):
 
 def test_store_dtype_options_are_checked():
     base = dict(dataset="imagenet", src="s", formats=("lmdb",), out="o")
-    with pytest.raises(ConfigError, match="--encode raw"):
-        ConvertOptions(**base, store_dtype="float16", normalize=True, encode="jpeg")
+    with pytest.raises(ConfigError, match="encode='raw'"):
+        conversion(**base, store_dtype="float16", normalize=True, encode="jpeg")
     with pytest.raises(ConfigError, match="--mean R,G,B"):
-        ConvertOptions(**base, store_dtype="float32")
+        conversion(**base, store_dtype="float32")
     with pytest.raises(ConfigError, match="--store-dtype float16 or float32"):
-        ConvertOptions(**base, mean=(1, 2, 3), std=(1, 1, 1))
+        conversion(**base, mean=(1, 2, 3), std=(1, 1, 1))
     with pytest.raises(ConfigError, match="needs its partner"):
-        ConvertOptions(**base, store_dtype="float32", mean=(1, 2, 3))
-    o = ConvertOptions(**base, store_dtype="float32", mean=(1, 2, 3), std=(4, 5, 6))
+        conversion(**base, store_dtype="float32", mean=(1, 2, 3))
+    o = conversion(**base, store_dtype="float32", mean=(1, 2, 3), std=(4, 5, 6))
     assert o.effective_encode == "raw" and not o.statistics_prepass
-    assert ConvertOptions(**base, store_dtype="float16", normalize=True).statistics_prepass
+    assert conversion(**base, store_dtype="float16", normalize=True).statistics_prepass
 
 
 def test_float16_normalised_with_a_statistics_prepass_in_every_format(cifar, tmp_path, ray_local):
@@ -112,7 +111,7 @@ def test_verify_rejects_non_finite_pixels(cifar, tmp_path, ray_local):
     from gpufeed.errors import ConfigError
     from gpufeed.formats import get_format
 
-    with pytest.raises(ConfigError, match="--mean 0,0,0 with --std 0.001,0.001,0.001 stores pixel values up to "
+    with pytest.raises(ConfigError, match="mean 0,0,0 with std 0.001,0.001,0.001 stores pixel values up to "
                                           "2.55e\\+05, beyond float16's 65504"):
         _cifar_options(cifar, tmp_path / "o", formats=("tfrecord",), normalize=False, mean=(0, 0, 0),
                        std=(1e-3, 1e-3, 1e-3), splits=("test",))

@@ -20,6 +20,7 @@ from convert_fixtures import options, tree_bytes
 from gpufeed.cli import main
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions, parse_bytes
+from gpufeed.pipelines.image_options import ImageOptions
 from gpufeed.convert.progress import Progress, format_summary
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, SourceNotFound
@@ -73,7 +74,7 @@ def test_cifar_defaults_are_each_ecosystems_own(cifar, tmp_path, ray_local):
 def test_cifar_encode_raw_still_applies_to_every_format(cifar, tmp_path, ray_local):
     out = str(tmp_path / "raw")
     convert(ConvertOptions(dataset="cifar10", src=cifar, formats=("recordio", "tfrecord"), out=out, workers=2,
-                           encode="raw", progress=False), Progress(False))
+                           image=ImageOptions(encode="raw"), progress=False), Progress(False))
     assert _manifest(out)["output_options"]["encode"] == "raw"
     assert get_format("tfrecord").reader(os.path.join(out, "tfrecord", "test-00000-of-00001"))[0].kind == "raw"
 
@@ -390,7 +391,8 @@ def test_a_run_that_writes_no_mean_image_says_why_in_its_summary(src, tmp_path, 
     """--normalize with images of different sizes (--resize keeps the aspect) writes mean_std.json and no
     mean.binaryproto, which Caffe needs at the data's size: the summary says so, not only manifest.json."""
     o = ConvertOptions(dataset="imagenet", src=src, formats=("lmdb",), out=str(tmp_path / "o"), workers=1,
-                       progress=False, resize=48, normalize=True, limit=6, splits=("train",), on_error="skip")
+                       progress=False, image=ImageOptions(resize=48, encode=None), normalize=True, limit=6,
+                       splits=("train",), on_error="skip")
     text = format_summary(convert(o, Progress(False)))
     assert "no mean.binaryproto: images differ in size; Caffe needs a mean image" in text
     assert not os.path.exists(tmp_path / "o" / "mean.binaryproto")

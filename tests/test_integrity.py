@@ -345,11 +345,13 @@ def test_remote_inputs_are_identified_by_their_listing(tmp_path):
 
 def test_arguments_that_cannot_apply_are_refused(src, tmp_path):
     from gpufeed.convert.options import ConvertOptions
+    from gpufeed.pipelines.image_options import ImageOptions
 
     with pytest.raises(ConfigError, match="--out .* is inside the source"):
         options(src, os.path.join(src, "out"))
     with pytest.raises(ConfigError, match="--resize transform images; Penn Treebank is text"):
-        ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"), resize=256)
+        ConvertOptions(dataset="ptb", src=str(tmp_path), formats=("tfrecord",), out=str(tmp_path / "o"),
+                       image=ImageOptions(resize=256, encode=None))
 
 
 class Started(Progress):

@@ -356,13 +356,13 @@ def test_write_stats_to_an_fsspec_url_and_gray():
      "--mean has 2 values")])
 def test_one_set_of_image_rules_speaks_python_to_the_api_and_flags_to_the_command_line(tmp_path, kwargs, python,
                                                                                         flag):
-    from gpufeed.convert.options import ConvertOptions
-
+    """ImageOptions checks its rules once; built from `convert`'s flags (as ConvertOptions then holds it), its
+    messages name the flags."""
     with pytest.raises(ConfigError) as api:
         ImageOptions(**{"encode": "jpeg", **kwargs})
     assert python in str(api.value)
     with pytest.raises(ConfigError) as cli:
-        ConvertOptions("imagenet", str(tmp_path), ("lmdb",), str(tmp_path / "out"), **kwargs)
+        ImageOptions(**{"encode": None, **kwargs}, spelling="cli")
     assert flag in str(cli.value)
 
 
@@ -385,13 +385,13 @@ def test_every_image_option_is_a_flag_of_convert(tmp_path):
                          "--max-size", "25", "--center-crop", "--encode", "raw", "--quality", "80",
                          "--store-dtype", "float32", "--mean", "1,2,3", "--std", "4,5,6", "--max-pixels", "1000",
                          "--no-validate"])
-    o = options_from_args(args)
+    o = options_from_args(args).image
     got = {f: getattr(o, f) for f in ImageFields.names()}
     assert got == {"resize": None, "size": (20, 30), "max_size": 25, "center_crop": True, "gray": False,
                    "encode": "raw", "quality": 80, "store_dtype": "float32", "mean": (1.0, 2.0, 3.0),
                    "std": (4.0, 5.0, 6.0), "max_pixels": 1000, "validate": False}
     gray = p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o"), "--gray", "--resize", "8"])
-    assert options_from_args(gray).gray and options_from_args(gray).resize == 8
-    defaults = options_from_args(p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o")]))
+    assert options_from_args(gray).image.gray and options_from_args(gray).image.resize == 8
+    defaults = options_from_args(p.parse_args(["imagenet", str(src), "--to", "lmdb", "--out", str(tmp_path / "o")])).image
     assert {f.name: getattr(defaults, f.name) for f in dataclasses.fields(ImageFields)} == {
         f.name: f.default for f in dataclasses.fields(ImageFields)}

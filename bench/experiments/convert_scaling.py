@@ -35,6 +35,7 @@ from gpufeed.bench.results import cpu_seconds
 from gpufeed.bench.experiments.transform_speed import loop_limit, make_corpus
 from gpufeed.convert.engine import convert
 from gpufeed.convert.options import ConvertOptions
+from gpufeed.pipelines.image_options import ImageOptions
 
 CLASSES = 10
 #: Shards per conversion: enough for two workers to share the work evenly, few enough that each shard's
@@ -58,8 +59,9 @@ def convert_rate(src: str, work: str, workers: int, **kw) -> tuple[float, float,
     """``(images/s wall, images per CPU-second of all processes, MB/s written, images per CPU-second inside
     the shard tasks)`` of one conversion into a fresh directory."""
     out = tempfile.mkdtemp(dir=work)
+    image = ImageOptions(encode=None, **{k: kw.pop(k) for k in ImageOptions.names() if k in kw})
     options = ConvertOptions(dataset="folder", src=src, formats=kw.pop("formats", ("tfrecord",)), out=out,
-                             workers=workers, shards=SHARDS, progress=False, resume=False, **kw)
+                             workers=workers, shards=SHARDS, progress=False, resume=False, image=image, **kw)
     c0, t0 = cpu_seconds(), time.perf_counter()
     summary = convert(options)
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
