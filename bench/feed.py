@@ -23,6 +23,7 @@ row says so, and a larger dataset tests further.
 from __future__ import annotations
 
 import argparse
+import bisect
 import concurrent.futures
 import os
 import sys
@@ -54,11 +55,15 @@ def _start_reading(cfg: dict) -> None:
     from gpufeed.formats import get_format
 
     local = threading.local()
+    paths, starts = cfg["paths"], cfg["starts"]
 
     def read(i: int) -> int:
-        if not hasattr(local, "reader"):
-            local.reader = get_format(cfg["format"]).reader(cfg["path"])
-        return len(local.reader.read_raw(i))
+        if not hasattr(local, "readers"):
+            local.readers = [None] * len(paths)
+        j = bisect.bisect_right(starts, i) - 1
+        if local.readers[j] is None:
+            local.readers[j] = get_format(cfg["format"]).reader(paths[j])
+        return len(local.readers[j].read_raw(i - starts[j]))
 
     _reading["read"] = read
     _reading["pool"] = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, cfg["threads"] // cfg["readers"]))
@@ -75,17 +80,15 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
     DataLoader's workers are."""
     import multiprocessing
 
-    from gpufeed.formats import get_format
-
     parts = None
     try:
-        reader = get_format(cfg["format"]).reader(cfg["path"])
-        order = np.random.default_rng((cfg["seed"], 0)).permutation(len(reader))[rank::world]
+        records = cfg["records"]
+        order = np.random.default_rng((cfg["seed"], 0)).permutation(records)[rank::world]
         batch, step_s, k = cfg["batch"], cfg["step_s"], cfg["readers"]
         steps = cfg["warmup"] + cfg["steps"]
         if len(order) < batch:
-            raise ConfigError(f"{cfg['path']}: {len(reader)} records give rank {rank} of {world} fewer than one batch "
-                              f"of {batch}; build a larger dataset or pass a smaller --batch-size")
+            raise ConfigError(f"{cfg['paths'][0]}: {records} records give rank {rank} of {world} fewer than one "
+                              f"batch of {batch}; build a larger dataset or pass a smaller --batch-size")
         if k > 1:  # all started here, before this process has threads to fork with
             parts = multiprocessing.get_context("fork").Pool(k, initializer=_start_reading, initargs=(cfg,))
         else:
@@ -136,7 +139,8 @@ def run_n(cfg: dict, n: int) -> dict:
     from gpufeed.bench.results import cpu_ticks
 
     ctx = multiprocessing.get_context("fork")
-    evict(cfg["path"])
+    for path in cfg["paths"]:
+        evict(path)
     busy0, total0 = cpu_ticks()
     procs, conns = [], []
     for r in range(n):
@@ -231,6 +235,14 @@ def cold_max_gpus(cfg: dict, records: int, dst: str) -> int:
     return records // per_rank
 
 
+def files_config(fmt: str, paths: list[str]) -> dict:
+    """What the ranks read: ``fmt``'s files ``paths`` as one run of records (each file's first record's
+    place in it, and how many in all), counted once here (a TFRecord without ``.idx`` is scanned)."""
+    counts = [_records(fmt, path) for path in paths]
+    return {"format": fmt, "paths": list(paths), "starts": [sum(counts[:j]) for j in range(len(paths))],
+            "records": sum(counts)}
+
+
 def _records(fmt: str, path: str) -> int:
     from gpufeed.formats import get_format
 
@@ -244,7 +256,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST, or a gpufeed convert output)")
     add_tier_arguments(parser)
-    parser.add_argument("--formats", default="tfrecord", help=f"comma-separated, of {', '.join(FORMATS)}")
+    parser.add_argument("--formats", default=None,
+                        help=f"comma-separated, of {', '.join(FORMATS)} (default: every format DST holds)")
     parser.add_argument("--task", choices=("train", "infer"), default="train")
     parser.add_argument("--profile", default="h200", help="accelerator profile whose step time is emulated")
     parser.add_argument("--batch-size", type=int, default=None, help="images per step (the profile's by default)")
@@ -282,19 +295,16 @@ def run(args) -> int:
         directory = tier_dataset(tier, os.path.abspath(args.dst))
         from gpufeed.formats import parse_formats
 
-        for fmt in parse_formats(args.formats):
+        for fmt in parse_formats(args.formats) if args.formats else tuple(info["formats"]):
             if fmt not in info["formats"]:
                 raise ConfigError(f"{args.dst} holds no {fmt}; it has {', '.join(info['formats'])}")
             paths = dataset_paths(info, directory, fmt)
-            if len(paths) != 1:
-                raise ConfigError(f"bench feed reads one file per format; {fmt} has {len(paths)} (build the "
-                                  "dataset with one shard)")
-            cfg = {"format": fmt, "path": paths[0], "batch": batch, "step_s": profile.step_time(batch),
+            cfg = {**files_config(fmt, paths), "batch": batch, "step_s": profile.step_time(batch),
                    "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "readers": readers,
                    "seed": args.seed}
-            records = _records(fmt, paths[0])  # once: a TFRecord without .idx is scanned to count them
+            records = cfg["records"]
             cold_max = None if tier.limits is not None else cold_max_gpus(cfg, records, args.dst)
-            record_bytes = round(os.path.getsize(paths[0]) / records)
+            record_bytes = round(info["formats"][fmt]["data_bytes"] / records)
             top = args.max_gpus if cold_max is None else min(args.max_gpus, cold_max)
             print(f"{tier.name} {fmt} {args.task}: emulated {args.profile} accelerators, "
                   f"{batch / cfg['step_s']:,.0f} img/s each", file=sys.stderr, flush=True)

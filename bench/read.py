@@ -289,12 +289,12 @@ def tier_dataset(tier, dst: str) -> str:
 
 
 def dataset_paths(info: dict, directory: str, fmt: str) -> list[str]:
-    from gpufeed.bench.dataset import output_path
-
+    """The reader paths of ``fmt`` in ``info``'s dataset, as it lies in ``directory`` (itself or a copy)."""
     rel = info["formats"][fmt].get("relpaths")
-    if rel is not None:  # a gpufeed convert output: each format has its own files
-        return [os.path.join(directory, r) for r in rel]
-    return [output_path(directory, fmt, s, info["shards"]) for s in range(info["shards"])]
+    if rel is None:
+        raise ConfigError(f"{info['out']} was built by an older gpufeed bench dataset, which did not record its "
+                          "files' paths: build it again")
+    return [os.path.join(directory, r) for r in rel]
 
 
 #: ``--grid``: what a run measures unless an option says otherwise. ``quick`` answers "how fast does each

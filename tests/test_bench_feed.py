@@ -54,13 +54,16 @@ def test_every_read_is_charged_to_an_emulated_tier_even_from_the_page_cache(tmp_
     from gpufeed.formats import get_format
 
     ds = str(tmp_path / "ds")
-    build_dataset(ds, ["tfrecord"], n=32, workers=1, resize=64)
-    (path,) = dataset_paths(load_dataset_info(ds), ds, "tfrecord")
-    with get_format("tfrecord").reader(path) as reader:
-        smallest = min(len(reader.read_raw(i)) for i in range(len(reader)))
+    build_dataset(ds, ["tfrecord"], n=32, workers=1, resize=64, shards=2)
+    paths = dataset_paths(load_dataset_info(ds), ds, "tfrecord")
+    assert len(paths) == 2  # the ranks read records of both files as one run
+    smallest = 1 << 30
+    for path in paths:
+        with get_format("tfrecord").reader(path) as reader:
+            smallest = min(smallest, *(len(reader.read_raw(i)) for i in range(len(reader))))
     # 2 ranks of 16 records each read 1 + 5 batches of 8: every record three times.
-    cfg = {"format": "tfrecord", "path": path, "batch": 8, "step_s": 0.001, "steps": 5, "warmup": 1, "threads": 4,
-           "readers": readers, "seed": 0}
+    cfg = {**feed.files_config("tfrecord", paths), "batch": 8, "step_s": 0.001, "steps": 5, "warmup": 1,
+           "threads": 4, "readers": readers, "seed": 0}
     with Throttle.emulate(get_profile("ultra").limits(20), accounting=accounting, state_dir=str(tmp_path)) as t:
         got = feed.run_n(cfg, 2)
         stats = t.stats()

@@ -34,7 +34,9 @@ def test_build_dataset_writes_every_format(imagenet_like, tmp_path):
         if hasattr(reader, "close"):
             reader.close()
     cifar = build_dataset(str(tmp_path / "c"), ["tfrecord", "lmdb"], n=10, image="cifar", workers=1, shards=2)
-    assert cifar["sample_bytes"] == 3072 and len(cifar["formats"]["lmdb"]["paths"]) == 2
+    # Made by the conversion engine: an LMDB per split, a TFRecord file per shard.
+    assert cifar["sample_bytes"] == 3072 and len(cifar["formats"]["lmdb"]["paths"]) == 1
+    assert len(cifar["formats"]["tfrecord"]["paths"]) == 2
     again = build_dataset(str(tmp_path / "c2"), ["tfrecord"], n=10, image="cifar", workers=2, shards=2)
     for a, b in zip(cifar["formats"]["tfrecord"]["files"], again["formats"]["tfrecord"]["files"]):
         assert a["sha256"] == b["sha256"]  # deterministic whatever the worker count
