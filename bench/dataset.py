@@ -131,6 +131,19 @@ def load_dataset_info(out: str, split: str | None = None, described: bool = True
                          "build one with `gpufeed bench dataset OUT`, or point at a `gpufeed convert` output")
 
 
+def formats_of(info: dict, asked, dst: str) -> list[str]:
+    """The formats a benchmark reads from ``info``'s dataset (at ``dst``): ``asked`` (``--formats``' text or a
+    list), each checked to be there, or every format the dataset holds where nothing is asked."""
+    if not asked:
+        return list(info["formats"])
+    formats = list(parse_formats(asked) if isinstance(asked, str) else dict.fromkeys(asked))
+    missing = [f for f in formats if f not in info["formats"]]
+    if missing:
+        raise ConfigError(f"{dst} has no {', '.join(missing)} dataset (it holds {', '.join(info['formats'])}); "
+                          f"build it with `gpufeed bench dataset {dst} --formats {','.join(formats)}`")
+    return formats
+
+
 def dataset_fields(info: dict, fmt: str) -> dict:
     """The dataset part of a benchmark row, from :func:`load_dataset_info`'s ``info``."""
     from gpufeed.bench.results import dataset_ram_ratio

@@ -276,7 +276,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from gpufeed.bench.accelerator import get_profile
     from gpufeed.bench.cli import tiers_from_args
-    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.dataset import formats_of, load_dataset_info
     from gpufeed.bench.read import dataset_paths, tier_dataset
     from gpufeed.bench.results import ResultWriter, summarize
     from gpufeed.bench.train import tier_scope
@@ -293,11 +293,7 @@ def run(args) -> int:
     writer = ResultWriter(args.results, data_path=args.dst)
     for tier in tiers_from_args(args, os.path.abspath(args.dst)):
         directory = tier_dataset(tier, os.path.abspath(args.dst))
-        from gpufeed.formats import parse_formats
-
-        for fmt in parse_formats(args.formats) if args.formats else tuple(info["formats"]):
-            if fmt not in info["formats"]:
-                raise ConfigError(f"{args.dst} holds no {fmt}; it has {', '.join(info['formats'])}")
+        for fmt in formats_of(info, args.formats, args.dst):
             paths = dataset_paths(info, directory, fmt)
             cfg = {**files_config(fmt, paths), "batch": batch, "step_s": profile.step_time(batch),
                    "steps": args.steps, "warmup": args.warmup_steps, "threads": args.threads, "readers": readers,

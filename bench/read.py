@@ -391,17 +391,14 @@ def bench_read(args, progress=None) -> list[dict]:
     gets one line per configuration as it starts, with the time spent and an estimate of what is left."""
     from gpufeed.bench.cache import evict, warm
     from gpufeed.bench.cli import tiers_from_args
-    from gpufeed.bench.dataset import dataset_fields, load_dataset_info
+    from gpufeed.bench.dataset import dataset_fields, formats_of, load_dataset_info
     from gpufeed.bench.emulate import Throttle
     from gpufeed.bench.hostdisk import measure_host, require_valid, row_figures
     from gpufeed.bench.results import ResultWriter, disk_info, metrics_block, repeat, summarize
 
     info = load_dataset_info(args.dst)
     grid = resolve_grid(args)
-    from gpufeed.formats import parse_formats
-
-    formats = (list(parse_formats(args.formats, list(info["formats"]))) if args.formats
-               else list(info["formats"]))
+    formats = formats_of(info, args.formats, args.dst)
     modes = _csv(grid["modes"], DECODE_MODES, "modes")
     caches = _csv(grid["cache"], CACHE_STATES, "cache")
     if args.samples < 1 or args.batch_size < 1:

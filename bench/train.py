@@ -403,11 +403,12 @@ def shared_tiers(tiers: list, dst: str, allow_invalid: bool, accounting: str = "
                 os.unlink(entry["state"])
 
 
-def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions, writer=None,
+def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: TrainOptions, writer=None,
                   log: Callable[[str], None] = print) -> list[dict]:
-    """The whole grid: per task, the synthetic baseline, then every tier x decode x format. Returns the rows,
+    """The whole grid: per task, the synthetic baseline, then every tier x decode x format (``formats``: a list,
+    --formats' text, or None for every format the dataset holds). Returns the rows,
     appending each to ``writer`` as soon as it is measured, so a run cut short keeps what it finished."""
-    from gpufeed.bench.dataset import dataset_fields, load_dataset_info
+    from gpufeed.bench.dataset import dataset_fields, formats_of, load_dataset_info
 
     kind = resolve_accelerator(opts.accelerator, emulable=opts.dataset_image == "imagenet")
     chosen = None
@@ -423,10 +424,7 @@ def run_benchmark(dst: str, formats: list[str], tiers: list, opts: TrainOptions,
         raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
                           "--decode cpu (the accelerator is emulated here)")
     info = load_dataset_info(dst)
-    missing = [f for f in formats if f not in info["formats"]]
-    if missing:
-        raise ConfigError(f"{dst} has no {', '.join(missing)} dataset; build it with "
-                          f"`gpufeed bench dataset {dst} --formats {','.join(formats)}`")
+    formats = formats_of(info, formats, dst)
     image = info.get("image", "imagenet")
     if image != opts.dataset_image:
         readers = {"imagenet": "resnet50 (or another torchvision ImageNet model)", "cifar": ", ".join(CIFAR_MODELS),
@@ -687,7 +685,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("dst", help="benchmark dataset directory, written by `gpufeed bench dataset DST`")
     add_tier_arguments(parser)
-    parser.add_argument("--formats", default=",".join(FORMATS), help="formats to feed from (comma-separated)")
+    parser.add_argument("--formats", default=None,
+                        help=f"formats to feed from, comma-separated, of {', '.join(FORMATS)} (default: every format "
+                             "DST holds)")
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
     parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
                         help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks from the cores, "
@@ -854,9 +854,7 @@ def run(args) -> int:
     opts = options_from_args(args)
     tiers = tiers_from_args(args, args.dst)
     writer = ResultWriter(args.results, data_path=args.dst)
-    from gpufeed.formats import parse_formats
-
-    run_benchmark(args.dst, list(parse_formats(args.formats)), tiers, opts, writer=writer,
+    run_benchmark(args.dst, args.formats, tiers, opts, writer=writer,
                   log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"results appended to {args.results}; turn them into a report with: gpufeed report {args.results} "
           "-o report.html")

@@ -11,6 +11,7 @@ import pytest
 from gpufeed.bench.dataset import build_dataset, load_dataset_info
 from gpufeed.bench.results import load_results
 from gpufeed.cli import main
+from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS, get_format
 
 
@@ -150,3 +151,20 @@ def test_bench_read_runs_on_a_gpufeed_convert_output(tmp_path, ray_local):
                  "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"]) == 0
     rows = load_results(str(results))
     assert {r["format"] for r in rows} == set(FORMATS) and all(r["n_samples"] == 12 for r in rows)
+
+
+def test_every_benchmark_takes_the_formats_the_dataset_holds_unless_told(imagenet_like):
+    """bench read, feed and train read --formats one way: each asked format checked to be in DST, naming what it
+    holds; without --formats, every format it holds."""
+    from gpufeed.bench.dataset import formats_of
+
+    info = load_dataset_info(imagenet_like)
+    assert formats_of(info, None, imagenet_like) == list(info["formats"])
+    assert formats_of(info, "lmdb,tfrecord", imagenet_like) == ["lmdb", "tfrecord"]
+    assert formats_of(info, ["recordio", "recordio"], imagenet_like) == ["recordio"]
+    partial = {**info, "formats": {"lmdb": info["formats"]["lmdb"]}}
+    with pytest.raises(ConfigError, match=r"has no recordio dataset \(it holds lmdb\); build it with "
+                                          r"`gpufeed bench dataset .* --formats recordio`"):
+        formats_of(partial, "recordio", imagenet_like)
+    with pytest.raises(ConfigError, match="unknown parquet"):
+        formats_of(info, "parquet", imagenet_like)
