@@ -53,8 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "writes RecordIO as K .rec files; without it RecordIO is one .rec per split")
     shards.add_argument("--shard-size", type=int, default=None, metavar="N",
                         help=f"without --shards: about N samples per shard (default: about {SAMPLES_PER_SHARD}, the "
-                             "count a power of two from 16 up, as TensorFlow's 1,024 ImageNet shards; a small split "
-                             "still in 16 shards of 100 or more, so that several workers share it)")
+                             "count a power of two from 16 up, as TensorFlow's 1,024 ImageNet shards; a quarter of "
+                             "that where the only output is one .rec per split, whose shards are only units of "
+                             "work; a small split still in 16 shards of 100 or more, so that several workers share "
+                             "it)")
     shards.add_argument("--shard-bytes", default=None, metavar="SIZE",
                         help="about SIZE of input per shard instead (256MB, 1GiB), counted from the input files' "
                              "sizes: with pass-through, shard files come out about that size; re-encoded or "

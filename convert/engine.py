@@ -79,7 +79,7 @@ class _Split:
     def __init__(self, plan: SplitPlan, items: list):
         self.plan = plan
         self.items = items
-        self.sinks = {}  # "lmdb"/"recordio" -> sink
+        self.sinks = {}  # a per-split format's name -> its sink
         self.next = {}  # sink -> next shard to commit
         self.taken = {}  # sink -> next shard not yet handed to it (ahead of ``next`` while a batch commits)
         self.results = {}  # shard -> journalled shard event
@@ -170,7 +170,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         if options.shard_bytes is not None:
             shards = max(1, round(input_bytes(items, cache) / options.shard_bytes))
         plans[s] = plan_split(s, [it.key for it in items], options.seed, options.effective_shuffle,
-                              shards, options.shard_size, identities=known)
+                              shards, options.shard_size, identities=known,
+                              per_shard=options.default_shard_samples)
         items_by_split[s], known_by_split[s] = items, known
     t0.mark("listed")
     if ray_start is not None and not options.pool_converts:

@@ -23,6 +23,12 @@ PTB_MODES = ("window", "sentence")
 #: script does (1024 train shards of ~1250 images): large enough for sequential reads, small enough that
 #: a shard is a cheap unit of retry and resume.
 SAMPLES_PER_SHARD = 1250
+#: Where every output is one file per split appended shard after shard (RecordIO without ``--shards``), no shard
+#: is a file anyone sees, and the shards are only units of work and resume: a quarter of the size by default, so
+#: that the last wave, which leaves workers idle while its shards finish, is short. 128 shards of 1,172 images on
+#: 32 workers (whole waves on paper) left 58-61 worker-seconds idle in the last one, ~1.8 s of a 20 s warm run
+#: (results/convert-node-h100x2.txt); a shard more costs its worker ~2.5 ms.
+ASSEMBLED_SAMPLES_PER_SHARD = SAMPLES_PER_SHARD // 4
 
 #: Options that do not change a single byte of a finished shard, left out of the resume check.
 #: ``on_error`` is one: a shard finished under ``fail`` skipped nothing, one finished under ``skip`` lists
@@ -158,11 +164,20 @@ class ConvertOptions:
     @property
     def text(self) -> bool:
         """Whether the dataset is text (token records): Penn Treebank, or synthetic windows of it."""
+        return self._kind == "ptb"
+
+    @property
+    def cifar(self) -> bool:
+        """Whether the dataset is CIFAR's 32x32 pixels (CIFAR-10/100, or synthetic pixels like them)."""
+        return self._kind == "cifar"
+
+    @property
+    def _kind(self) -> str:
         if self.dataset == "synthetic":
             from gpufeed.pipelines.sources_synthetic import parse_spec
 
-            return parse_spec(self.src)[0] == "ptb"
-        return self.dataset == "ptb"
+            return parse_spec(self.src)[0]
+        return {"ptb": "ptb", "cifar10": "cifar", "cifar100": "cifar"}.get(self.dataset, "images")
 
     @property
     def src_is_place(self) -> bool:
@@ -254,7 +269,7 @@ class ConvertOptions:
             return image.encode
         if image.store_dtype != "uint8":
             return "raw"
-        if self.dataset in ("cifar10", "cifar100"):
+        if self.cifar:
             return "png"
         changed = any(v is not None for v in (image.resize, image.size, image.max_size))
         return "jpeg" if changed or image.center_crop or image.gray else "pass"
@@ -264,11 +279,22 @@ class ConvertOptions:
         ships it, so its own readers take it unchanged: raw pixel Datums in LMDB (Caffe's
         ``convert_cifar_data``), PNG in RecordIO (what ``ImageRecordIter`` decodes) and in TFRecord (as
         TFDS stores CIFAR). Every other case: :attr:`effective_encode` for all formats."""
-        if self.image.encode is None and self.image.store_dtype == "uint8" and self.dataset in ("cifar10", "cifar100"):
+        if self.image.encode is None and self.image.store_dtype == "uint8" and self.cifar:
             from gpufeed.formats import format_class
 
             return format_class(fmt).cifar_encode
         return self.effective_encode
+
+    @property
+    def default_shard_samples(self) -> int:
+        """Samples per shard where no shard option is given: :data:`ASSEMBLED_SAMPLES_PER_SHARD` where every
+        output is one per split appended shard after shard (its bytes the same whatever the shards: a single
+        ``.rec``), else :data:`SAMPLES_PER_SHARD`."""
+        from gpufeed.formats.base import PER_SPLIT
+
+        if all(f.layout == PER_SPLIT and not f.commits_per_shard for f in self.output_formats()):
+            return ASSEMBLED_SAMPLES_PER_SHARD
+        return SAMPLES_PER_SHARD
 
     def output_formats(self) -> list:
         """The formats to write, each configured as these options ask: TFRecord's label convention,

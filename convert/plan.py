@@ -53,9 +53,9 @@ MIN_SHARDS = 16
 MIN_SHARD_SAMPLES = 100
 
 
-def default_shards(n: int, shard_size: int | None = None) -> int:
-    """About ``shard_size`` samples per shard, at least one shard. Without a size: about
-    :data:`SAMPLES_PER_SHARD` each, the count rounded to a power of two where that makes :data:`MIN_SHARDS` or
+def default_shards(n: int, shard_size: int | None = None, per_shard: int = SAMPLES_PER_SHARD) -> int:
+    """About ``shard_size`` samples per shard, at least one shard. Without a size: about ``per_shard`` each
+    (:data:`SAMPLES_PER_SHARD`, or finer where no shard is a file: ConvertOptions.default_shard_samples), the count rounded to a power of two where that makes :data:`MIN_SHARDS` or
     more (TensorFlow's ImageNet layout: 1,024 train shards of ~1,250 images, where 1,250 each would make 1,025),
     and at least :data:`MIN_SHARDS` of :data:`MIN_SHARD_SAMPLES` or more where the split has the samples for
     them. A power of two splits into whole waves on 16, 32, 64 or 128 workers: 1,025 shards on 64 workers were
@@ -63,9 +63,9 @@ def default_shards(n: int, shard_size: int | None = None) -> int:
     quarter leaving 16 workers idle (results/convert-imagenet-h100x4.txt)."""
     if shard_size is not None:
         return max(1, round(n / shard_size))
-    k = round(n / SAMPLES_PER_SHARD)
+    k = round(n / per_shard)
     if k >= MIN_SHARDS:
-        return 1 << round(math.log2(n / SAMPLES_PER_SHARD))
+        return 1 << round(math.log2(n / per_shard))
     return max(1, k, min(MIN_SHARDS, n // MIN_SHARD_SAMPLES))
 
 
@@ -88,13 +88,14 @@ def shard_digest(identities) -> str:
 
 
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
-               shard_size: int | None = None, identities: list[bytes] | None = None) -> SplitPlan:
+               shard_size: int | None = None, identities: list[bytes] | None = None,
+               per_shard: int = SAMPLES_PER_SHARD) -> SplitPlan:
     """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
     :func:`gpufeed.convert.identity.item_identity`), digested per shard; ``None`` where each shard's worker
     digests its inputs as it reads them (``shard_digests`` is then empty)."""
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
-    k = min(shards or default_shards(n, shard_size), max(n, 1))
+    k = min(shards or default_shards(n, shard_size, per_shard), max(n, 1))
     # TensorFlow's build_imagenet_data.py spacing: shard i covers [i*n//k, (i+1)*n//k).
     bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
     h = hashlib.sha256()  # each key in plan order, then a NUL: one update (a million keys in ImageNet)

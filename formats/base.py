@@ -245,6 +245,10 @@ class Format(abc.ABC):
     indexed: ClassVar[bool] = True
     #: :data:`PER_SHARD` or :data:`PER_SPLIT`.
     layout: str = PER_SHARD
+    #: A per-split output assembled with a durable commit per shard, whose bytes follow the shards (an LMDB's
+    #: transactions): its conversions keep shards of the usual size. One assembled by appending shard after
+    #: shard is the same whatever their size, so a conversion cuts finer work for it.
+    commits_per_shard: ClassVar[bool] = False
 
     def output_path(self, out: str, split: str, shard: int = 0, count: int = 1) -> str:
         """What the reader opens for a split's shard (a per-split output ignores ``shard`` and ``count``):

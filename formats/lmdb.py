@@ -754,6 +754,8 @@ class LMDBFormat(Format):
     #: One environment per split (``<split>_lmdb``), as Caffe's tools make.
     layout = PER_SPLIT
     local_only = True
+    #: A transaction (an fsync) per shard, its free pages in the file.
+    commits_per_shard = True
 
     def reader_path(self, relpath: str) -> str:
         return relpath.rsplit("/", 1)[0]

@@ -381,3 +381,21 @@ def test_idle_worker_seconds_split_into_ramp_middle_and_last_wave():
     assert idle_worker_seconds(events, 2) == {"idle_worker_s_ramp": 0.0, "idle_worker_s_middle": 0.5,
                                               "idle_worker_s_last_wave": 0.5}
     assert idle_worker_seconds([], 4) == {}
+
+
+def test_work_is_cut_finer_where_no_shard_is_a_file_and_the_bytes_do_not_change(tmp_path):
+    """RecordIO alone (one .rec per split) is appended shard after shard: its default shards are a quarter of
+    the usual size (a shorter last wave), and its bytes are those of the usual shards. With a format whose
+    shards are files (TFRecord) or commits (LMDB), the usual size."""
+    from gpufeed.convert.options import ASSEMBLED_SAMPLES_PER_SHARD, SAMPLES_PER_SHARD
+
+    def opts(formats, out, **kw):
+        return ConvertOptions("synthetic", "cifar:3000", formats, str(tmp_path / out), workers=2, progress=False, **kw)
+
+    assert opts(("recordio",), "a").default_shard_samples == ASSEMBLED_SAMPLES_PER_SHARD == SAMPLES_PER_SHARD // 4
+    for formats in (("recordio", "lmdb"), ("recordio", "tfrecord"), ("lmdb",)):
+        assert opts(formats, "a").default_shard_samples == SAMPLES_PER_SHARD
+    fine = convert(opts(("recordio",), "fine", local_start=True, executor="pool"))
+    coarse = convert(opts(("recordio",), "coarse", local_start=True, executor="pool", shard_size=SAMPLES_PER_SHARD))
+    assert (fine.samples["train"]["shards"], coarse.samples["train"]["shards"]) == (16, 2)
+    assert tree_bytes(tmp_path / "fine") == tree_bytes(tmp_path / "coarse")
