@@ -688,6 +688,20 @@ def idle_worker_seconds(events: list, workers: int) -> dict:
     return {f"idle_worker_s_{k}": round(v, 3) for k, v in idle.items()}
 
 
+def shard_seconds_spread(events: list) -> dict:
+    """How long this run's shards took in their workers: median, 90th percentile and longest (seconds). Shards
+    of one size that take unequal times end the last wave ragged (``idle_worker_s_last_wave``); this says by
+    how much. Empty without timed shards."""
+    seconds = sorted(ev["seconds"] for ev in events if "started" in ev and "seconds" in ev)
+    if not seconds:
+        return {}
+
+    def at(q: float) -> float:
+        return round(seconds[min(len(seconds) - 1, int(q * len(seconds)))], 3)
+
+    return {"shard_s_p50": at(0.5), "shard_s_p90": at(0.9), "shard_s_max": round(seconds[-1], 3)}
+
+
 def _journal_shard(journal, state_dir, result) -> dict:
     stats = result.pop("stats")
     if stats is not None:
@@ -791,8 +805,9 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
     if queued:  # the converting threads' waits for a core, where the OS reports them
         summary.timeline["worker_run_queue_seconds"] = round(sum(queued), 3)
     summary.timeline.update(_per_sample_costs(events))
-    summary.timeline.update(idle_worker_seconds([ev for ev in events if ev.get("started", 0) >= t0.epoch],
-                                                options.workers))
+    timed = [ev for ev in events if ev.get("started", 0) >= t0.epoch]
+    summary.timeline.update(idle_worker_seconds(timed, options.workers))
+    summary.timeline.update(shard_seconds_spread(timed))
     summary.normalization = manifest_mod.write(options, summary, source.classes(), stats,
                                                joined=manifest_mod.joined_manifest(journal.events))["normalization"]
     remove_state(state_dir)

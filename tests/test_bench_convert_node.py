@@ -57,6 +57,7 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert 0 <= tl["held_by_commit_window_s"] < conv["seconds"]
     # Worker-seconds with no shard, as the workers ramped up, in the middle, and after the last shard started.
     assert all(tl[f"idle_worker_s_{k}"] >= 0 for k in ("ramp", "middle", "last_wave"))
+    assert tl["shard_s_max"] >= tl["shard_s_p90"] >= tl["shard_s_p50"] > 0  # how ragged the last wave could end
     assert 0 < conv["first_shard_started_s"] < conv["seconds"]
     assert conv["driver_anon_rss_mib"][0] > 0
     assert by_run["pass-recordio"]["images"] == 20 and by_run["pass-recordio/cp"]["ratio"] > 0

@@ -383,6 +383,15 @@ def test_idle_worker_seconds_split_into_ramp_middle_and_last_wave():
     assert idle_worker_seconds([], 4) == {}
 
 
+def test_shard_seconds_spread_says_how_ragged_the_last_wave_is():
+    from gpufeed.convert.engine import shard_seconds_spread
+
+    events = [{"started": 0.0, "seconds": s} for s in (4.0, 4.2, 4.1, 4.3, 6.0, 4.0, 4.4, 4.1, 4.2, 4.5)]
+    events.append({"shard": 3})  # resumed: no timing
+    assert shard_seconds_spread(events) == {"shard_s_p50": 4.2, "shard_s_p90": 6.0, "shard_s_max": 6.0}
+    assert shard_seconds_spread([]) == {}
+
+
 def test_work_is_cut_finer_where_no_shard_is_a_file_and_the_bytes_do_not_change(tmp_path):
     """RecordIO alone (one .rec per split) is appended shard after shard: its default shards are a quarter of
     the usual size (a shorter last wave), and its bytes are those of the usual shards. With a format whose

@@ -770,6 +770,9 @@ def table(rows: list[dict]) -> str:
                 split += ("; idle worker-s: " + " / ".join(f"{line[f'idle_worker_s_{k}']:.0f}"
                                                            for k in ("ramp", "middle", "last_wave"))
                           + " (ramp / middle / last wave)")
+            if "shard_s_max" in line:
+                split += (f"; shards took {line['shard_s_p50']} / {line['shard_s_p90']} / {line['shard_s_max']} s "
+                          "(median / p90 / longest)")
             if line.get("held_by_commit_window_s"):
                 split += f"; shards held back by the commits for {line['held_by_commit_window_s']} s"
             waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
