@@ -65,7 +65,10 @@ def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagen
     ``out/bench_dataset.json``) what was written: per format its reader paths, files, bytes and mean record
     size. ``resize``, ``size``, ``center_crop`` and ``encode`` are ``gpufeed convert``'s options of those
     names (ImageNet-like images only). A dataset already built with the same options is kept as it is; one
-    built otherwise is replaced only with ``overwrite`` (the files its manifest lists)."""
+    built otherwise is replaced only with ``overwrite`` (the files its manifest lists).
+
+    Like the command line, it converts in local processes started from a fork server, which run a script's
+    main module again: call it under ``if __name__ == "__main__":``."""
     from gpufeed.convert.engine import convert
     from gpufeed.convert.options import ConvertOptions
     from gpufeed.convert.progress import Progress
