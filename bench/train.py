@@ -42,8 +42,8 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_CORES, DECODES, FIXED_SHARE_MIN_WORKERS, HYBRID_CPU_SHARE, MAX_DEFAULT_WORKERS,
-                                      RATES, LoaderOptions, default_read_ahead, default_workers, hybrid_split)
+from gpufeed.pipelines.loader import (AUTO, DECODES, RATES, LoaderOptions, default_read_ahead, default_workers,
+                                      hybrid_split)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``), or as the loader does by default (``auto``: on for
@@ -712,9 +712,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=None,
                         help="untimed steps at the start of every run (worker start-up, cuDNN autotuning; default "
                              "10, fitted with --steps)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="DataLoader worker processes per rank (default: each rank's share of the usable cores, "
-                             f"less one for its own process where --gpus ranks share the node; at most {MAX_DEFAULT_WORKERS})")
     parser.add_argument("--image-size", type=int, default=None,
                         help=f"crop size fed to the model (default 224; {CIFAR_SIZE} for the CIFAR models)")
     parser.add_argument("--augment-on", type=_csv(("cpu", "gpu")), default="cpu",
@@ -727,8 +724,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DistributedDataParallel ranks, one GPU each (NCCL): each rank's loader reads its share "
                              "of the format with --workers workers; a row reports the slowest rank's AU and every "
                              "rank's under `ranks`")
-    parser.add_argument("--decode-threads", type=int, default=2,
-                        help="GPU decode paths: decoders working on consecutive batches (threads, streams)")
     parser.add_argument("--read-ahead", type=_csv(READ_AHEADS), default="auto",
                         help="on: each DataLoader worker starts reading every record of its batch before it uses the "
                              "first; off: record by record; auto: the loader's default (on where --gpus ranks share "
@@ -736,19 +731,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
                              "inference servers do; the loop's thread then launches one graph per batch")
-    parser.add_argument("--decode-priority", type=int, default=0,
-                        help="GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)")
-    parser.add_argument("--worker-nice", type=int, default=None, metavar="N",
-                        help="niceness the DataLoader workers add to their own (0-19), so the training loop's "
-                             "process gets a core first when it needs one (default: the loader's, "
-                             "gpufeed.pipelines.loader.WORKER_NICE)")
-    parser.add_argument("--cpu-share", type=_share, default=None,
-                        help=f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the "
-                             "split set from both sides' measured rates); with --decode auto, for the rows where "
-                             "auto picks hybrid (default: the loader's: every image on the CPU for one rank with "
-                             f"{CPU_ENOUGH_CORES} workers or more; else {HYBRID_CPU_SHARE['train']} training and "
-                             f"{HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; "
-                             f"else {RATES})")
+    # The loader's own settings, their flags made from LoaderOptions' fields.
+    LoaderOptions.add_arguments(parser)
 
 
 def augment_of(task: str) -> str:
@@ -762,14 +746,6 @@ def _read_aheads(asked, gpus: int) -> tuple[str, ...]:
     auto = "on" if default_read_ahead(gpus) else "off"
     return tuple(dict.fromkeys(auto if r == "auto" else r for r in asked))
 
-
-def _share(text: str) -> float | str:
-    if text == RATES:
-        return RATES
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a share from 0 to 1 nor {RATES!r}") from None
 
 
 def options_from_args(args) -> TrainOptions:

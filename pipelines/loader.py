@@ -185,6 +185,24 @@ def _first_record_kind(paths, format: str | None) -> str:
         return next(iter(reader)).kind
 
 
+def parse_cpu_share(text: str) -> float | str:
+    """``--cpu-share``'s text: a share from 0 to 1, or :data:`RATES`."""
+    import argparse
+
+    if text == RATES:
+        return RATES
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a share from 0 to 1 nor {RATES!r}") from None
+
+
+def _flag(default, cli_default=None, **cli):
+    """A field a command line also takes (argparse's keywords in ``cli``; its default there ``cli_default``:
+    None leaves the choice to the loader, as Python's None does)."""
+    return dataclasses.field(default=default, metadata={"cli": {"default": cli_default, **cli}})
+
+
 @dataclasses.dataclass(frozen=True)
 class LoaderOptions:
     """What a :class:`Loader` is asked for, checked once, here, whoever asks: ``gpufeed.loader(...)`` and
@@ -197,20 +215,38 @@ class LoaderOptions:
     decode: str = AUTO
     augment: str = "train"
     size: int = 224
-    workers: int | None = None  # None: default_workers(world_size)
+    workers: int | None = _flag(None, type=int, help=(
+        "DataLoader worker processes per rank (default: each rank's share of the usable cores, less one for its own "
+        f"process where ranks share the node; at most {MAX_DEFAULT_WORKERS})"))
     seed: int = 0
     shuffle: bool | None = None
     drop_last: bool = True
     normalize: bool = False
-    decode_threads: int = 2
-    decode_priority: int = 0
+    decode_threads: int = _flag(2, 2, type=int, help=(
+        "GPU decode paths: decoders working on consecutive batches (threads, streams)"))
+    decode_priority: int = _flag(0, 0, type=int, help=(
+        "GPU decode paths: CUDA priority of the decoders' streams (negative: ahead of the model)"))
     augment_on: str = "cpu"
     window: int | None = None
     vocab: int | None = None
     read_ahead: bool = False
-    cpu_share: float | str | None = None  # None: hybrid_split's default; RATES: the measured-rate split
-    worker_nice: int = WORKER_NICE
+    cpu_share: float | str | None = _flag(None, type=parse_cpu_share, help=(
+        f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the split set from both "
+        "sides' measured rates); with --decode auto, where auto picks hybrid (default: every image on the CPU for "
+        f"one rank with {CPU_ENOUGH_CORES} workers or more; else {HYBRID_CPU_SHARE['train']} training and "
+        f"{HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else {RATES})"))
+    worker_nice: int = _flag(WORKER_NICE, metavar="N", type=int, help=(
+        "niceness the DataLoader workers add to their own (0-19), so the training loop's process gets a core first "
+        f"when it needs one (default: {WORKER_NICE})"))
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """The command-line flags of the options a command takes as they are (``--workers``, ``--decode-threads``,
+        ``--decode-priority``, ``--cpu-share``, ``--worker-nice``), one per field, from the fields' metadata."""
+        for f in dataclasses.fields(cls):
+            if "cli" in f.metadata:
+                parser.add_argument(f"--{f.name.replace('_', '-')}", **f.metadata["cli"])
 
     def _says(self, name: str, value=None) -> str:
         value = getattr(self, name) if value is None else value
