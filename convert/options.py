@@ -255,9 +255,10 @@ class ConvertOptions:
 
     @property
     def effective_shuffle(self) -> bool:
-        """``--shuffle`` as applied: by default images are shuffled; Penn Treebank windows keep their order,
-        since language models read the token stream in order (truncated backpropagation through time)."""
-        return self.dataset != "ptb" if self.shuffle is None else self.shuffle
+        """``--shuffle`` as applied: by default images are shuffled; Penn Treebank windows (synthetic ones too)
+        keep their order, since language models read the token stream in order (truncated backpropagation
+        through time)."""
+        return not self.text if self.shuffle is None else self.shuffle
 
     @property
     def effective_encode(self) -> str:

@@ -7,6 +7,7 @@ import pytest
 
 from convert_fixtures import tree_bytes
 from gpufeed.cli import main
+from gpufeed.convert.options import ConvertOptions
 from gpufeed.errors import ConfigError
 from gpufeed.formats import get_format
 from gpufeed.pipelines import open_source
@@ -55,6 +56,9 @@ def test_convert_synthetic_writes_every_format_verifies_and_resumes_to_the_same_
     # A text kind takes no image options, as Penn Treebank does not.
     assert main(["convert", "synthetic", "ptb:40", "--to", "lmdb", "--out", str(tmp_path / "p"), "--resize", "8"]) == 2
     assert "--resize transform images; Penn Treebank is text" in capsys.readouterr().err
+    # Windows keep their order by default, as Penn Treebank's do; images are shuffled.
+    assert not ConvertOptions("synthetic", "ptb:40", ("lmdb",), str(tmp_path / "p")).effective_shuffle
+    assert ConvertOptions("synthetic", "cifar:40", ("lmdb",), str(tmp_path / "c")).effective_shuffle
 
 
 def test_bench_datasets_are_what_convert_writes(tmp_path):
