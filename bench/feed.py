@@ -23,7 +23,6 @@ row says so, and a larger dataset tests further.
 from __future__ import annotations
 
 import argparse
-import bisect
 import concurrent.futures
 import os
 import sys
@@ -53,17 +52,18 @@ def _start_reading(cfg: dict) -> None:
     import threading
 
     from gpufeed.formats import get_format
+    from gpufeed.formats.torch import ConcatIndex
 
     local = threading.local()
-    paths, starts = cfg["paths"], cfg["starts"]
+    paths, index = cfg["paths"], ConcatIndex(cfg["counts"])
 
     def read(i: int) -> int:
         if not hasattr(local, "readers"):
             local.readers = [None] * len(paths)
-        j = bisect.bisect_right(starts, i) - 1
+        j, k = index.locate(i)
         if local.readers[j] is None:
             local.readers[j] = get_format(cfg["format"]).reader(paths[j])
-        return len(local.readers[j].read_raw(i - starts[j]))
+        return len(local.readers[j].read_raw(k))
 
     _reading["read"] = read
     _reading["pool"] = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, cfg["threads"] // cfg["readers"]))
@@ -236,11 +236,10 @@ def cold_max_gpus(cfg: dict, records: int, dst: str) -> int:
 
 
 def files_config(fmt: str, paths: list[str]) -> dict:
-    """What the ranks read: ``fmt``'s files ``paths`` as one run of records (each file's first record's
-    place in it, and how many in all), counted once here (a TFRecord without ``.idx`` is scanned)."""
+    """What the ranks read: ``fmt``'s files ``paths`` as one run of records (each file's record count, and
+    how many in all), counted once here (a TFRecord without ``.idx`` is scanned)."""
     counts = [_records(fmt, path) for path in paths]
-    return {"format": fmt, "paths": list(paths), "starts": [sum(counts[:j]) for j in range(len(paths))],
-            "records": sum(counts)}
+    return {"format": fmt, "paths": list(paths), "counts": counts, "records": sum(counts)}
 
 
 def _records(fmt: str, path: str) -> int:

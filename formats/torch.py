@@ -98,6 +98,23 @@ class _Readers:
         self._pid = None
 
 
+class ConcatIndex:
+    """Several files' records as one run: record ``g`` of the run is record ``k`` of file ``j``
+    (:meth:`locate`), the files taken in order with ``counts[j]`` records each."""
+
+    def __init__(self, counts: Sequence[int]):
+        self.starts = [0]
+        for n in counts:
+            self.starts.append(self.starts[-1] + n)
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def locate(self, g: int) -> tuple[int, int]:
+        j = bisect.bisect_right(self.starts, g) - 1
+        return j, g - self.starts[j]
+
+
 def _make_map_dataset_class():
     import torch.utils.data
 
@@ -117,10 +134,8 @@ def _make_map_dataset_class():
             self.transform = transform
             self.read_ahead = read_ahead
             self.rank, self.world_size = _dist_rank_world(rank, world_size)
-            self._starts = [0]
-            for j in range(len(self._readers.paths)):
-                self._starts.append(self._starts[-1] + len(self._readers.get(j)))
-            total = self._starts[-1]
+            self._index = ConcatIndex([len(self._readers.get(j)) for j in range(len(self._readers.paths))])
+            total = len(self._index)
             self._len = total // self.world_size if even else len(range(self.rank, total, self.world_size))
 
         def __len__(self) -> int:
@@ -130,9 +145,7 @@ def _make_map_dataset_class():
             """Dataset index ``i`` -> (reader, record position in it)."""
             if not -self._len <= i < self._len:
                 raise IndexError(f"index {i} out of range for a dataset of {self._len} records")
-            g = (i % self._len) * self.world_size + self.rank
-            j = bisect.bisect_right(self._starts, g) - 1
-            return j, g - self._starts[j]
+            return self._index.locate((i % self._len) * self.world_size + self.rank)
 
         def __getitem__(self, i: int):
             with relayed():
