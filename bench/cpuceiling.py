@@ -55,6 +55,10 @@ def _read_samples(fmt: str, path: str, count: int) -> list:
         return out
 
 
+def _mean_bytes(samples: list) -> float:
+    return sum(len(s.payload) if isinstance(s.payload, bytes) else s.payload.nbytes for s in samples) / len(samples)
+
+
 def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: float = 2.0,
                    processes: int | None = None, record_bytes: float | None = None) -> dict | None:
     """Images per second every usable core decodes and crops at once (``img_per_s``; with ``processes``,
@@ -74,18 +78,16 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
         return (f"{cpu_model()}|{processes} processes|{'train' if train else 'eval'}|{size}|"
                 f"~{bucket * SIZE_STEP // 1024} KiB")
 
-    if record_bytes:
-        found = kept(CEILINGS_FILE, key_for(record_bytes))
-        if found is not None:
-            return found
-    samples = _read_samples(fmt, path, SAMPLE_RECORDS)
-    if not samples:
+    samples = None if record_bytes else _read_samples(fmt, path, SAMPLE_RECORDS)
+    if samples == []:
         return None
-    record = sum(len(s.payload) if isinstance(s.payload, bytes) else s.payload.nbytes for s in samples) / len(samples)
-    key = key_for(record_bytes or record)
+    key = key_for(record_bytes or _mean_bytes(samples))
     found = kept(CEILINGS_FILE, key)
     if found is not None:
         return found
+    samples = samples or _read_samples(fmt, path, SAMPLE_RECORDS)
+    if not samples:
+        return None
     # Every process forks before the clock starts, then all decode over the same wall-clock window.
     start = time.time() + 1.0 + 0.02 * processes
     end = start + seconds
@@ -99,7 +101,7 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
     finally:
         pool.terminate()  # after an error; nothing left to stop after the join
     found = {"img_per_s": sum(counts) / seconds, "processes": processes,
-             "per_process": sum(counts) / seconds / processes, "record_bytes": round(record),
+             "per_process": sum(counts) / seconds / processes, "record_bytes": round(_mean_bytes(samples)),
              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     keep(CEILINGS_FILE, key, found)
     return found
