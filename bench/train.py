@@ -747,7 +747,6 @@ def _read_aheads(asked, gpus: int) -> tuple[str, ...]:
     return tuple(dict.fromkeys(auto if r == "auto" else r for r in asked))
 
 
-
 def options_from_args(args) -> TrainOptions:
     fit_steps = args.steps is None and args.warmup_steps is None
     args.steps = 50 if args.steps is None else args.steps
@@ -789,8 +788,8 @@ def options_from_args(args) -> TrainOptions:
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice)) if v is not None}
     LoaderOptions(decode="hybrid" if {"hybrid", AUTO} & set(args.decode) else "cpu", cpu_share=args.cpu_share,
-                  workers=workers,
-                  decode_threads=args.decode_threads, decode_priority=args.decode_priority, spelling="cli", **given)
+                  workers=workers, decode_threads=args.decode_threads, decode_priority=args.decode_priority,
+                  spelling="cli", **given)
     if args.accelerator != "cuda":
         from gpufeed.bench.accelerator import get_profile
 
@@ -801,8 +800,8 @@ def options_from_args(args) -> TrainOptions:
                         workers=workers, cold=args.cold, augment_ons=tuple(args.augment_on),
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
-                        decode_priority=args.decode_priority, gpus=args.gpus, read_aheads=_read_aheads(args.read_ahead, args.gpus),
-                        cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
+                        decode_priority=args.decode_priority, gpus=args.gpus,
+                        read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
                         fit_steps=fit_steps)
 
 

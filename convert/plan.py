@@ -55,8 +55,8 @@ MIN_SHARD_SAMPLES = 100
 
 def default_shards(n: int, shard_size: int | None = None, per_shard: int = SAMPLES_PER_SHARD) -> int:
     """About ``shard_size`` samples per shard, at least one shard. Without a size: about ``per_shard`` each
-    (:data:`SAMPLES_PER_SHARD`, or finer where no shard is a file: ConvertOptions.default_shard_samples), the count rounded to a power of two where that makes :data:`MIN_SHARDS` or
-    more (TensorFlow's ImageNet layout: 1,024 train shards of ~1,250 images, where 1,250 each would make 1,025),
+    (:data:`SAMPLES_PER_SHARD`, or finer where no shard is a file: ConvertOptions.default_shard_samples), the
+    count rounded to a power of two where that makes :data:`MIN_SHARDS` or more (TensorFlow's ImageNet layout: 1,024 train shards of ~1,250 images, where 1,250 each would make 1,025),
     and at least :data:`MIN_SHARDS` of :data:`MIN_SHARD_SAMPLES` or more where the split has the samples for
     them. A power of two splits into whole waves on 16, 32, 64 or 128 workers: 1,025 shards on 64 workers were
     16 waves and one shard that one worker converted alone for ~7 s, and 240 shards 3.75 waves, the last
