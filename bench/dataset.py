@@ -93,26 +93,10 @@ def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagen
     convert(options, Progress(progress))
     info = load_dataset_info(out, described=False)
     info.update(n=n, image=image, resize=resize, seed=seed, store=store_flags(**store),
-                sample_bytes=_mean_payload_bytes(info), build_seconds=time.perf_counter() - t0)
+                build_seconds=time.perf_counter() - t0)
     with open(os.path.join(out, MANIFEST), "w") as fh:
         json.dump(info, fh, indent=2, default=str)
     return info
-
-
-def _mean_payload_bytes(info: dict) -> float:
-    """The mean stored sample (the JPEG, the pixels, the token ids) of ``info``'s dataset, without its format's
-    framing: every record of its first format read back."""
-    from gpufeed.formats import get_format
-
-    fmt, built = next(iter(info["formats"].items()))
-    total = count = 0
-    for path in built["paths"]:
-        with get_format(fmt).reader(path) as reader:
-            for sample in reader:
-                payload = sample.payload
-                total += payload.nbytes if hasattr(payload, "nbytes") else len(payload)
-                count += 1
-    return total / max(1, count)
 
 
 def load_dataset_info(out: str, split: str | None = None, described: bool = True) -> dict:
@@ -181,6 +165,7 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
         name = os.path.basename(os.path.dirname(rel) if rel.endswith("data.mdb") else rel)
         return name.startswith((f"{split}.", f"{split}_", f"{split}-"))
 
+    stored = splits[split].get("stored_bytes") or {}  # counted by the workers (gpufeed since 2026-11-26)
     sample_bytes = []
     for fmt in m["formats"]:
         files = [f for f in m["files"] if f["path"].startswith(fmt + "/") and in_split(f["path"])]
@@ -193,7 +178,7 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
         info["formats"][fmt] = {"relpaths": rel, "paths": [os.path.join(info["out"], r) for r in rel],
                                 "files": files, "data_bytes": data_bytes,
                                 "total_bytes": sum(f["bytes"] for f in files), "record_bytes": data_bytes / n}
-        sample_bytes.append(data_bytes / n)
+        sample_bytes.append(stored[fmt] / n if fmt in stored else data_bytes / n)
     if image == "ptb":
         info.update(_ptb_fields(out, options))
     if not info["formats"]:

@@ -768,6 +768,16 @@ def _records_per_format(formats, st: _Split) -> dict:
     return counts
 
 
+def _stored_bytes(formats, st: _Split) -> dict:
+    """``{"stored_bytes": {format: bytes}}``: the samples a split's records store (images, pixels, ids, without
+    their framing), summed from its shards' workers; nothing where a shard was converted by a gpufeed that did
+    not count them (resumed from its journal)."""
+    events = list(st.results.values())
+    if not all("stored_bytes" in ev for ev in events):
+        return {}
+    return {"stored_bytes": {f: sum(ev["stored_bytes"].get(f, 0) for ev in events) for f in formats}}
+
+
 def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
             prepass_stats=None) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
@@ -780,7 +790,7 @@ def _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_s
         skipped.extend(sk)
         converted.extend(tuple(x) for i in sorted(st.results) for x in st.results[i].get("converted", ()))
         samples[s] = {"planned": len(st.plan), "written": written, "skipped": len(sk), "shards": len(st.plan.shards),
-                      "formats": _records_per_format(options.formats, st)}
+                      "formats": _records_per_format(options.formats, st), **_stored_bytes(options.formats, st)}
         for i in sorted(st.results):
             files.extend(f for f in st.results[i]["files"] if not _is_spool(f, spool_dir))
         for sink_files in st.finished.values():

@@ -85,21 +85,27 @@ def warm_worker() -> None:
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):
-    """``(records, converted)``: one record per format of ``fmts`` (``job.formats``) from one input (``data``,
-    its bytes when already read), and why pass-through stored it re-encoded (``None`` when it did not).
+    """``(records, converted, stored)``: one record per format of ``fmts`` (``job.formats``) from one input
+    (``data``, its bytes when already read), why pass-through stored it re-encoded (``None`` when it did not),
+    and per format the bytes of the sample its record stores (the image, pixels or ids, without framing).
     Formats that store the same encoding share one sample; the input is read and transformed once per
     encoding (CIFAR's defaults differ per format, each ecosystem's own). Crashes on purpose under the
     ``crash_on`` test fault."""
     faults.before_item(job.faults, item)
     opts = job.image_options
-    samples, records = {}, []
-    for fmt, encode in zip(fmts, job.encodes or [opts.encode] * len(fmts)):
+    samples, records, encodes = {}, [], job.encodes or [opts.encode] * len(fmts)
+    for fmt, encode in zip(fmts, encodes):
         if encode not in samples:
             one = opts if encode == opts.encode else dataclasses.replace(opts, encode=encode)
             samples[encode] = _sample(one, item, index, stats if not samples else None, data)
         records.append(fmt.encode(samples[encode]))
     converted = next((s.meta["converted"] for s in samples.values() if "converted" in s.meta), None)
-    return records, converted
+    stored = [_payload_bytes(samples[encode].payload) for encode in encodes]
+    return records, converted, stored
+
+
+def _payload_bytes(payload) -> int:
+    return payload.nbytes if hasattr(payload, "nbytes") else len(payload)
 
 
 def _sample(opts, item, index, stats, data):
@@ -298,7 +304,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
     outputs = _open_outputs(job, out, spool_dir)
     fmts = [fmt for fmt, _, _ in outputs]
     skipped, converted, written, out_bytes = [], [], 0, 0
-    counts = [0] * len(outputs)
+    counts, stored_bytes = [0] * len(outputs), [0] * len(outputs)
     ahead = _ReadAhead(items, lambda i: sp.start + i in job.exclude)
     read_s = 0.0  # in reads (the bytes of an input not read ahead yet: waits for the disk, or its CPU)
     try:
@@ -313,7 +319,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                 t = time.perf_counter()
                 data = ahead.take(index - sp.start, item)
                 read_s += time.perf_counter() - t
-                records, change = _records(job, fmts, item, index, one, data)
+                records, change, stored = _records(job, fmts, item, index, one, data)
             except Exception as e:
                 e = _input_error(e, item)
                 if job.on_error == "fail":
@@ -327,6 +333,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                     raise sinks.output_error(path, e) from e
                 out_bytes += len(record.value)
                 counts[k] += 1
+                stored_bytes[k] += stored[k]
             if one is not None:
                 stats.merge(one)
             if change is not None:
@@ -349,6 +356,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
         ahead.close()
     return {"split": sp.split, "shard": sp.shard, "written": written, "skipped": skipped, "converted": converted,
             "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
+            "stored_bytes": {fmt.name: n for fmt, n in zip(fmts, stored_bytes)},
             "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats,
             "read_seconds": read_s, "close_seconds": close_s}
 
