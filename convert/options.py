@@ -43,6 +43,14 @@ TASK_RETRIES = 3
 EXECUTORS = ("auto", "pool", "ray")
 
 
+def canonical_places(options: dict) -> dict:
+    """Output options by name (:meth:`ConvertOptions.output_key`, or as a journal or manifest recorded them)
+    with the options that name a place (:data:`PATH_OPTIONS`) in their canonical spelling; a synthetic
+    dataset's SRC names what to make (KIND:N[:SEED]), no place, and stays as given."""
+    places = PATH_OPTIONS if options.get("dataset") != "synthetic" else ()
+    return {k: canonical(v) if k in places and v is not None else v for k, v in options.items()}
+
+
 def _choice(name: str, value, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{name} {value!r} is not valid; choose one of {', '.join(map(str, valid))}")
@@ -323,9 +331,7 @@ class ConvertOptions:
         d = self.to_json()
         for k in (*_RUNTIME_ONLY, "out"):
             d.pop(k)
-        for k in PATH_OPTIONS if self.src_is_place else ():
-            if d[k] is not None:
-                d[k] = canonical(d[k])
+        d = canonical_places(d)
         encodes = {f: self.encode_for(f) for f in self.formats}
         d["encode"] = next(iter(encodes.values())) if len(set(encodes.values())) == 1 else encodes
         d["shuffle"] = self.effective_shuffle

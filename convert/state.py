@@ -24,7 +24,7 @@ import shutil
 import threading
 
 from gpufeed.errors import ConfigError, OutputError, rerun_command
-from gpufeed.io import canonical, is_local, local_path
+from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
 #: Bumped when the journal's meaning changes, so an old journal is never misread. 3: a split's plan is
@@ -47,9 +47,9 @@ def recorded_options(old: dict, new: dict) -> dict:
     (an option since found not to change the output bytes, e.g. ``on_error``, or the destination), with
     its paths in their canonical spelling (a record from before they were kept so names them as typed; a
     relative one is taken from this directory, as the command that wrote it most likely was)."""
-    from gpufeed.convert.options import PATH_OPTIONS
+    from gpufeed.convert.options import canonical_places
 
-    return {k: canonical(v) if k in PATH_OPTIONS and v is not None else v for k, v in old.items() if k in new}
+    return canonical_places({k: v for k, v in old.items() if k in new})
 
 
 def options_diff(old: dict, new: dict, before: str = "journal") -> str:

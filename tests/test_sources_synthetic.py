@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,15 @@ def test_convert_synthetic_writes_every_format_verifies_and_resumes_to_the_same_
     again = str(tmp_path / "again")
     assert main([*argv, "--out", again, "--workers", "1"]) == 0
     assert tree_bytes(again) == first  # deterministic whatever the workers
+    # The same command again, from another directory: the same conversion (SRC names no place), already done.
+    capsys.readouterr()
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert main([*argv, "--out", out, "--workers", "2"]) == 0
+    finally:
+        os.chdir(cwd)
+    assert "already complete" in capsys.readouterr().out and tree_bytes(out) == first
     capsys.readouterr()
     assert main(["convert", "synthetic", "imagenet", "--to", "lmdb", "--out", str(tmp_path / "x")]) == 2
     assert "synthetic SRC 'imagenet' is not KIND:N" in capsys.readouterr().err
