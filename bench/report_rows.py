@@ -94,7 +94,7 @@ def accelerator(row: dict) -> str | None:
 
 def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
-    read-ahead, a fixed hybrid CPU share, large photos routed to the CPU, the workers' niceness, and the child-process loader measured on 2026-11-25 (since taken out of
+    read-ahead, a fixed hybrid CPU share, the workers' niceness, and the child-process loader measured on 2026-11-25 (since taken out of
     gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
@@ -104,8 +104,6 @@ def loader_label(row: dict) -> str:
         label += ", child process"
     if p.get("cpu_share_fixed") is not None:
         label += f", CPU share {p['cpu_share_fixed']:.2f}"
-    if p.get("hybrid_route") == "size":
-        label += ", large photos to the CPU"
     if p.get("worker_nice"):
         label += f", workers at nice {p['worker_nice']}"
     return label

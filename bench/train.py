@@ -98,7 +98,6 @@ class TrainOptions:
     read_aheads: tuple[str, ...] = ("off",)
     cuda_graph: bool = False
     cpu_share: float | str | None = None  # hybrid: a fixed CPU share, "rates" or None (the loader's default)
-    hybrid_route: str = "size"  # hybrid: which images the CPU takes (LoaderOptions.hybrid_route)
     worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
@@ -122,12 +121,11 @@ class TrainOptions:
 
     def _hybrid_split(self, task: str, decode: str | None) -> dict:
         """A hybrid row's split: ``cpu_share_fixed`` where the loader held the CPU share fixed (given, or its
-        default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26);
-        ``hybrid_route``, which images the CPU took (rows without it: by index)."""
+        default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
         if decode != "hybrid":
             return {}
         split = hybrid_split(self.cpu_share, augment_of(task), self.workers, self.gpus)
-        return {"hybrid_route": self.hybrid_route, **({} if split == RATES else {"cpu_share_fixed": split})}
+        return {} if split == RATES else {"cpu_share_fixed": split}
 
     def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
         """A row's params; ``described`` is the accelerator's :meth:`describe`; ``read_ahead`` whether the
@@ -206,7 +204,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
-                    hybrid_route=opts.hybrid_route, worker_nice=opts.nice)
+                    worker_nice=opts.nice)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -659,8 +657,7 @@ def _one_line(row: dict) -> str:
             + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
             + ("graph " if p.get("cuda_graph") else "")
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "")
-            + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "")
-            + (f"route={p['hybrid_route']} " if p.get("hybrid_route") else "") +
+            + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -791,7 +788,7 @@ def options_from_args(args) -> TrainOptions:
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice)) if v is not None}
     LoaderOptions(decode="hybrid" if {"hybrid", AUTO} & set(args.decode) else "cpu", cpu_share=args.cpu_share,
-                  hybrid_route=args.hybrid_route, workers=workers, decode_threads=args.decode_threads, decode_priority=args.decode_priority,
+                  workers=workers, decode_threads=args.decode_threads, decode_priority=args.decode_priority,
                   spelling="cli", **given)
     if args.accelerator != "cuda":
         from gpufeed.bench.accelerator import get_profile
@@ -804,8 +801,7 @@ def options_from_args(args) -> TrainOptions:
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus,
-                        read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph, cpu_share=args.cpu_share,
-                        hybrid_route=args.hybrid_route, worker_nice=args.worker_nice,
+                        read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
                         fit_steps=fit_steps)
 
 

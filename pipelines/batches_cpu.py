@@ -20,8 +20,6 @@ from gpufeed.errors import ConfigError
 CROP_COLUMNS = 8
 #: CIFAR training augmentation: zero padding on each side before the random crop of the stored size.
 CIFAR_PAD = 4
-#: How :class:`HybridSplit` picks the CPU's images: large photos first, or by index alone.
-HYBRID_ROUTES = ("size", "index")
 #: Standard evaluation crop: the centre 224 of an image resized to 256 on its shorter side.
 CENTER_FRACTION = 224 / 256
 
@@ -58,7 +56,7 @@ class CpuDecode:
     def pixels(self, sample) -> np.ndarray:
         import cv2
 
-        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image
+        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image, random_resized_crop_choice
 
         if self.cifar:
             img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
@@ -68,7 +66,8 @@ class CpuDecode:
             padded = np.pad(img, ((CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)))
             out = padded[top:top + img.shape[0], left:left + img.shape[1]]
             return np.ascontiguousarray(out[:, ::-1] if flip else out)
-        choose = self._choice(sample)
+        choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
+                  else self._centre)
         if sample.kind != "raw":
             return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce)
         img = np.asarray(sample.payload)
@@ -77,26 +76,6 @@ class CpuDecode:
         box, flip = choose(*img.shape[:2])
         out = crop_resize(img, img.shape[:2], box, (self.size, self.size))
         return cv2.flip(out, 1) if flip else _owned(out)
-
-    def _choice(self, sample):
-        """``choose(height, width) -> (box, flip)`` of ``sample``: its training crop drawn from ``(seed, index)``, or
-        the evaluation box."""
-        from gpufeed.pipelines.transforms import random_resized_crop_choice
-
-        return (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
-                else self._centre)
-
-    def reduction(self, data: bytes, sample) -> int:
-        """The DCT scale-down at which :meth:`pixels` decodes ``sample``'s JPEG ``data`` (1: in full), from its
-        header and crop."""
-        from gpufeed.pipelines.imageio import probe
-        from gpufeed.pipelines.transforms import crop_reduction
-
-        if not self.reduce:
-            return 1
-        info = probe(data, sample.key)
-        box, _ = self._choice(sample)(info.height, info.width)
-        return crop_reduction(info, box, self.size)
 
     def _centre(self, height: int, width: int):
         """The evaluation box: the whole image where it is stored at the output size, else :func:`center_box`."""
@@ -264,40 +243,16 @@ def collate_encoded(batch):
 
 class HybridSplit:
     """Runs in DataLoader workers for ``hybrid``: a sample goes to the CPU (decoded and cropped here, the
-    seconds it took recorded) or its bytes to the engines, so that the CPU takes ``share`` of the images (a
-    shared ``multiprocessing`` value the main process sets; the workers, handed it when they start, see its
-    changes).
+    seconds it took recorded) when its place in a fixed low-discrepancy sequence falls under the current share,
+    else its bytes go to the engines. ``share`` is a shared ``multiprocessing`` value the main process sets; the
+    workers, handed it when they start, see its changes."""
 
-    Which images: with ``route="size"`` (the default), first those the CPU decodes at a DCT scale-down
-    (:meth:`CpuDecode.reduction`: photos at least twice the crop's size per side, ~3% of ImageNet and a third
-    of its pixels), while they fit in the share: there they cost a fraction of a full decode, where the engines
-    decode every pixel, and the engines' work costs the model GPU time in proportion. The rest of the share
-    goes to the others by their place in a fixed low-discrepancy sequence, at the rate that makes the whole
-    share (from the counts this worker has seen). ``route="index"``: by the sequence alone, whatever the size."""
-
-    #: The golden-ratio sequence spreads any share evenly over consecutive indices.
-    PHI = 0.6180339887498949
-
-    def __init__(self, cpu: CpuDecode, share, route: str = "size"):
-        if route not in HYBRID_ROUTES:
-            raise ConfigError(f"hybrid route {route!r} is not one of {', '.join(HYBRID_ROUTES)}")
-        self.cpu, self.share, self.route = cpu, share, route
-        self.seen = self.scaled = 0  # this worker's encoded samples, and those sent to the CPU for their size
-
-    def on_cpu(self, sample) -> bool:
-        """Whether ``sample`` is decoded by the CPU (counted)."""
-        share = self.share.value
-        if self.route == "size" and self.cpu.reduce and isinstance(sample.payload, (bytes, bytearray, memoryview)):
-            self.seen += 1
-            if self.scaled < share * self.seen and self.cpu.reduction(bytes(sample.payload), sample) > 1:
-                self.scaled += 1
-                return True
-            forced = self.scaled / self.seen
-            share = (share - forced) / (1.0 - forced) if forced < 1.0 else 0.0
-        return (sample.index * self.PHI) % 1.0 < share
+    def __init__(self, cpu: CpuDecode, share):
+        self.cpu, self.share = cpu, share
 
     def __call__(self, sample):
-        if self.on_cpu(sample):
+        # The golden-ratio sequence spreads any share evenly over consecutive indices.
+        if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
             t0 = time.perf_counter()
             pixels = self.cpu.pixels(sample)
             return "px", pixels, int(sample.labels[0]), int(sample.index), time.perf_counter() - t0

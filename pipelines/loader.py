@@ -60,9 +60,8 @@ import numpy as np
 from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
-from gpufeed.pipelines.batches_cpu import (HYBRID_ROUTES, CifarCollate, CpuDecode, EncodedBytes, HybridSplit,
-                                           TokenWindow, cifar_augment, collate_encoded, collate_hybrid,
-                                           collate_tokens)
+from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
+                                           cifar_augment, collate_encoded, collate_hybrid, collate_tokens)
 from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
                                            NvJpegDecoder, import_torch, decoded_batches, import_nvimgcodec,
                                            resolve_device)
@@ -236,9 +235,6 @@ class LoaderOptions:
         "sides' measured rates); with --decode auto, where auto picks hybrid (default: every image on the CPU for "
         f"one rank with {CPU_ENOUGH_CORES} workers or more; else {HYBRID_CPU_SHARE['train']} training and "
         f"{HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else {RATES})"))
-    hybrid_route: str = _flag("size", "size", choices=HYBRID_ROUTES, help=(
-        "hybrid: which images the CPU workers take: size (the photos they decode at a DCT scale-down first, "
-        "which cost the engines the most; default) or index (spread by index, whatever the size)"))
     worker_nice: int = _flag(WORKER_NICE, metavar="N", type=int, help=(
         "niceness the DataLoader workers add to their own (0-19), so the training loop's process gets a core first "
         f"when it needs one (default: {WORKER_NICE})"))
@@ -282,8 +278,6 @@ class LoaderOptions:
                               f"0 and 1, or {RATES!r} (the split set from both sides' measured rates), for "
                               f"{self._says('decode', 'hybrid')} (None: {HYBRID_CPU_SHARE['train']} training, "
                               f"{HYBRID_CPU_SHARE['eval']} evaluation)")
-        if self.hybrid_route not in HYBRID_ROUTES:
-            raise ConfigError(f"{self._says('hybrid_route')} is not one of {', '.join(HYBRID_ROUTES)}")
         if self.batch_size < 1:
             raise ConfigError(f"{self._says('batch_size')}: must be at least 1")
         if not 0 <= self.worker_nice <= 19:
@@ -313,9 +307,7 @@ class Loader:
     else a fixed share measured best for the task (:data:`HYBRID_CPU_SHARE`: the engines'
     work serialises with the model's, so a split that balances both sides' rates gives them too much), or, with
     fewer than :data:`FIXED_SHARE_MIN_WORKERS` workers, the split from both sides' measured rates
-    (:class:`HybridRates`), which ``cpu_share="rates"`` asks for anywhere; a number fixes it. ``hybrid_route``:
-    which images make the CPU's share: ``"size"`` the large photos first (:class:`HybridSplit`), ``"index"``
-    spread by index alone.
+    (:class:`HybridRates`), which ``cpu_share="rates"`` asks for anywhere; a number fixes it.
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
@@ -328,14 +320,14 @@ class Loader:
                  workers: int | None = None, device=None, seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
-                 read_ahead: bool | None = None, cpu_share: float | str | None = None, hybrid_route: str = "size",
+                 read_ahead: bool | None = None, cpu_share: float | str | None = None,
                  worker_nice: int = WORKER_NICE):
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
                              window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
-                             hybrid_route=hybrid_route, worker_nice=worker_nice)
+                             worker_nice=worker_nice)
         torch = import_torch()
         self.decode_reason = None
         if decode == AUTO:
@@ -386,8 +378,7 @@ class Loader:
                                           self.workers * CPU_WORKER_RATE, HW_RATE)
             else:
                 self._share.value = split
-            transform, self._collate = (HybridSplit(CpuDecode(train, size, seed), self._share, hybrid_route),
-                                             collate_hybrid)
+            transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
         from gpufeed.formats.torch import MapDataset

@@ -440,13 +440,6 @@ def random_resized_crop_choice(rng: np.random.Generator):
     return choose
 
 
-def crop_reduction(info, box, size: int) -> int:
-    """The DCT scale-down :func:`decode_crop` decodes ``info``'s image at for the crop ``box`` (``(top, left, h,
-    w)`` in full-image coordinates) resized to ``size`` x ``size``: 1 where the box holds less than twice the
-    output's pixels per side."""
-    return reduction_for(info, (box[2] / size, box[3] / size))
-
-
 def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True) -> np.ndarray:
     """Decode an image file straight into the ``size`` x ``size`` upright RGB crop that
     ``choose(height, width) -> ((top, left, h, w), flip)`` picks in full-image coordinates.
@@ -461,7 +454,7 @@ def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True
     info = probe(data, origin)
     full = (info.height, info.width)
     box, flip = choose(*full)
-    factor = crop_reduction(info, box, size) if reduce else 1
+    factor = reduction_for(info, (box[2] / size, box[3] / size)) if reduce else 1
     out = crop_resize(decode(data, info, origin, reduce=factor), full, box, (size, size))
     if flip:
         out = cv2.flip(out, 1)

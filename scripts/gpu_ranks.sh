@@ -15,7 +15,6 @@
 #   WARM=1 ...                 # the dataset read into the page cache first and never evicted (--no-cold): what
 #                              # the loader feeds when the disk is out of the way
 #   CPU_SHARE=0.8 ...          # hybrid: a fixed share of each batch decoded by the CPU workers
-#   ROUTES="size index" ...    # hybrid: each run once per --hybrid-route, side by side (default: the loader's)
 #   READ_AHEAD=on,off ...      # each worker starts every record of its batch reading at once, and not
 #   DEADLINE_AT=<epoch s> ...  # one deadline for several invocations (scripts/gpu_ranks_infer.sh)
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
@@ -45,18 +44,15 @@ if [ "${WARM:-0}" = 1 ]; then
   COLD=--no-cold
 fi
 for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
- for route in ${ROUTES:-default}; do
   gpus=${run%%:*} task=${run#*:}
   steps=${TRAIN_STEPS:-30}; [ "$task" = infer ] && steps=${INFER_STEPS:-20}
   left=$(( DEADLINE_AT - $(date +%s) ))
   if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
   limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
-  stamp "--gpus $gpus, $task, decode ${DECODES:-auto,hw,cpu}, route $route (at most $limit s)"
-  ROUTE_ARGS=(); [ "$route" = default ] || ROUTE_ARGS=(--hybrid-route "$route")
+  stamp "--gpus $gpus, $task, decode ${DECODES:-auto,hw,cpu} (at most $limit s)"
   timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" "$COLD" \
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
-    ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} "${ROUTE_ARGS[@]}" --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
- done
 done
 stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"

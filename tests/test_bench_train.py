@@ -443,7 +443,7 @@ def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
 
 
 def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options():
-    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --hybrid-route and --worker-nice come from
+    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share and --worker-nice come from
     LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
     import dataclasses
 
@@ -453,16 +453,14 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     train.add_arguments(parser)
     flags = {a.dest for a in parser._actions}
     declared = [f.name for f in dataclasses.fields(LoaderOptions) if "cli" in f.metadata]
-    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "hybrid_route", "worker_nice"}
+    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice"}
     assert set(declared) <= flags
     args = parser.parse_args(["dst", "--results", "r", "--workers", "7", "--decode-threads", "3", "--decode-priority", "-1",
-                              "--cpu-share", RATES, "--worker-nice", "5", "--hybrid-route", "index"])
-    assert (args.workers, args.decode_threads, args.decode_priority, args.cpu_share, args.worker_nice,
-            args.hybrid_route) == (7, 3, -1, RATES, 5, "index")
+                              "--cpu-share", RATES, "--worker-nice", "5"])
+    assert (args.workers, args.decode_threads, args.decode_priority, args.cpu_share, args.worker_nice) == (
+        7, 3, -1, RATES, 5)
     assert parser.parse_args(["dst", "--results", "r", "--cpu-share", "0.6"]).cpu_share == 0.6
     defaults = parser.parse_args(["dst", "--results", "r"])
-    assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads,
-            defaults.hybrid_route) == (None, None, None, 2, "size")
-    for wrong in (["--cpu-share", "half"], ["--hybrid-route", "largest"]):
-        with pytest.raises(SystemExit):
-            parser.parse_args(["dst", "--results", "r", *wrong])
+    assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads) == (None, None, None, 2)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["dst", "--results", "r", "--cpu-share", "half"])

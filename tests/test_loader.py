@@ -265,43 +265,6 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
 
 
-def _jpeg(height: int, width: int, seed: int) -> bytes:
-    import cv2
-
-    rng = np.random.default_rng(seed)
-    pixels = cv2.GaussianBlur(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), (5, 5), 0)
-    return cv2.imencode(".jpg", pixels, (cv2.IMWRITE_JPEG_QUALITY, 90))[1].tobytes()
-
-
-def test_hybrid_split_sends_the_large_photos_to_the_cpu_within_its_share():
-    """route "size": the photos the CPU decodes at a DCT scale-down (here 1 in 10, 1200x900 against 300x225 at
-    224) go to the CPU while they fit in the share, the others fill the rest of it, and the CPU's part of the
-    images stays the share; "index" spreads the share by index whatever the size; a share below the large
-    photos' part sends no more than the share to the CPU."""
-    from gpufeed.formats.base import Sample
-
-    big, small = _jpeg(900, 1200, 1), _jpeg(225, 300, 2)
-    samples = [Sample(f"{i}.JPEG", i % 7, big if i % 10 == 3 else small, index=i) for i in range(400)]
-    cpu = C.CpuDecode(True, 224)
-    scaled = {s.index for s in samples if cpu.reduction(s.payload, s) > 1}
-    assert scaled and scaled <= {s.index for s in samples if s.payload is big}
-    assert all(cpu.reduction(s.payload, s) == 1 for s in samples if s.payload is small)
-
-    def routed(share: float, route: str) -> set[int]:
-        split = C.HybridSplit(cpu, multiprocessing.Value("d", share, lock=False), route)
-        return {s.index for s in samples if split.on_cpu(s)}
-
-    on_cpu = routed(0.75, "size")
-    assert scaled <= on_cpu and abs(len(on_cpu) / len(samples) - 0.75) <= 0.02
-    by_index = routed(0.75, "index")
-    assert not scaled <= by_index and abs(len(by_index) / len(samples) - 0.75) <= 0.02
-    few = routed(0.05, "size")
-    assert len(few - scaled) <= 2 and abs(len(few) / len(samples) - 0.05) <= 0.01  # before the first large one
-    assert routed(0.0, "size") == set() and len(routed(1.0, "size")) == len(samples)
-    with pytest.raises(ConfigError, match="'largest' is not one of size, index"):
-        C.HybridSplit(cpu, multiprocessing.Value("d", 0.5, lock=False), "largest")
-
-
 def test_hybrid_split_comes_from_both_sides_measured_rates():
     """The CPU share settles where both sides finish their part of a batch at once: the workers' rate (16
     workers at 2 ms an image: 8,000/s) over the sum with the engines' (2 decoder threads, 512 images in 0.16 s
