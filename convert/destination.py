@@ -293,7 +293,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
         raise DestinationError(f"{out}: holds {len(refused)} file{'s' if len(refused) > 1 else ''} at names this "
                                f"conversion writes that gpufeed cannot prove it wrote, so it removes or overwrites "
                                f"nothing: move them away (or delete what you know to be damaged), or choose another "
-                               f"--out:\n{shown}{more}")
+                               f"destination:\n{shown}{more}")
     for rel in files:
         io.remove(io.join(out, rel))
     for rel in folders:
@@ -330,8 +330,8 @@ def check_state_dir(out: str) -> None:
         return
     if kind != "folder":
         raise DestinationError(f"{url}: a {kind}, where gpufeed keeps a conversion's state; move it away, or "
-                               "choose another --out")
+                               "choose another destination")
     if io.is_local(url) and os.listdir(io.local_path(url)) and not os.path.exists(os.path.join(
             io.local_path(url), "journal.jsonl")):
         raise DestinationError(f"{url}: a folder that holds no gpufeed conversion journal, where gpufeed keeps a "
-                               "conversion's state; move it away, or choose another --out")
+                               "conversion's state; move it away, or choose another destination")

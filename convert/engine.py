@@ -192,7 +192,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         if not io.is_local(out):
             raise OutputError(f"{out}: cannot be written ({type(e).__name__}: {e}); check the URL, its "
                               "credentials and the network") from e
-        raise OutputError(f"{out}: cannot be created ({e.strerror or e}); choose another --out, or make the "
+        raise OutputError(f"{out}: cannot be created ({e.strerror or e}); choose another destination, or make the "
                           "folder it goes in a writable folder") from e
     except GpufeedError:
         raise
@@ -251,7 +251,7 @@ def _check_inputs_outside(items, out: str, src: str) -> None:
     for it in items:
         url = getattr(it.ref, "url", None)
         if url is not None and io.is_local(url) and os.path.abspath(io.local_path(url)).startswith(inside):
-            raise ConfigError(f"{it.origin}, an input {src} lists, is inside --out {out}; choose a destination "
+            raise ConfigError(f"{it.origin}, an input {src} lists, is inside the destination {out}; choose a destination "
                               "that holds none of the inputs")
 
 
@@ -284,7 +284,7 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
 
     if kind == "foreign":
         raise ConfigError(f"{manifest_mod.path(out)} was not written by gpufeed, which would overwrite it; "
-                          "choose another --out")
+                          "choose another destination")
     if kind == "none":
         return None
     key = options.output_key()
@@ -308,13 +308,13 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
             # --split train): it joins the destination, whose files stay as they are.
             if doc.get("normalization") or options.normalize or options.statistics_prepass:
                 raise ConfigError(f"{out} holds the finished {', '.join(held)} split(s), with statistics of their "
-                                  f"own; a split computing statistics cannot join it: write this one to its own "
-                                  f"--out (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every split in one run")
+                                  f"own; a split computing statistics cannot join it: write this one to a destination "
+                                  f"of its own (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every split in one run")
             return _Join(doc)
     if recorded != key and not options.overwrite:
         diff = options_diff(recorded, key, "finished run")
         raise ConfigError(f"{out} holds a finished conversion made with other options ({diff}); add --overwrite "
-                          "to replace it (its files are removed first), or choose another --out")
+                          "to replace it (its files are removed first), or choose another destination")
     return None
 
 
@@ -350,7 +350,7 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
         manifest_mod.remove(out)
     except OSError as e:
         raise OutputError(f"{manifest_mod.path(out)}: cannot be removed ({e.strerror or e}); the destination "
-                          "must be writable: fix its permissions or mount, or choose another --out") from e
+                          "must be writable: fix its permissions or mount, or choose another destination") from e
     if not options.resume:
         remove_state(state_dir)
         sinks.remove_memory_spools(out)

@@ -117,13 +117,13 @@ class DestinationLock:
                 f = open(path, "a+b")
             except OSError as e:
                 raise OutputError(f"{path}: cannot create the destination's lock file ({e.strerror}); check "
-                                  f"that {out} is writable, or choose another --out") from e
+                                  f"that {out} is writable, or choose another destination") from e
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 f.close()
                 raise ConfigError(f"{out}: another gpufeed convert is writing this destination; wait for it "
-                                  "to finish or choose another --out") from None
+                                  "to finish or choose another destination") from None
             try:
                 if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
                     return cls(f, path)

@@ -175,7 +175,7 @@ def test_im2rec_layout_lists_and_outputs_side_by_side_keep_order_and_indexes(lis
     inside = os.path.join(lists, "o2")
     shutil.copytree(os.path.join(lists, "imgs"), os.path.join(inside, "imgs"))
     (open(os.path.join(lists, "bad.lst", ), "w").write(f"0\t0\to2/imgs/{names[0]}\n"))
-    with pytest.raises(ConfigError, match=f"o2/imgs/{names[0]}, an input .*bad.lst lists, is inside --out"):
+    with pytest.raises(ConfigError, match=f"o2/imgs/{names[0]}, an input .*bad.lst lists, is inside the destination"):
         convert(ConvertOptions(dataset="folder", src=os.path.join(lists, "bad.lst"), formats=("recordio",),
                                out=inside, workers=1, progress=False), Progress(False))
 

@@ -281,7 +281,7 @@ def test_a_read_only_destination_is_an_output_error_naming_it(src, tmp_path, ray
         from gpufeed.errors import OutputError
 
         with pytest.raises(OutputError, match=r"ro/\.gpufeed\.lock: cannot create .*Read-only file system.*"
-                                              r"ro is writable, or choose another --out"):
+                                              r"ro is writable, or choose another destination"):
             convert(options(src, out, splits=("val",), formats=("tfrecord",), resume=False))
         verify(str(out))  # the finished output is still whole
     finally:
@@ -394,7 +394,7 @@ def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp
     taken.write_bytes(b"a user's file")
     with pytest.raises(ConfigError, match=f"--out {taken} is a file; the destination is a folder"):
         options(src, str(taken))
-    with pytest.raises(OutputError, match=f"{taken}/out: cannot be created \\(Not a directory\\); choose another --out"):
+    with pytest.raises(OutputError, match=f"{taken}/out: cannot be created \\(Not a directory\\); choose another destination"):
         convert(options(src, str(taken / "out")))
     assert taken.read_bytes() == b"a user's file"
 

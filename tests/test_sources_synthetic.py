@@ -87,3 +87,18 @@ def test_bench_datasets_are_what_convert_writes(tmp_path):
     assert mine == {k: v for k, v in tree_bytes(out).items() if not k.endswith(".json")}
     rec = get_format("recordio").reader(info["formats"]["recordio"]["paths"][0])
     assert [s.labels[0] for s in list(rec)[:5]] == [0, 1, 2, 3, 4]
+
+
+def test_bench_dataset_refuses_a_users_file_naming_its_own_argument(tmp_path, capsys):
+    """A DST holding a file bench dataset would write, which no gpufeed manifest lists, is left as it is; the
+    error names the file and says to choose another destination (bench dataset's DST is an argument, not
+    convert's --out)."""
+    ds = tmp_path / "ds"
+    (ds / "recordio").mkdir(parents=True)
+    (ds / "recordio" / "train.rec").write_bytes(b"a user's file")
+    before = tree_bytes(str(ds))
+    assert main(["bench", "dataset", str(ds), "-n", "8", "--formats", "recordio", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "recordio/train.rec: not listed by this destination's manifest.json" in err
+    assert "choose another destination" in err and "--out" not in err
+    assert tree_bytes(str(ds)) == before
