@@ -589,6 +589,11 @@ def run(n: int, unique: int, workers: int, work: str, runs=RUNS, pass_n: int | N
                 return drop_caches(src)
             from gpufeed.bench.cache import warm as read_into_cache
 
+            # What is still to reach the disk (the corpus just built, the files of the run before) is written
+            # now, not during the run: the first warm limit loop of a call wrote the 17 GB corpus while it ran
+            # and measured 10-14% slower than the last (results/convert-node-h100x2.txt, calls 2-3).
+            os.sync()
+
             return f"warm ({read_into_cache(*paths) / 1e9:.1f} GB read before)"  # from the disk once, then memory
 
         make_tree_here(out)
