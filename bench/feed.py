@@ -80,7 +80,7 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
     DataLoader's workers are."""
     import multiprocessing
 
-    parts = None
+    parts = ahead = None
     try:
         records = cfg["records"]
         order = np.random.default_rng((cfg["seed"], 0)).permutation(records)[rank::world]
@@ -94,7 +94,10 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
         else:
             _start_reading(cfg)
 
+        read = []  # the batches read, in order
+
         def read_batch(b: int) -> int:
+            read.append(b)
             idx = [int(order[(b * batch + j) % len(order)]) for j in range(batch)]
             if parts is None:
                 return _read_part(idx)
@@ -111,16 +114,19 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
             if b >= cfg["warmup"]:
                 nbytes += got
                 waits.append(time.perf_counter() - t0)
-            pending = ahead.submit(read_batch, b + 1)
+            # No read is started past the last step: the reader pool is terminated below, and a map still
+            # waiting on it then could leave terminate() waiting for the pool's result thread for good.
+            pending = ahead.submit(read_batch, b + 1) if b + 1 < steps else None
             time.sleep(step_s)
         wall = time.perf_counter() - t_start
-        pending.cancel()
         conn.send(("ok", {"au": cfg["steps"] * step_s / wall, "mb_per_s": nbytes / wall / 1e6,
-                          "wait_p99_ms": float(np.percentile(waits, 99) * 1e3)}))
+                          "wait_p99_ms": float(np.percentile(waits, 99) * 1e3), "batches_read": len(read)}))
     except BaseException as e:  # noqa: BLE001 - the parent re-raises it
         conn.send(("error", e))
     finally:
         conn.close()
+        if ahead is not None:
+            ahead.shutdown(wait=True, cancel_futures=True)  # a read in flight finishes before its pool goes
         if parts is not None:
             parts.terminate()
         os._exit(0)
@@ -164,7 +170,7 @@ def run_n(cfg: dict, n: int) -> dict:
         results.append(value)
     busy1, total1 = cpu_ticks()
     return {"gpus": n, "min_au": min(r["au"] for r in results), "au": [round(r["au"], 4) for r in results],
-            "mb_per_s": sum(r["mb_per_s"] for r in results),
+            "mb_per_s": sum(r["mb_per_s"] for r in results), "batches_read": [r["batches_read"] for r in results],
             "cpu_busy": (busy1 - busy0) / max(1e-9, total1 - total0)}
 
 
