@@ -251,8 +251,8 @@ def _check_inputs_outside(items, out: str, src: str) -> None:
     for it in items:
         url = getattr(it.ref, "url", None)
         if url is not None and io.is_local(url) and os.path.abspath(io.local_path(url)).startswith(inside):
-            raise ConfigError(f"{it.origin}, an input {src} lists, is inside the destination {out}; choose a destination "
-                              "that holds none of the inputs")
+            raise ConfigError(f"{it.origin}, an input {src} lists, is inside the destination {out}; choose a "
+                              "destination that holds none of the inputs")
 
 
 def _named_splits(options: ConvertOptions) -> list[str] | None:
@@ -308,8 +308,9 @@ def _finished_output(options: ConvertOptions, out: str, kind: str, doc: dict | N
             # --split train): it joins the destination, whose files stay as they are.
             if doc.get("normalization") or options.normalize or options.statistics_prepass:
                 raise ConfigError(f"{out} holds the finished {', '.join(held)} split(s), with statistics of their "
-                                  f"own; a split computing statistics cannot join it: write this one to a destination "
-                                  f"of its own (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert every split in one run")
+                                  f"own; a split computing statistics cannot join it: write this one to a "
+                                  f"destination of its own (e.g. {out.rstrip('/')}-{'-'.join(mine)}), or convert "
+                                  "every split in one run")
             return _Join(doc)
     if recorded != key and not options.overwrite:
         diff = options_diff(recorded, key, "finished run")
