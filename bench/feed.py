@@ -80,6 +80,9 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
     DataLoader's workers are."""
     import multiprocessing
 
+    from gpufeed.machine import default_sigterm
+
+    default_sigterm()  # this process and the reader processes it forks end when terminated
     parts = ahead = None
     try:
         records = cfg["records"]

@@ -197,7 +197,9 @@ def measure_once(cfg: dict) -> dict:
         if workers:
             import multiprocessing
 
-            pool = multiprocessing.get_context("fork").Pool(workers)
+            from gpufeed.machine import default_sigterm
+
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=default_sigterm)
             batches = pool.imap(_pool_batch, chunks)
         else:
             pool = None

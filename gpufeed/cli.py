@@ -139,9 +139,9 @@ def _run(args) -> int:
     import signal
 
     try:
-        signal.signal(signal.SIGTERM, _terminated)
+        before = signal.signal(signal.SIGTERM, _terminated)
     except ValueError:
-        pass  # not the main thread (main() called from a thread): SIGTERM keeps its default
+        before = None  # not the main thread (main() called from a thread): SIGTERM keeps its handler
     try:
         return int(args._module.run(args) or 0)
     except GpufeedError as e:
@@ -153,3 +153,6 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("gpufeed: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        if before is not None:  # main() called from Python: the caller's SIGTERM handling, as it was
+            signal.signal(signal.SIGTERM, before)

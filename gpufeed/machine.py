@@ -20,3 +20,13 @@ def run_queue_seconds() -> float | None:
             return int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+def default_sigterm() -> None:
+    """In a process forked for gpufeed's own work (a benchmark's reader or decoder pool): SIGTERM back to the
+    kernel's default, ending the process. A fork keeps its parent's Python signal handlers: a Ray driver's
+    raises SystemExit, gpufeed's command line's raises Terminated, and a pool worker with one of them, waiting
+    on its task queue's lock, outlived ``Pool.terminate()`` while its parent joined it, for good."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

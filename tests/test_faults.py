@@ -400,6 +400,22 @@ def test_a_driver_killed_outright_takes_its_local_processes_with_it(src, tmp_pat
     assert _gone(children) == []
 
 
+def test_main_called_from_python_leaves_the_callers_sigterm_handler(tmp_path):
+    """gpufeed's command line turns SIGTERM into Terminated while a command runs; called from Python (a test, a
+    notebook) it puts the caller's handler back, so processes the caller forks later do not inherit it."""
+    from gpufeed.cli import main
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert main(["verify", str(tmp_path / "nothing")]) == 2
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     ref = tmp_path / "ref"
     convert(options(src, ref, workers=1, shard_size=2))
