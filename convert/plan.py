@@ -99,7 +99,8 @@ def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: in
     # TensorFlow's build_imagenet_data.py spacing: shard i covers [i*n//k, (i+1)*n//k).
     bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
     h = hashlib.sha256()  # each key in plan order, then a NUL: one update (a million keys in ImageNet)
-    h.update("".join(f"{keys[pos]}\0" for pos in order.tolist()).encode("utf-8", "surrogateescape"))
+    in_order = np.asarray(keys, dtype=object)[order].tolist()  # numpy's gather: half the time of a loop here
+    h.update(("\0".join(in_order) + "\0" if n else "").encode("utf-8", "surrogateescape"))
     shard_digests = ()
     if identities is not None:
         shard_digests = tuple(shard_digest(identities[pos] for pos in order[a:b]) for a, b in bounds)

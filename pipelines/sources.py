@@ -20,11 +20,14 @@ Every source reads through fsspec (local paths, ``file://``, ``memory://``...). 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import os
 import posixpath
 import stat
 from collections.abc import Sequence
+from operator import attrgetter
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
@@ -83,13 +86,19 @@ _SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character 
 _SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
 
 
-def _is_dir(entry) -> bool:
-    """A directory entry that is, or links to, a directory; a link that resolves to nothing (dangling, a
-    loop) is listed as a file, and reading it says what is wrong with it."""
-    try:
-        return entry.is_dir()
-    except OSError:
-        return False
+def _scan(path: str) -> tuple[list[str], list[str]]:
+    """The names of a local folder's entries, unsorted: files, and folders (entries that are, or link to, a
+    folder). A link that resolves to nothing (dangling, a loop) is listed as a file, and reading it says what
+    is wrong with it. (Per entry this is a listing's cost: ImageNet's train split has 1.28 million.)"""
+    files, folders = [], []
+    with os.scandir(path) as it:
+        for e in it:
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = False
+            (folders if is_dir else files).append(e.name)
+    return files, folders
 
 
 def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
@@ -188,6 +197,24 @@ def read_url(url: str) -> bytes:
         return f.read()
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector held off while a listing builds its items: it makes no cycles, and
+    each full collection walks every object made so far, which doubled the cost of listing ImageNet's 1.28
+    million training images (3.1 s of item building against 1.4 s with the collector held off)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+#: An item's key, for sorting and checking a listing of a million items.
+_KEY = attrgetter("key")
+
+
 class Root:
     """A dataset root on any fsspec filesystem; local paths stay plain paths (fast ``os.scandir`` walks)."""
 
@@ -223,8 +250,8 @@ class Root:
     def listdir(self, path: str) -> list[tuple[str, bool]]:
         """``(name, is_dir)`` of the entries of ``path``, sorted by name."""
         if self.local:
-            with os.scandir(path) as it:
-                return sorted((e.name, _is_dir(e)) for e in it)
+            files, folders = _scan(path)
+            return sorted([(n, False) for n in files] + [(n, True) for n in folders])
         out = []
         for info in self.fs.ls(path, detail=True):
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
@@ -236,6 +263,11 @@ class Root:
 
         Symlinked folders are followed once: a link back to a folder already walked (a loop) is not entered.
         """
+        if self.local:
+            files, folders = _scan(path)
+            if not folders:  # a class folder of ImageNet: its files, with no path work per file
+                files.sort()
+                return files
         out = []
         stack = [""]
         seen = {os.path.realpath(path)} if self.local else set()
@@ -302,8 +334,9 @@ class BaseSource:
             raise ConfigError(f"{self.root}: no split {split!r} in this {self.name} source; "
                               f"it has {', '.join(self.splits()) or 'none'}")
         if split not in self._items:
-            items = self._list(split)
-            self._items[split] = self.unique(items if self.listed_order else sorted(items, key=lambda it: it.key))
+            with gc_paused():
+                items = self._list(split)
+                self._items[split] = self.unique(items if self.listed_order else sorted(items, key=_KEY))
         return self._items[split]
 
     #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
@@ -311,6 +344,8 @@ class BaseSource:
 
     def unique(self, items: list[Item]) -> list[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
+        if len(set(map(_KEY, items))) == len(items):
+            return items  # the usual case, checked without a Python step per item
         out: list[Item] = []
         seen: dict[str, Item] = {}
         for it in items:

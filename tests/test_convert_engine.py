@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -38,6 +39,11 @@ def test_plan_is_a_seeded_permutation_cut_into_contiguous_shards():
     assert [(s.start, s.stop) for s in a.shards] == [(0, 25), (25, 51), (51, 77), (77, 103)]
     assert plan_split("val", keys, 3, True, None).order.tolist() != a.order.tolist()
     assert plan_split("train", keys, 3, False, 2).order.tolist() == list(range(103))
+    # The digest a journal records (a resume compares it): each key in plan order followed by a NUL, as
+    # every journal written so far spelled it; nothing for an empty split.
+    spelled = "".join(f"{keys[i]}\0" for i in a.order.tolist()).encode()
+    assert a.digest == hashlib.sha256(spelled).hexdigest()
+    assert plan_split("train", [], 3, True, None).digest == hashlib.sha256(b"").hexdigest()
 
 
 def test_options_name_the_valid_values():
@@ -219,8 +225,6 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
         verify(str(out))
     # With the manifest made to agree, the reader's own CRC check still finds it.
     doc = json.loads((out / "manifest.json").read_text())
-    import hashlib
-
     for f in doc["files"]:
         if f["path"] == "tfrecord/train-00001-of-00005":
             f["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
