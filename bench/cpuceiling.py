@@ -14,7 +14,6 @@ cores), task, crop size and record size, and kept in the user cache, as the disk
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import time
 
 #: Where measured ceilings are kept (beside the disk's, :data:`gpufeed.bench.hostdisk.CEILINGS_FILE`).
@@ -69,7 +68,7 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
     it (a benchmark dataset's description), so a kept ceiling is found without reading a record."""
     from gpufeed.bench.kept import keep, kept
     from gpufeed.bench.results import cpu_model
-    from gpufeed.machine import default_sigterm, usable_cores
+    from gpufeed.machine import fork_pool, usable_cores
 
     processes = processes or usable_cores()
 
@@ -91,7 +90,7 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
     # Every process forks before the clock starts, then all decode over the same wall-clock window.
     start = time.time() + 1.0 + 0.02 * processes
     end = start + seconds
-    pool = multiprocessing.get_context("fork").Pool(processes, initializer=default_sigterm)
+    pool = fork_pool(processes)
     try:
         counts = pool.map(_decode_for, [(samples, train, size, start, end)] * processes)
         # Told to finish, then joined: terminating a pool (what `with Pool()` does) in a process with Ray up

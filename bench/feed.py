@@ -78,11 +78,9 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
     """One emulated accelerator (a child process): AU over the timed steps, sent back through ``conn``. Its
     batches are read by ``cfg['readers']`` processes (itself when 1), each a part of every batch, as a
     DataLoader's workers are."""
-    import multiprocessing
+    from gpufeed.machine import default_sigterm, fork_pool
 
-    from gpufeed.machine import default_sigterm
-
-    default_sigterm()  # this process and the reader processes it forks end when terminated
+    default_sigterm()  # this process ends when terminated, as the reader processes it forks do
     parts = ahead = None
     try:
         records = cfg["records"]
@@ -93,7 +91,7 @@ def _rank(cfg: dict, rank: int, world: int, conn) -> None:
             raise ConfigError(f"{cfg['paths'][0]}: {records} records give rank {rank} of {world} fewer than one "
                               f"batch of {batch}; build a larger dataset or pass a smaller --batch-size")
         if k > 1:  # all started here, before this process has threads to fork with
-            parts = multiprocessing.get_context("fork").Pool(k, initializer=_start_reading, initargs=(cfg,))
+            parts = fork_pool(k, initializer=_start_reading, initargs=(cfg,))
         else:
             _start_reading(cfg)
 

@@ -195,11 +195,9 @@ def measure_once(cfg: dict) -> dict:
     else:
         chunks = [(ds, indices[k:k + bs]) for k in range(0, count, bs)]
         if workers:
-            import multiprocessing
+            from gpufeed.machine import fork_pool
 
-            from gpufeed.machine import default_sigterm
-
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=default_sigterm)
+            pool = fork_pool(workers)
             batches = pool.imap(_pool_batch, chunks)
         else:
             pool = None

@@ -30,3 +30,19 @@ def default_sigterm() -> None:
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def fork_pool(processes: int, initializer=None, initargs: tuple = ()):
+    """``multiprocessing.Pool`` of ``processes`` forked from this one (they share what it has loaded), each
+    giving SIGTERM its default (:func:`default_sigterm`) before ``initializer(*initargs)``, so
+    ``Pool.terminate()`` ends them whatever handler this process has."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork").Pool(processes, initializer=_pool_start,
+                                                     initargs=(initializer, initargs))
+
+
+def _pool_start(initializer, initargs: tuple) -> None:
+    default_sigterm()
+    if initializer is not None:
+        initializer(*initargs)

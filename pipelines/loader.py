@@ -60,6 +60,7 @@ import numpy as np
 from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
+from gpufeed.machine import default_sigterm
 from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
                                            cifar_augment, collate_encoded, collate_hybrid, collate_tokens)
 from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
@@ -478,7 +479,10 @@ def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> Non
     :data:`gpufeed.io.TIER_VARS` as the loader saw them, None for unset), one OpenCV thread
     (:func:`one_thread_per_worker`), then ``nice`` added to its niceness, so that the training loop's process,
     which launches the model's kernels, takes a core the moment it needs one instead of waiting behind busy
-    workers (they still use every core it leaves idle)."""
+    workers (they still use every core it leaves idle). SIGTERM gets its default (:func:`default_sigterm`): a
+    forked worker keeps the training process's handler (a Ray driver's raises SystemExit), and the DataLoader
+    terminates a worker that does not stop when asked."""
+    default_sigterm()
     for var, value in (tier or {}).items():
         if value is None:
             os.environ.pop(var, None)

@@ -416,6 +416,44 @@ def test_main_called_from_python_leaves_the_callers_sigterm_handler(tmp_path):
         signal.signal(signal.SIGTERM, before)
 
 
+def _sigterm_caught(pid: int) -> bool:
+    caught = int(open(f"/proc/{pid}/status").read().split("SigCgt:")[1].split()[0], 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def _pid(_):
+    return os.getpid()
+
+
+def _mark(value: str) -> None:
+    os.environ["GPUFEED_TEST_POOL"] = value
+
+
+def _marked(_) -> str | None:
+    return os.environ.get("GPUFEED_TEST_POOL")
+
+
+def test_the_pools_the_benchmarks_fork_end_when_terminated(tmp_path):
+    """bench read, bench feed and the CPU decode ceiling fork their pools with fork_pool: under a handler that
+    raises (a Ray driver's SystemExit) each worker has SIGTERM at its default, so terminate() ends it, and the
+    pool's own initializer still runs."""
+    import sys
+
+    from gpufeed.machine import fork_pool
+
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    try:
+        pool = fork_pool(2, initializer=_mark, initargs=("1",))
+        pids = set(pool.map(_pid, range(8), chunksize=1))
+        assert pids and not any(_sigterm_caught(p) for p in pids)
+        assert set(pool.map(_marked, range(4))) == {"1"}
+        pool.terminate()
+        pool.join()
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     ref = tmp_path / "ref"
     convert(options(src, ref, workers=1, shard_size=2))

@@ -194,6 +194,30 @@ def test_workers_run_at_the_niceness_asked_and_the_loop_at_its_own(dataset):
         ld.close()
 
 
+def test_workers_end_when_terminated_whatever_sigterm_handler_the_loop_has(dataset):
+    """A forked worker keeps the training process's SIGTERM handler (a Ray driver's raises SystemExit); the
+    workers give SIGTERM its default, so a worker the DataLoader terminates ends."""
+    import signal
+    import sys
+
+    import psutil
+
+    me = psutil.Process()
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    try:
+        known = {p.pid for p in me.children(recursive=True)}
+        ld = gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=2)
+        next(iter(ld))
+        workers = [p for p in me.children(recursive=True) if p.pid not in known]
+        assert len(workers) == 2
+        for w in workers:
+            caught = int(open(f"/proc/{w.pid}/status").read().split("SigCgt:")[1].split()[0], 16)
+            assert not caught >> (signal.SIGTERM - 1) & 1  # no handler: the kernel's default, the process ends
+        ld.close()
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_workers_from_a_fork_server_started_before_a_tier_read_through_that_tier(dataset, tmp_path):
     """The GPU paths start their workers from a fork server, whose environment is the one it started with: a
     loader made inside an emulated tier hands the tier to its workers itself, so their reads are charged to it."""
