@@ -101,6 +101,11 @@ def _scan(path: str) -> tuple[list[str], list[str]]:
     return files, folders
 
 
+def _sorted_entries(files: list[str], folders: list[str]) -> list[tuple[str, bool]]:
+    """:func:`_scan`'s names as ``(name, is_dir)``, sorted by name."""
+    return sorted([(n, False) for n in files] + [(n, True) for n in folders])
+
+
 def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
     """A local input's bytes, opened only if it is a regular file (after following links) no larger than
     ``max_bytes``; every failure is an :class:`InputError` (or :class:`SourceNotFound`) naming the input,
@@ -250,8 +255,7 @@ class Root:
     def listdir(self, path: str) -> list[tuple[str, bool]]:
         """``(name, is_dir)`` of the entries of ``path``, sorted by name."""
         if self.local:
-            files, folders = _scan(path)
-            return sorted([(n, False) for n in files] + [(n, True) for n in folders])
+            return _sorted_entries(*_scan(path))
         out = []
         for info in self.fs.ls(path, detail=True):
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
@@ -263,17 +267,20 @@ class Root:
 
         Symlinked folders are followed once: a link back to a folder already walked (a loop) is not entered.
         """
+        top = None  # the entries of ``path`` itself, where scanned already
         if self.local:
             files, folders = _scan(path)
             if not folders:  # a class folder of ImageNet: its files, with no path work per file
                 files.sort()
                 return files
+            top = _sorted_entries(files, folders)
         out = []
         stack = [""]
         seen = {os.path.realpath(path)} if self.local else set()
         while stack:
             rel = stack.pop()
-            for name, is_dir in self.listdir(self.join(path, rel) if rel else path):
+            entries = self.listdir(self.join(path, rel)) if rel else top or self.listdir(path)
+            for name, is_dir in entries:
                 child = f"{rel}/{name}" if rel else name
                 if not is_dir:
                     out.append(child)
