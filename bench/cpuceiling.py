@@ -93,8 +93,8 @@ def decode_ceiling(fmt: str, path: str, train: bool, size: int = 224, seconds: f
     pool = fork_pool(processes)
     try:
         counts = pool.map(_decode_for, [(samples, train, size, start, end)] * processes)
-        # Told to finish, then joined: terminating a pool (what `with Pool()` does) in a process with Ray up
-        # left a worker waiting on the task queue's lock while the parent joined it, for good.
+        # Told to finish, then joined: every worker's count is in. (Terminating a plain forked pool in a process
+        # with Ray up once left a worker waiting for good; fork_pool's workers end when terminated.)
         pool.close()
         pool.join()
     finally:
