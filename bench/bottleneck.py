@@ -1,5 +1,6 @@
 """What limited a training run: each shared resource's use over the timed steps beside its ceiling, and the one
-at 90% of it or more; where none was, the loader itself (a defect to fix, never the disk's fault).
+at 90% of it or more; where none was, the loader itself (a defect to fix, never the disk's fault), or, where the
+loop got its batches in time, its own steps slowed beside the loader's work.
 
 A row of ``gpufeed bench train`` carries ``resources`` (:func:`resources`): the data's block device (MB/s read
 against the disk's measured cold ceiling for the records' size at the loader's queue depth,
@@ -8,7 +9,7 @@ decodes per second on each path (CPU workers, the GPU's engines) against the eng
 against what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), and the slowest
 rank's share of time waiting for data and of its main thread's time running (the thread that takes each batch and
 launches the model's kernels). :func:`limit` names the resource that limited a run that missed
-:data:`MISSED` AU, in words a report prints as they are.
+:data:`MISSED` AU, in words a report prints as they are; :func:`row_limit` is what a report shows for a row.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ NEAR = 0.90
 #: bytes of the records it consumed: below it, the records came from the page cache (batches read before the
 #: timed steps, or a dataset built in the same call that eviction did not reach).
 COLD_DEVICE_SHARE = 0.5
+#: :func:`limit`'s resource for a run whose loop got its batches in time and lost its AU in its own steps, which
+#: ran slower than the model alone beside the loader's work on the same node (its workers, its decoder threads and
+#: the GPU's JPEG engines; 4 H200s, results/gpu-ranks-h200x4.txt).
+BESIDE = "beside the model"
 
 
 def _median(row: dict, name: str) -> float | None:
@@ -84,8 +89,10 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
 
 
 def limit(row: dict) -> dict | None:
-    """``{"resource": "disk" | "cpu" | "engines" | "main thread" | None, "text": ...}`` for a row whose AU missed
-    :data:`MISSED`: the resources at :data:`NEAR` of their ceilings, or none (then the loader limited it)."""
+    """``{"resource": "disk" | "cpu" | "engines" | "main thread" | BESIDE | None, "text": ...}`` for a row whose AU
+    missed :data:`MISSED`: the resources at :data:`NEAR` of their ceilings; or none, and then either the loop
+    waited for its batches (None: the loader limited it) or, where it lost more time in its steps than in waiting,
+    :data:`BESIDE` (the steps ran slower beside the loader's work)."""
     au = ((row.get("metrics") or {}).get("au") or {}).get("median")
     r = row.get("resources")
     if au is None or au >= MISSED or not r:
@@ -113,6 +120,23 @@ def limit(row: dict) -> dict | None:
             (found if used >= NEAR * top else seen).append((name, text()))
     if found:
         return {"resource": found[0][0], "text": "; ".join(t for _, t in found)}
-    what = "; ".join(t for _, t in seen) or "nothing measured"
-    return {"resource": None, "text": f"no resource at {NEAR:.0%} of its ceiling ({what}): the loader itself limits "
-                                      "this run, not the disk"}
+    what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
+    # The AU a run lost is the loop's time waiting for batches plus its steps' time beyond the model's alone.
+    wait = r.get("wait_share")
+    if wait is None:
+        return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
+    if 1.0 - au - wait <= wait:
+        return {"resource": None, "text": f"the loop waited for its batches {wait:.0%} of its time; {what}: the "
+                                          "loader itself limits this run, not the disk"}
+    step, alone = _median(row, "step_ms"), row.get("compute_step_s")
+    steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
+             else "")
+    return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
+                                        f"{steps}): the loader's work beside the model slowed its steps, not the "
+                                        f"feeding; {what}, so a faster disk would not help"}
+
+
+def row_limit(row: dict) -> dict | None:
+    """What limited ``row`` as a report says it: :func:`limit` from the row's measured ``resources`` (so rows
+    written by an earlier build are read the way this one reads them), else the ``limit`` the row carries."""
+    return limit(row) if row.get("resources") else row.get("limit")

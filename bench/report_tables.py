@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from gpufeed.bench import AU_TARGET, MEMORY_TIER
-from gpufeed.bench.bottleneck import cache_text, served_from_cache
+from gpufeed.bench.bottleneck import cache_text, row_limit, served_from_cache
 from gpufeed.bench.report_model import Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
 from gpufeed.bench.report_rows import (PATH_PARAMS, PREFERRED_BASELINE, accelerator, accelerator_emulated, config_key,
                                        describe_config, fastest_tier, figure, fmt_spread, is_synthetic, loader_label,
@@ -169,16 +169,17 @@ def train_table(rows: Sequence[dict], baseline: str | None = None) -> Table:
               "min) / median over repeats. wait = time a step waited for its batch. what limits it: for a run "
               "below 90% AU, the resource at 90% of its ceiling over the timed steps (the disk against its "
               "measured cold rate for those records at that queue depth, the cores, the JPEG engines), or none: "
-              "then the loader itself limited it, not the disk.")
+              "then the loader itself limited it, not the disk; or, where the loop waited less than its steps "
+              "ran beyond the model's alone, the loader's work beside the model slowed the steps.")
     return t
 
 
 def limit_text(row: dict) -> str:
-    """What limited a training row that missed 90% AU (its ``limit``, :mod:`gpufeed.bench.bottleneck`); "-" for
-    one that did not, or one measured before rows said."""
+    """What limited a training row that missed 90% AU (:func:`gpufeed.bench.bottleneck.row_limit`); "-" for one
+    that did not, or one measured before rows said."""
     if served_from_cache(row):
         return cache_text(row)
-    found = row.get("limit")
+    found = row_limit(row)
     return found["text"] if found else "-"
 
 

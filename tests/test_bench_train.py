@@ -339,6 +339,9 @@ def test_the_answer_says_what_limits_the_closest_configuration():
     ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.4, "cores": 64,
       "node_cpu_decodes_per_s": 6_000.0, "cpu_decode_ceiling": {"img_per_s": 13_900.0}}, 0.8,
      (None, "CPU decode: 6,000 of 13,900 img/s")),
+    # The loop waited a fifth of its time for batches: the loader starved it.
+    ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.5, "cores": 32,
+      "wait_share": 0.2}, 0.75, (None, "the loop waited for its batches 20% of its time; no resource at 90%")),
 ])
 def test_a_row_that_misses_its_au_names_the_resource_at_its_ceiling_or_the_loader(resources, au, expected):
     """Never the disk's fault unless the disk was at 90% of what it reads cold at that size and depth."""
@@ -464,3 +467,24 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads) == (None, None, None, 2)
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--cpu-share", "half"])
+
+
+def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_loader():
+    """4 H200s, hybrid: the loop waited 1.1% of its time, yet AU 0.889: the rest went to steps that ran longer than
+    the model's alone. The row says so and does not call it a loader that failed to feed (nor the disk)."""
+    from gpufeed.bench.bottleneck import BESIDE, limit, row_limit
+
+    row = {"metrics": {"au": {"median": 0.889}, "step_ms": {"median": 66.67}}, "compute_step_s": 0.05928,
+           "resources": {"disk_read_mb_per_s": 1290.8, "disk_ceiling": {"mb_per_s": 1512.6}, "cpu_busy": 0.5,
+                         "cores": 64, "decodes_per_s": {"cpu": 2880.0, "hw": 960.0}, "engines_per_s": 13_000.0,
+                         "main_thread_busy": 0.66, "wait_share": 0.011}}
+    found = limit(row)
+    assert found["resource"] == BESIDE
+    assert found["text"].startswith("the batches came in time (the loop waited for them 1% of its time, and each "
+                                    "step took 66.7 ms against the model's 59.3 ms alone): the loader's work beside "
+                                    "the model slowed its steps, not the feeding; no resource at 90% of its ceiling "
+                                    "(disk: 1.29 of 1.51 GB/s; CPU: 50% of 64 cores busy;")
+    assert found["text"].endswith("so a faster disk would not help")
+    # A report reads a row written by an earlier build (its stored text) the way this build does.
+    assert row_limit({**row, "limit": {"resource": None, "text": "the loader itself limits this run"}}) == found
+    assert row_limit({"limit": {"resource": "disk", "text": "disk"}}) == {"resource": "disk", "text": "disk"}
