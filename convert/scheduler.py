@@ -70,6 +70,8 @@ def _open_ray(options: ConvertOptions):
 #: Seconds a cluster's head may take to accept a connection before ``--address`` is called unreachable (Ray
 #: itself retries for minutes, printing only its own "Failed to connect to GCS" lines).
 CONNECT_TIMEOUT_S = 10.0
+#: Seconds a local pool's process has to end after SIGTERM on a stop before it is killed.
+KILL_GRACE_S = 2.0
 
 
 def check_reachable(address: str) -> None:
@@ -222,16 +224,26 @@ class _LocalStart:
 
     def close(self, kill: bool = False) -> None:
         """End the pool (again: a no-op): after its last shard, or ``kill`` at once (a stop, or an error
-        elsewhere; nothing here is waited for, its files are atomic and unjournalled)."""
+        elsewhere; no shard is waited for, its files are atomic and unjournalled).
+
+        A kill still ends the pool's processes and its manager thread before it returns: an executor shut down
+        without waiting keeps its thread, which the interpreter's exit hook then wakes through a pipe that may
+        be closed by then ("Exception ignored ... Bad file descriptor" on a stopped command's stderr)."""
         self.usable = False
         if self.pool is None:
             return
         pool, self.pool = self.pool, None
         if kill:
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            for proc in procs:
                 proc.terminate()
+            for proc in procs:
+                proc.join(KILL_GRACE_S)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
             self.futures.clear()
-        pool.shutdown(wait=not kill, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class Tasks:

@@ -148,3 +148,41 @@ def test_a_bad_input_under_fail_ends_the_run_from_the_pool_without_starting_ray(
     assert not os.listdir(ray_tmp)
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _sleep(job, items):
+    time.sleep(60)
+
+
+def _sleep_ignoring_sigterm(job, items):
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def test_a_stop_ends_the_pools_processes_and_its_thread_before_it_returns():
+    """close(kill=True) mid-shard: every process of the pool is gone and so is the executor's manager thread, which
+    the interpreter's exit hook would otherwise wake through a pipe closed by then (a stopped command's stderr
+    got "Exception ignored ... Bad file descriptor"). A process that ignores SIGTERM is killed."""
+    import concurrent.futures.process
+    import threading
+    from types import SimpleNamespace
+
+    from gpufeed.convert.scheduler import KILL_GRACE_S, _LocalStart
+
+    for fn in (_sleep, _sleep_ignoring_sigterm):
+        local = _LocalStart(2, fn)
+        assert local.submit(SimpleNamespace(plan=SimpleNamespace(start=0)), [])
+        procs = []
+        deadline = time.time() + 30
+        while time.time() < deadline and not procs:  # the shard has started in a process of the pool
+            procs = [p for p in (local.pool._processes or {}).values() if p.is_alive()]
+            time.sleep(0.1)
+        time.sleep(0.5)
+        started = time.monotonic()
+        local.close(kill=True)
+        assert time.monotonic() - started < KILL_GRACE_S + 10
+        assert procs and not any(p.is_alive() for p in procs)
+        assert not [t for t in threading.enumerate()
+                    if isinstance(t, concurrent.futures.process._ExecutorManagerThread)]
