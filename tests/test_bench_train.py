@@ -488,3 +488,21 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
     # A report reads a row written by an earlier build (its stored text) the way this build does.
     assert row_limit({**row, "limit": {"resource": None, "text": "the loader itself limits this run"}}) == found
     assert row_limit({"limit": {"resource": "disk", "text": "disk"}}) == {"resource": "disk", "text": "disk"}
+
+
+def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decoding(dataset):
+    """bench/experiments/step_beside_load on the dataset's records (the emulated accelerator here: no GPU): one row
+    per window, images decoded only while processes were told to, each row against the windows with none, and no
+    decode process left once it returns."""
+    import multiprocessing
+
+    from gpufeed.bench.experiments.step_beside_load import default_loads, run
+
+    lines = []
+    rows = run(dataset, loads=[0, 2, 0], seconds=0.5, batch=32, accelerator="emulated", emit=lines.append)
+    assert [r["processes"] for r in rows] == [0, 2, 0] and [json.loads(line) for line in lines] == rows
+    assert rows[0]["decodes_per_s"] == rows[2]["decodes_per_s"] == 0 and rows[1]["decodes_per_s"] > 0
+    assert all(r["images_per_s"] > 0 and r["step_ms"] > 0 and 0 < r["of_alone"] < 2 for r in rows)
+    assert rows[1]["cpu_busy"] > 0 and rows[1]["accelerator_mode"] == "emulated"
+    assert multiprocessing.active_children() == []
+    assert default_loads(64) == [0, 15, 31, 47, 63, 0] and default_loads(1) == [0, 1, 0]

@@ -1,0 +1,164 @@
+"""``python -m gpufeed.bench.experiments.step_beside_load DST``: the model's own training step on one GPU while K
+other processes decode and crop the dataset's JPEGs as the loader's CPU workers do, feeding nothing, for each K
+of ``--loads``: whether a busy node alone slows the step.
+
+Several ranks on one node lost their AU in their steps, not in waiting for batches: on 4 H200s the loop waited
+~1% of its time while each step took 63-89 ms against the model's 58-60 ms alone, and two ranks fed by the CPU
+workers alone, with no engine work, lost as much (results/gpu-ranks-h200x4.txt). This separates the cores'
+load from everything else the loader does: the same synthetic batch already on the GPU (no disk, no
+DataLoader, no engines), the decode processes started before CUDA is, then told how many of them work. With
+``--copy`` each step also copies a pinned host batch of the same size to the GPU first, as the loader does.
+
+One row per window (JSON lines, ``--results``): ``processes`` decoding, their ``decodes_per_s``, the model's
+``images_per_s`` and ``step_ms``, ``of_alone`` (against the mean of the windows with none decoding, measured
+first and last to bracket the GPU's drift), the share of every core busy and of the loop's main thread running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+#: Records held in memory and decoded in turn by each process (another crop each time).
+SAMPLES = 64
+
+
+def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts) -> None:
+    """One process: decode while ``index < active.value``, idle otherwise, until ``stop`` is set; its count of
+    images decoded in ``counts[index]``."""
+    from gpufeed.machine import default_sigterm
+    from gpufeed.pipelines.batches_cpu import CpuDecode
+
+    default_sigterm()
+    decode = CpuDecode(train, size)
+    decode(samples[0])  # imports and first-call costs before any window
+    n = 0
+    while not stop.is_set():
+        if index < active.value:
+            decode(dataclasses.replace(samples[n % len(samples)], index=n))
+            n += 1
+            counts[index] = n
+        else:
+            time.sleep(0.005)
+
+
+def default_loads(cores: int) -> list[int]:
+    """None, a quarter, half, three quarters and all of the cores but the loop's own, then none again."""
+    top = max(1, cores - 1)
+    return sorted({0, top // 4, top // 2, 3 * top // 4, top}) + [0]
+
+
+def _window(accel, x, y, seconds: float, copy) -> tuple[int, float, dict]:
+    from gpufeed.bench.results import ResourceWindow
+
+    for _ in range(3):
+        if copy:
+            copy()
+        accel.step(x, y)
+    accel.synchronize()
+    window, steps, t0 = ResourceWindow(None), 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        if copy:
+            copy()
+        accel.step(x, y)
+        steps += 1
+    accel.synchronize()
+    return steps, time.perf_counter() - t0, window.stop()
+
+
+def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
+        accelerator: str = "auto", profile: str = "h200", copy: bool = False, emit=print) -> list[dict]:
+    """The rows described in the module's docstring, each also passed to ``emit`` as a JSON line."""
+    import multiprocessing
+
+    from gpufeed.bench.cpuceiling import _read_samples
+    from gpufeed.bench.dataset import load_dataset_info
+    from gpufeed.bench.train_models import make_accelerator, resolve_accelerator, synthetic_batches
+    from gpufeed.machine import usable_cores
+
+    cores = usable_cores()
+    loads = default_loads(cores) if loads is None else loads
+    fmt, built = next(iter(load_dataset_info(dst)["formats"].items()))  # any format: the records are the same
+    samples = _read_samples(fmt, built["paths"][0], SAMPLES)
+    if not samples:
+        raise SystemExit(f"{dst}: the benchmark dataset holds no records")
+    # The decode processes fork before CUDA starts in this one.
+    ctx = multiprocessing.get_context("fork")
+    active, stop = ctx.Value("i", 0), ctx.Event()
+    counts = ctx.Array("q", max(loads), lock=False)
+    procs = [ctx.Process(target=_decode_while, args=(i, samples, task == "train", 224, active, stop, counts),
+                         daemon=True) for i in range(max(loads))]
+    for p in procs:
+        p.start()
+    rows = []
+    try:
+        kind = resolve_accelerator(accelerator)
+        accel = make_accelerator(kind, task, batch, profile, "resnet50", 0)
+        x, y = next(synthetic_batches(accel, batch, 224, 0))
+        pinned = None
+        if copy and kind == "cuda":
+            import torch
+
+            pinned = torch.empty(tuple(x.shape), dtype=torch.uint8).pin_memory()
+        copy_step = (lambda: x.copy_(pinned, non_blocking=True)) if pinned is not None else None
+        for k in loads:
+            active.value = k
+            time.sleep(0.5)  # the processes told to start (or stop) have
+            before = sum(counts)
+            steps, wall, seen = _window(accel, x, y, seconds, copy_step)
+            row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
+                   "decodes_per_s": round((sum(counts) - before) / wall, 1),
+                   "images_per_s": round(steps * batch / wall, 1), "step_ms": round(wall / steps * 1e3, 2),
+                   "copy": bool(copy_step), **{n: round(v, 3) for n, v in seen.items()}, **accel.describe()}
+            rows.append(row)
+        alone = [r["images_per_s"] for r in rows if r["processes"] == 0]
+        for r in rows:
+            if alone:
+                r["of_alone"] = round(r["images_per_s"] / (sum(alone) / len(alone)), 3)
+            emit(json.dumps(r))
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.step_beside_load",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    p.add_argument("--loads", default=None,
+                   help="decode processes per window, comma-separated (default: 0, a quarter, half, three quarters "
+                        "and all of the cores less one, then 0)")
+    p.add_argument("--seconds", type=float, default=5.0, help="length of each window")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--task", choices=("train", "infer"), default="train")
+    p.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto")
+    p.add_argument("--copy", action="store_true", help="copy a pinned host batch to the GPU before each step")
+    p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
+    args = p.parse_args(argv)
+    loads = None if args.loads is None else [int(v) for v in args.loads.split(",")]
+    out = open(args.results, "a") if args.results else None
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    try:
+        run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy, emit=emit)
+    finally:
+        if out:
+            out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
