@@ -289,6 +289,14 @@ def answer(rows: Sequence[dict], resize_to: int = 160) -> list[Block]:
     return blocks
 
 
+def _fed_up_to(au_by_count: dict[int, float]) -> tuple[int, int | None]:
+    """``(N, first missed)`` for the slowest rank's AU measured with each GPU count: N GPUs are fed where every
+    count measured up to N reached :data:`AU_TARGET` (4 ranks at 0.93 beside 3 at 0.88, the same loader in runs
+    a minute apart, make a disk that feeds 2, not 4), and the first count that missed (None: none did)."""
+    missed = min((n for n, au in au_by_count.items() if au < AU_TARGET), default=None)
+    return max((n for n in au_by_count if missed is None or n < missed), default=0), missed
+
+
 def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     """How many real GPUs of one node each disk fed, from `bench train` runs with 1, 2, ... ranks (``--gpus N``)
     of one model, task and GPU: per tier and format, the most ranks N such that the slowest rank reached 90% AU
@@ -315,30 +323,28 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                   "one loader per GPU, reading cold)",
                   ["model", "task", "GPU", "tier", "format", "GPUs fed (every rank AU >= 90% with each count up to it)",
                    "slowest rank's AU with N GPUs", "what limits the first N below"], [])
-    fed_by: dict[tuple, tuple[int, str]] = {}  # per model, task, GPU and tier: the most GPUs fed, and from which format
-    counts: dict[tuple, set[int]] = defaultdict(set)  # and every GPU count measured there
+    # Per model, task, GPU and tier: each count's best AU over the formats, and the format that gave it.
+    best: dict[tuple, dict[int, tuple[float, str]]] = defaultdict(dict)
     for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
         model, task, gpu, tier, fmt = key
         by_n = groups[key]
-        # N GPUs are fed where every count measured up to N was: 4 ranks at 0.93 beside 3 at 0.88 (the same
-        # loader, runs a minute apart) do not make a disk that feeds 4, nor 3.
-        missed = sorted(n for n, r in by_n.items() if figure(r, "au") < AU_TARGET)
-        most = max((n for n in by_n if not missed or n < missed[0]), default=0)
+        most, missed = _fed_up_to({n: figure(r, "au") for n, r in by_n.items()})
         measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ({params(by_n[n]).get('decode')})"
                              for n in sorted(by_n))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
-                           limit_text(by_n[missed[0]]) if missed else "-"])
-        where = (model, task, gpu, tier)
-        counts[where] |= set(by_n)
-        if where not in fed_by or most > fed_by[where][0]:
-            fed_by[where] = (most, fmt)
+                           limit_text(by_n[missed]) if missed else "-"])
+        counts = best[(model, task, gpu, tier)]
+        for n, r in by_n.items():
+            if n not in counts or figure(r, "au") > counts[n][0]:
+                counts[n] = (figure(r, "au"), fmt)
     sentences = []
-    for where, (most, fmt) in fed_by.items():
+    for where, counts in best.items():
         model, task, gpu, tier = where
-        ns = sorted(counts[where])
+        most, _ = _fed_up_to({n: au for n, (au, _fmt) in counts.items()})
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
         sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
-                         + (f" (from {fmt})" if most else "") + f", measured with {', '.join(map(str, ns))} GPUs")
+                         + (f" (from {counts[most][1]})" if most else "")
+                         + f", measured with {', '.join(map(str, sorted(counts)))} GPUs")
     blocks = ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
     if warm:
         blocks.append(f"Left out: {len(warm)} run{'s' if len(warm) > 1 else ''} marked cold whose disk read under "

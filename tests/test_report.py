@@ -501,7 +501,8 @@ def test_the_gpus_fed_answer_counts_cold_runs_only_and_says_how_images_were_stor
 
 def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     """Four H200s (results/gpu-ranks-h200x4.jsonl): recordio fed 1, 2 and 4 ranks at 90% or more but 3 at 88.0%:
-    the disk is said to feed 2 GPUs from recordio, and what limited the 3 ranks is named."""
+    the disk is said to feed 2 GPUs from recordio, and what limited the 3 ranks is named; lmdb, measured with 4
+    ranks only, keeps its own line."""
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
@@ -511,3 +512,6 @@ def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     assert line.startswith("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 99.0% (cpu), 2: 92.2% (hybrid), "
                            "3: 88.0% (hybrid), 4: 93.0% (hybrid) | the batches came in time")
     assert "essd-pl1* feeds **0** NVIDIA H200s training resnet50, measured with 1, 2, 3 GPUs" in fed
+    # lmdb's 92.8%, measured with 4 GPUs only, does not make the disk's answer 4 where 3 missed from recordio.
+    assert "local feeds **2** NVIDIA H200s training resnet50 (from recordio), measured with 1, 2, 3, 4 GPUs." in fed
+    assert "| resnet50 | train | NVIDIA H200 | local | lmdb | 4 | 4: 92.8% (hybrid) | - |" in fed
