@@ -332,7 +332,7 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ({params(by_n[n]).get('decode')})"
                              for n in sorted(by_n))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
-                           limit_text(by_n[missed]) if missed else "-"])
+                           limit_text(by_n[missed]) if missed is not None else "-"])
         counts = best[(model, task, gpu, tier)]
         for n, r in by_n.items():
             if n not in counts or figure(r, "au") > counts[n][0]:

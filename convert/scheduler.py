@@ -237,8 +237,9 @@ class _LocalStart:
             procs = list((getattr(pool, "_processes", None) or {}).values())
             for proc in procs:
                 proc.terminate()
+            deadline = time.monotonic() + KILL_GRACE_S  # one grace for them all
             for proc in procs:
-                proc.join(KILL_GRACE_S)
+                proc.join(max(0.0, deadline - time.monotonic()))
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
