@@ -496,7 +496,7 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
     decode process left once it returns."""
     import multiprocessing
 
-    from gpufeed.bench.experiments.step_beside_load import default_loads, run
+    from gpufeed.bench.experiments.step_beside_load import default_loads, reserved_cores, run
 
     lines = []
     rows = run(dataset, loads=[0, 2, 0], seconds=0.5, batch=32, accelerator="emulated", emit=lines.append)
@@ -506,3 +506,13 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
     assert rows[1]["cpu_busy"] > 0 and rows[1]["accelerator_mode"] == "emulated"
     assert multiprocessing.active_children() == []
     assert default_loads(64) == [0, 15, 31, 47, 63, 0] and default_loads(1) == [0, 1, 0]
+    # A core kept for the loop: the decode processes run on the others only, and the loop's cores come back after.
+    usable = os.sched_getaffinity(0)
+    if len(usable) >= 2:
+        reserved, rest = reserved_cores(1)
+        assert min(usable) in reserved and reserved | rest == usable and not reserved & rest
+        rows = run(dataset, loads=[0, 1], seconds=0.3, batch=32, accelerator="emulated", reserve=1, emit=lines.append)
+        assert rows[1]["reserved"] == sorted(reserved) and rows[1]["decode_cores"] == len(rest)
+        assert rows[1]["decodes_per_s"] > 0 and os.sched_getaffinity(0) == usable
+    with pytest.raises(SystemExit, match="leaves no core"):
+        reserved_cores(len(usable))

@@ -7,9 +7,12 @@ Several ranks on one node lost their AU in their steps, not in waiting for batch
 workers alone, with no engine work, lost as much (results/gpu-ranks-h200x4.txt). This separates the cores'
 load from everything else the loader does: the same synthetic batch already on the GPU (no disk, no
 DataLoader, no engines), the decode processes started before CUDA is, then told how many of them work. With
-``--copy`` each step also copies a pinned host batch of the same size to the GPU first, as the loader does.
+``--copy`` each step also copies a pinned host batch of the same size to the GPU first, as the loader does. With
+``--reserve N`` the loop's process keeps N cores (and their hyper-thread siblings, where the kernel lists them)
+that no decode process may run on: whether a core of its own gives the step back.
 
-One row per window (JSON lines, ``--results``): ``processes`` decoding, their ``decodes_per_s``, the model's
+One row per window (JSON lines, ``--results``): ``processes`` decoding, ``reserved`` (the loop's own cores, if
+any) and ``decode_cores`` (those the decode processes may use), their ``decodes_per_s``, the model's
 ``images_per_s`` and ``step_ms``, ``of_alone`` (against the mean of the windows with none decoding, measured
 first and last to bracket the GPU's drift), the share of every core busy and of the loop's main thread running.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -26,13 +30,35 @@ import time
 SAMPLES = 64
 
 
-def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts) -> None:
+def reserved_cores(n: int) -> tuple[set[int], set[int]]:
+    """``(reserved, rest)`` of this process's usable cores: the first ``n`` with their hyper-thread siblings (as
+    /sys lists them; a VM may list none), and the others. Nothing reserved for ``n`` 0."""
+    usable = sorted(os.sched_getaffinity(0))
+    reserved: set[int] = set()
+    for cpu in usable[:max(0, n)]:
+        reserved.add(cpu)
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                for part in f.read().strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    reserved.update(range(int(lo), int(hi or lo) + 1))
+        except (OSError, ValueError):
+            pass
+    reserved &= set(usable)
+    if reserved and len(reserved) >= len(usable):
+        raise SystemExit(f"--reserve {n}: that leaves no core of {len(usable)} for the decode processes")
+    return reserved, set(usable) - reserved
+
+
+def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts, cpus=None) -> None:
     """One process: decode while ``index < active.value``, idle otherwise, until ``stop`` is set; its count of
-    images decoded in ``counts[index]``."""
+    images decoded in ``counts[index]``; on ``cpus`` only, where given."""
     from gpufeed.machine import default_sigterm
     from gpufeed.pipelines.batches_cpu import CpuDecode
 
     default_sigterm()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     decode = CpuDecode(train, size)
     decode(samples[0])  # imports and first-call costs before any window
     n = 0
@@ -70,7 +96,8 @@ def _window(accel, x, y, seconds: float, copy) -> tuple[int, float, dict]:
 
 
 def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
-        accelerator: str = "auto", profile: str = "h200", copy: bool = False, emit=print) -> list[dict]:
+        accelerator: str = "auto", profile: str = "h200", copy: bool = False, reserve: int = 0,
+        emit=print) -> list[dict]:
     """The rows described in the module's docstring, each also passed to ``emit`` as a JSON line."""
     import multiprocessing
 
@@ -80,7 +107,8 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     from gpufeed.machine import usable_cores
 
     cores = usable_cores()
-    loads = default_loads(cores) if loads is None else loads
+    reserved, rest = reserved_cores(reserve)
+    loads = default_loads(len(rest) + 1 if reserved else cores) if loads is None else loads
     fmt, built = next(iter(load_dataset_info(dst)["formats"].items()))  # any format: the records are the same
     samples = _read_samples(fmt, built["paths"][0], SAMPLES)
     if not samples:
@@ -89,10 +117,14 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     ctx = multiprocessing.get_context("fork")
     active, stop = ctx.Value("i", 0), ctx.Event()
     counts = ctx.Array("q", max(loads), lock=False)
-    procs = [ctx.Process(target=_decode_while, args=(i, samples, task == "train", 224, active, stop, counts),
-                         daemon=True) for i in range(max(loads))]
+    procs = [ctx.Process(target=_decode_while, daemon=True,
+                         args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None))
+             for i in range(max(loads))]
     for p in procs:
         p.start()
+    before_affinity = os.sched_getaffinity(0)
+    if reserved:  # before CUDA starts: its threads keep this process's cores
+        os.sched_setaffinity(0, reserved)
     rows = []
     try:
         kind = resolve_accelerator(accelerator)
@@ -110,6 +142,7 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
             before = sum(counts)
             steps, wall, seen = _window(accel, x, y, seconds, copy_step)
             row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
+                   "reserved": sorted(reserved), "decode_cores": len(rest) if reserved else cores,
                    "decodes_per_s": round((sum(counts) - before) / wall, 1),
                    "images_per_s": round(steps * batch / wall, 1), "step_ms": round(wall / steps * 1e3, 2),
                    "copy": bool(copy_step), **{n: round(v, 3) for n, v in seen.items()}, **accel.describe()}
@@ -120,6 +153,7 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
                 r["of_alone"] = round(r["images_per_s"] / (sum(alone) / len(alone)), 3)
             emit(json.dumps(r))
     finally:
+        os.sched_setaffinity(0, before_affinity)
         stop.set()
         for p in procs:
             p.join(5)
@@ -141,6 +175,9 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=("train", "infer"), default="train")
     p.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto")
     p.add_argument("--copy", action="store_true", help="copy a pinned host batch to the GPU before each step")
+    p.add_argument("--reserve", type=int, default=0,
+                   help="cores (with their hyper-thread siblings) kept for the loop's process, none of them for the "
+                        "decode processes (default 0: all shared)")
     p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
     args = p.parse_args(argv)
     loads = None if args.loads is None else [int(v) for v in args.loads.split(",")]
@@ -153,7 +190,8 @@ def main(argv=None) -> int:
             out.flush()
 
     try:
-        run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy, emit=emit)
+        run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy,
+            reserve=args.reserve, emit=emit)
     finally:
         if out:
             out.close()
