@@ -77,7 +77,9 @@ def default_loads(cores: int) -> list[int]:
     return sorted({0, top // 4, top // 2, 3 * top // 4, top}) + [0]
 
 
-def _window(accel, x, y, seconds: float, copy) -> tuple[int, float, dict]:
+def _window(accel, x, y, seconds: float, copy, decoded) -> tuple[int, float, int, dict]:
+    """Three untimed steps, then steps for ``seconds``: ``(steps, wall seconds, images decoded meanwhile (the
+    ``decoded()`` count's growth), resources)``."""
     from gpufeed.bench.results import ResourceWindow
 
     for _ in range(3):
@@ -85,14 +87,15 @@ def _window(accel, x, y, seconds: float, copy) -> tuple[int, float, dict]:
             copy()
         accel.step(x, y)
     accel.synchronize()
-    window, steps, t0 = ResourceWindow(None), 0, time.perf_counter()
+    window, steps, before, t0 = ResourceWindow(None), 0, decoded(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         if copy:
             copy()
         accel.step(x, y)
         steps += 1
     accel.synchronize()
-    return steps, time.perf_counter() - t0, window.stop()
+    wall = time.perf_counter() - t0
+    return steps, wall, decoded() - before, window.stop()
 
 
 def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
@@ -139,11 +142,10 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
         for k in loads:
             active.value = k
             time.sleep(0.5)  # the processes told to start (or stop) have
-            before = sum(counts)
-            steps, wall, seen = _window(accel, x, y, seconds, copy_step)
+            steps, wall, decoded, seen = _window(accel, x, y, seconds, copy_step, lambda: sum(counts))
             row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
                    "reserved": sorted(reserved), "decode_cores": len(rest) if reserved else cores,
-                   "decodes_per_s": round((sum(counts) - before) / wall, 1),
+                   "decodes_per_s": round(decoded / wall, 1),
                    "images_per_s": round(steps * batch / wall, 1), "step_ms": round(wall / steps * 1e3, 2),
                    "copy": bool(copy_step), **{n: round(v, 3) for n, v in seen.items()}, **accel.describe()}
             rows.append(row)
