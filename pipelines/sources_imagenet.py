@@ -74,7 +74,7 @@ class _ImageSource(BaseSource):
             # ASCII name with an image extension, is taken here; _file_item says what is wrong otherwise.
             url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
             for rel in rels:
-                if rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS):  # _is_image, without a call
+                if rel.isascii() and _is_image(rel):
                     items.append(Item(f"{cls}/{rel}", label, FileRef(url + rel), meta))
                 else:
                     item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label, meta)
