@@ -84,7 +84,8 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
            "disk_ceiling": ceiling, "cpu_busy": median("cpu_busy"), "cores": cores,
            "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
            "node_cpu_decodes_per_s": node_cpu, "cpu_decode_ceiling": cpu_decode if node_cpu else None,
-           "main_thread_busy": median("main_thread_busy"), "wait_share": median("data_wait_share")}
+           "main_thread_busy": median("main_thread_busy"), "main_thread_waited": median("main_thread_waited"),
+           "wait_share": median("data_wait_share")}
     return {k: v for k, v in out.items() if v not in (None, {})}
 
 
@@ -131,6 +132,9 @@ def limit(row: dict) -> dict | None:
     step, alone = _median(row, "step_ms"), row.get("compute_step_s")
     steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
              else "")
+    queued = r.get("main_thread_waited")
+    if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
+        steps += f"; its main thread waited for a core {queued:.0%} of its time"
     return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
                                         f"{steps}): the loader's work beside the model slowed its steps, not the "
                                         f"feeding; {what}, so a faster disk would not help"}

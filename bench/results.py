@@ -33,6 +33,7 @@ from importlib import metadata
 from typing import Any
 
 from gpufeed.errors import ConfigError, CorruptRecordError
+from gpufeed.machine import run_queue_seconds
 from gpufeed.machine import usable_cores  # noqa: F401 (bench modules import it from here)
 
 #: Bumped when a field changes meaning; readers check it.
@@ -269,14 +270,17 @@ class ResourceWindow:
     """What the machine's shared resources did during a timed window: the bytes the block device holding
     ``path`` read (what reached the device, not the page cache), its busy share, and the share of every core
     that was busy. :meth:`stop` returns ``disk_read_mb_per_s``, ``disk_read_bytes``, ``disk_busy`` (fractions of
-    the window), ``cpu_busy`` and ``main_thread_busy`` (the share of the window this process's main thread ran,
-:func:`thread_cpu_seconds`); each is left out where the kernel does not say."""
+    the window), ``cpu_busy``, ``main_thread_busy`` (the share of the window this process's main thread ran,
+:func:`thread_cpu_seconds`) and ``main_thread_waited`` (the share it was ready to run but waited for a core,
+:func:`gpufeed.machine.run_queue_seconds`: a training loop's thread that waits there launches the model's work
+late); each is left out where the kernel does not say."""
 
     def __init__(self, path: str | None):
         self.path = path
         self.disk = disk_counters(path) if path else None
         self.cpu = cpu_ticks()
         self.main = thread_cpu_seconds()
+        self.waited = run_queue_seconds(os.getpid())
         self.t0 = time.perf_counter()
 
     def stop(self) -> dict[str, float]:
@@ -293,6 +297,9 @@ class ResourceWindow:
         main = thread_cpu_seconds()
         if main is not None and self.main is not None and seconds > 0:
             out["main_thread_busy"] = min((main - self.main) / seconds, 1.0)
+        waited = run_queue_seconds(os.getpid())
+        if waited is not None and self.waited is not None and seconds > 0:
+            out["main_thread_waited"] = min((waited - self.waited) / seconds, 1.0)
         return out
 
 
