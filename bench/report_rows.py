@@ -94,8 +94,8 @@ def accelerator(row: dict) -> str | None:
 
 def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
-    read-ahead, a fixed hybrid CPU share, the workers' niceness, and the child-process loader measured on 2026-11-25 (since taken out of
-    gpufeed)."""
+    read-ahead, a fixed hybrid CPU share, the workers' niceness, the cores each rank kept from the workers, and
+    the child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
     if p.get("read_ahead"):
@@ -106,6 +106,8 @@ def loader_label(row: dict) -> str:
         label += f", CPU share {p['cpu_share_fixed']:.2f}"
     if p.get("worker_nice"):
         label += f", workers at nice {p['worker_nice']}"
+    if p.get("loop_cores"):
+        label += f", {p['loop_cores']} core(s) kept per rank"
     return label
 
 

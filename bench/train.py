@@ -61,7 +61,7 @@ CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
-          "cpu_busy": "fraction", "main_thread_busy": "fraction"}
+          "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -99,6 +99,7 @@ class TrainOptions:
     cuda_graph: bool = False
     cpu_share: float | str | None = None  # hybrid: a fixed CPU share, "rates" or None (the loader's default)
     worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
+    loop_cores: int | None = None  # physical cores each rank keeps from every worker (None: the loader's default)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -141,6 +142,7 @@ class TrainOptions:
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **({"worker_nice": self.nice} if decode else {}),
+                **({"loop_cores": self.kept} if decode and self.kept else {}),
                 **described}
 
     @property
@@ -149,6 +151,14 @@ class TrainOptions:
         from gpufeed.pipelines.loader import WORKER_NICE
 
         return WORKER_NICE if self.worker_nice is None else self.worker_nice
+
+    @property
+    def kept(self) -> int:
+        """The physical cores each rank keeps for its own process, none of the workers' (the loader's
+        ``loop_cores``)."""
+        from gpufeed.pipelines.loader import LOOP_CORES
+
+        return LOOP_CORES if self.loop_cores is None else self.loop_cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +214,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
-                    worker_nice=opts.nice)
+                    worker_nice=opts.nice, loop_cores=opts.kept)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -657,7 +667,8 @@ def _one_line(row: dict) -> str:
             + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
             + ("graph " if p.get("cuda_graph") else "")
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "")
-            + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "") +
+            + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "")
+            + (f"loop-cores={p['loop_cores']} " if p.get("loop_cores") else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -784,9 +795,18 @@ def options_from_args(args) -> TrainOptions:
     elif tuple(args.augment_on) != ("cpu",):
         raise ConfigError(f"--augment-on is for the CIFAR models ({', '.join(CIFAR_MODELS)}); ImageNet "
                           "augmentation runs on the GPU with --decode gpu, hw or hybrid")
-    workers = default_workers(args.gpus) if args.workers is None else args.workers
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
-    given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice)) if v is not None}
+    given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice),
+                               ("loop_cores", args.loop_cores)) if v is not None}
+    if args.workers is None:
+        from gpufeed.pipelines.loader import LOOP_CORES, worker_cores
+
+        kept = LOOP_CORES if args.loop_cores is None else args.loop_cores
+        if kept > 0:
+            worker_cores(kept, args.gpus, f"--loop-cores {kept}")
+        workers = default_workers(args.gpus, max(0, kept))
+    else:
+        workers = args.workers
     LoaderOptions(decode="hybrid" if {"hybrid", AUTO} & set(args.decode) else "cpu", cpu_share=args.cpu_share,
                   workers=workers, decode_threads=args.decode_threads, decode_priority=args.decode_priority,
                   spelling="cli", **given)
@@ -802,6 +822,7 @@ def options_from_args(args) -> TrainOptions:
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus,
                         read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
+                        loop_cores=args.loop_cores,
                         fit_steps=fit_steps)
 
 

@@ -10,16 +10,54 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def run_queue_seconds() -> float | None:
-    """Seconds the calling thread has spent runnable but waiting for a CPU (Linux's
-    ``/proc/thread-self/schedstat``, second field), or ``None`` where the kernel does not say. Two readings
-    around a piece of work tell how much of its wall time other processes' CPU use took: a conversion
-    worker's shard that took longer than its CPU time waited either for a core (this) or for I/O."""
+def run_queue_seconds(tid: int | None = None) -> float | None:
+    """Seconds a thread of this process has spent runnable but waiting for a CPU (Linux's schedstat, second
+    field): the calling thread by default, else thread ``tid`` (the main thread's id is the process id); ``None``
+    where the kernel does not say. Two readings around a piece of work tell how much of its wall time other
+    processes' CPU use took: a conversion worker's shard that took longer than its CPU time waited either for a
+    core (this) or for I/O; a training loop's main thread that waits here launches the model's kernels late."""
+    path = "/proc/thread-self/schedstat" if tid is None else f"/proc/self/task/{tid}/schedstat"
     try:
-        with open("/proc/thread-self/schedstat") as f:
+        with open(path) as f:
             return int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+def core_groups() -> list[list[int]]:
+    """The usable cores grouped by physical core: each logical core with its hyper-thread siblings (as
+    /sys lists them; a VM that lists none gives one core per group), groups in the order of their lowest core."""
+    usable = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    groups: dict[int, list[int]] = {}
+    for cpu in sorted(usable):
+        siblings = {cpu}
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                for part in f.read().strip().split(","):
+                    lo, _, hi = part.partition("-")
+                    siblings.update(range(int(lo), int(hi or lo) + 1))
+        except (OSError, ValueError):
+            pass
+        first = min(siblings & usable)
+        groups.setdefault(first, [])
+        if cpu not in groups[first]:
+            groups[first].append(cpu)
+    return [groups[k] for k in sorted(groups)]
+
+
+def reserved_cores(per_rank: int, local_ranks: int = 1) -> tuple[list[set[int]], set[int]]:
+    """``(reserved, rest)``: for each of ``local_ranks`` ranks on this node, ``per_rank`` physical cores of its
+    own (with their hyper-thread siblings; rank ``r`` the ``r``-th run of :func:`core_groups`, the same answer in
+    every rank), and the usable cores none of them reserved. Raises ValueError where that leaves no core."""
+    groups = core_groups()
+    want = max(0, per_rank) * max(1, local_ranks)
+    if want and want >= len(groups):
+        raise ValueError(f"{per_rank} core(s) for each of {local_ranks} rank(s) leaves none of the "
+                         f"{len(groups)} physical cores here for anything else")
+    reserved = [set().union(*groups[r * per_rank:(r + 1) * per_rank]) if per_rank > 0 else set()
+                for r in range(max(1, local_ranks))]
+    rest = set().union(*groups) - set().union(*reserved)
+    return reserved, rest
 
 
 def default_sigterm() -> None:

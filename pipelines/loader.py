@@ -122,6 +122,9 @@ def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1):
 #: Niceness the DataLoader workers add to their own (:func:`_init_worker`); 0 leaves them at the loop's. At 10
 #: every training run fed less on the GPU machine (results/gpu-nice-h100.txt): the loop is not short of cores.
 WORKER_NICE = 0
+#: Physical cores each rank on the node keeps for its own process by default (``loop_cores``): none, so the
+#: DataLoader workers may run on any core.
+LOOP_CORES = 0
 #: DataLoader workers per rank by default: its share of the usable cores, at most this many. One H200 on 32 cores
 #: fed from 16 CPU workers kept only 44% of the cores busy and waited for its batches (AU 0.86); the cap bounds
 #: the pinned batches the workers hold ahead (two each, 38 MB apiece at 256 x 224 x 224 x 3).
@@ -130,17 +133,41 @@ MAX_DEFAULT_WORKERS = 32
 PREFETCH_FACTOR = 2
 
 
-def default_workers(ranks: int = 1) -> int:
+def default_workers(ranks: int = 1, loop_cores: int = LOOP_CORES) -> int:
     """DataLoader workers per rank when none are given: one per core of the rank's share of the usable cores, at
     most :data:`MAX_DEFAULT_WORKERS`. Where several ranks share the node, each rank's own process (the training
     loop, the engines' decoder threads, NCCL) keeps a core of its share: 16 workers for each of 4 ranks took all
     64 cores of the 4-GPU node before the main processes had any. One rank alone shares its cores with its
-    workers, as measured best on 16 cores (results/gpu-nice-h100.txt)."""
+    workers, as measured best on 16 cores (results/gpu-nice-h100.txt). With ``loop_cores`` kept for each rank's
+    process (:func:`worker_cores`), the share is of the cores the workers may use."""
     from gpufeed.machine import usable_cores
 
     ranks = max(1, ranks)
-    share = usable_cores() // ranks - (1 if ranks > 1 else 0)
+    if loop_cores:
+        share = len(worker_cores(loop_cores, ranks)) // ranks
+    else:
+        share = usable_cores() // ranks - (1 if ranks > 1 else 0)
     return max(1, min(MAX_DEFAULT_WORKERS, share))
+
+
+def local_ranks(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(this rank's place on its node, ranks on the node)``: torchrun's ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE`` where set, else ``rank`` of ``world_size`` (every rank on one node)."""
+    world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size or 1)
+    return int(os.environ.get("LOCAL_RANK") or rank or 0) % max(1, world), max(1, world)
+
+
+def worker_cores(loop_cores: int, ranks: int = 1, says: str | None = None) -> frozenset[int]:
+    """The cores DataLoader workers may run on where each of the node's ``ranks`` keeps ``loop_cores`` physical
+    cores (with their hyper-thread siblings) for its own process (:func:`gpufeed.machine.reserved_cores`): every
+    usable core none of the ranks keeps, the same set in every rank. ``says``: how an error names the setting."""
+    from gpufeed.machine import reserved_cores
+
+    try:
+        return frozenset(reserved_cores(loop_cores, ranks)[1])
+    except ValueError as e:
+        raise ConfigError(f"{says or f'loop_cores={loop_cores}'}: {e}; keep fewer (0: the workers may use every "
+                          "core)") from None
 
 
 #: GPUs with hardware JPEG decoders (NVJPG engines), as nvImageCodec's hardware backend drives them.
@@ -239,12 +266,16 @@ class LoaderOptions:
     worker_nice: int = _flag(WORKER_NICE, metavar="N", type=int, help=(
         "niceness the DataLoader workers add to their own (0-19), so the training loop's process gets a core first "
         f"when it needs one (default: {WORKER_NICE})"))
+    loop_cores: int = _flag(LOOP_CORES, metavar="N", type=int, help=(
+        "physical cores (with their hyper-thread siblings) each rank on the node keeps for its own process (the "
+        "training loop, which launches the model's work): no DataLoader worker of any rank runs on them "
+        f"(default: {LOOP_CORES}, the workers may run on every core)"))
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
     @classmethod
     def add_arguments(cls, parser) -> None:
         """The command-line flags of the options a command takes as they are (``--workers``, ``--decode-threads``,
-        ``--decode-priority``, ``--cpu-share``, ``--worker-nice``), one per field, from the fields' metadata."""
+        ``--decode-priority``, ``--cpu-share``, ``--worker-nice``, ``--loop-cores``), one per field, from the fields' metadata."""
         for f in dataclasses.fields(cls):
             if "cli" in f.metadata:
                 parser.add_argument(f"--{f.name.replace('_', '-')}", **f.metadata["cli"])
@@ -284,6 +315,8 @@ class LoaderOptions:
         if not 0 <= self.worker_nice <= 19:
             raise ConfigError(f"{self._says('worker_nice')}: a niceness from 0 (the training loop's own priority) "
                               "to 19")
+        if self.loop_cores < 0:
+            raise ConfigError(f"{self._says('loop_cores')}: must be 0 (the workers may use every core) or more")
         if self.decode_threads < 1:
             raise ConfigError(f"{self._says('decode_threads')}: need at least 1")
         if self.workers is not None and self.workers < 0:
@@ -322,13 +355,13 @@ class Loader:
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
-                 worker_nice: int = WORKER_NICE):
+                 worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES):
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
                              window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
-                             worker_nice=worker_nice)
+                             worker_nice=worker_nice, loop_cores=loop_cores)
         torch = import_torch()
         self.decode_reason = None
         if decode == AUTO:
@@ -357,7 +390,11 @@ class Loader:
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
             import_nvimgcodec()
-        self.workers = default_workers(world_size or 1) if workers is None else workers
+        local, on_node = local_ranks(rank, world_size)
+        # The cores this rank's workers may run on: all, or those no rank on the node keeps for its own process.
+        self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
+        self.loop_cores = loop_cores
+        self.workers = default_workers(on_node, loop_cores) if workers is None else workers
         train = augment == "train"
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
@@ -436,7 +473,8 @@ class Loader:
                 prefetch_factor=PREFETCH_FACTOR if self.workers else None,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
                 persistent_workers=self.workers > 0,
-                worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice, tier=self._tier),
+                worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice, tier=self._tier,
+                                                 cpus=self.worker_cpus),
                 multiprocessing_context=self._start_method() if self.workers else None)
         return self._batches
 
@@ -474,12 +512,13 @@ class Loader:
             yield (normalise(x) if self.normalize else x), y
 
 
-def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> None:
+def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None, cpus=None) -> None:
     """A DataLoader worker's start: the loader's emulated storage tier (``tier``: the variables of
     :data:`gpufeed.io.TIER_VARS` as the loader saw them, None for unset), one OpenCV thread
     (:func:`one_thread_per_worker`), then ``nice`` added to its niceness, so that the training loop's process,
     which launches the model's kernels, takes a core the moment it needs one instead of waiting behind busy
-    workers (they still use every core it leaves idle). SIGTERM gets its default (:func:`default_sigterm`): a
+    workers (they still use every core it leaves idle), and the worker kept to ``cpus`` where given (the cores
+    no rank keeps for its own process, :func:`worker_cores`). SIGTERM gets its default (:func:`default_sigterm`): a
     forked worker keeps the training process's handler (a Ray driver's raises SystemExit), and the DataLoader
     terminates a worker that does not stop when asked."""
     default_sigterm()
@@ -491,6 +530,8 @@ def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None) -> Non
     one_thread_per_worker(worker_id)
     if nice:
         os.nice(nice)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def one_thread_per_worker(_worker_id: int) -> None:

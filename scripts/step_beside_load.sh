@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Does a busy node alone slow the training step? (issue 29: several ranks lost their AU in their steps, not in
 # waiting for batches.) ResNet-50 training on GPU 0 on a synthetic batch while K processes decode and crop the
-# dataset's JPEGs as the loader's CPU workers do, for K from none to every core but one: as is, with a pinned
-# batch copied to the GPU before each step, and with one core (and its siblings) kept for the loop's process:
+# dataset's JPEGs as the loader's CPU workers do, for K from none to every core but one: as is (plain), with a
+# pinned batch copied to the GPU before each step (copy), with one core (and its siblings) kept from the decode
+# processes (reserve; pin: the loop's process also pinned to it), and with them at niceness 10 (nice):
 # python -m gpufeed.bench.experiments.step_beside_load.
 # Carries nvImageCodec, lmdb and crc32c (.whl-decode); no Ray.
 #
 #   device run (any GPU kind), carry .whl-decode:  OUT=$OUT bash scripts/step_beside_load.sh
-#   LOADS=0,16,32,48,63,0 WINDOW_S=5 VARIANTS="plain copy reserve" ...
+#   LOADS=0,16,32,48,63,0 WINDOW_S=5 VARIANTS="plain copy reserve pin nice" ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-$PWD/out}")
@@ -21,7 +22,8 @@ echo "cores: $(nproc)"
 [ -f "$DATA/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$DATA" -n 2048 --formats recordio \
   --workers "$(nproc)"
 for variant in ${VARIANTS:-plain copy reserve}; do
-  case $variant in plain) flags= ;; copy) flags=--copy ;; reserve) flags="--reserve 1" ;; *) echo "unknown $variant"; continue ;; esac
+  case $variant in plain) flags= ;; copy) flags=--copy ;; reserve) flags="--reserve 1" ;;
+    pin) flags="--reserve 1 --pin-loop" ;; nice) flags="--nice 10" ;; *) echo "unknown $variant"; continue ;; esac
   echo "[$(date -u +%H:%M:%S)] step beside load: $variant"
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 "${STEP_S:-200}" python3 -m gpufeed.bench.experiments.step_beside_load "$DATA" \
     ${LOADS:+--loads "$LOADS"} --seconds "${WINDOW_S:-5}" $flags --results "$RESULTS" || echo "rc $?"

@@ -446,7 +446,7 @@ def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
 
 
 def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options():
-    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share and --worker-nice come from
+    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice and --loop-cores come from
     LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
     import dataclasses
 
@@ -456,15 +456,16 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     train.add_arguments(parser)
     flags = {a.dest for a in parser._actions}
     declared = [f.name for f in dataclasses.fields(LoaderOptions) if "cli" in f.metadata]
-    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice"}
+    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice", "loop_cores"}
     assert set(declared) <= flags
     args = parser.parse_args(["dst", "--results", "r", "--workers", "7", "--decode-threads", "3", "--decode-priority", "-1",
-                              "--cpu-share", RATES, "--worker-nice", "5"])
-    assert (args.workers, args.decode_threads, args.decode_priority, args.cpu_share, args.worker_nice) == (
-        7, 3, -1, RATES, 5)
+                              "--cpu-share", RATES, "--worker-nice", "5", "--loop-cores", "1"])
+    assert (args.workers, args.decode_threads, args.decode_priority, args.cpu_share, args.worker_nice,
+            args.loop_cores) == (7, 3, -1, RATES, 5, 1)
     assert parser.parse_args(["dst", "--results", "r", "--cpu-share", "0.6"]).cpu_share == 0.6
     defaults = parser.parse_args(["dst", "--results", "r"])
-    assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads) == (None, None, None, 2)
+    assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads,
+            defaults.loop_cores) == (None, None, None, 2, None)
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--cpu-share", "half"])
 
@@ -496,7 +497,8 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
     decode process left once it returns."""
     import multiprocessing
 
-    from gpufeed.bench.experiments.step_beside_load import default_loads, reserved_cores, run
+    from gpufeed.bench.experiments.step_beside_load import default_loads, run
+    from gpufeed.machine import reserved_cores
 
     lines = []
     rows = run(dataset, loads=[0, 2, 0], seconds=0.5, batch=32, accelerator="emulated", emit=lines.append)
@@ -504,15 +506,18 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
     assert rows[0]["decodes_per_s"] == rows[2]["decodes_per_s"] == 0 and rows[1]["decodes_per_s"] > 0
     assert all(r["images_per_s"] > 0 and r["step_ms"] > 0 and 0 < r["of_alone"] < 2 for r in rows)
     assert rows[1]["cpu_busy"] > 0 and rows[1]["accelerator_mode"] == "emulated"
+    assert 0 <= rows[1]["main_thread_waited"] <= 1
     assert multiprocessing.active_children() == []
     assert default_loads(64) == [0, 15, 31, 47, 63, 0] and default_loads(1) == [0, 1, 0]
-    # A core kept for the loop: the decode processes run on the others only, and the loop's cores come back after.
+    # A core kept from the decode processes (and the loop's process pinned to it): they run on the others only,
+    # at the niceness asked, and the loop's cores come back after.
     usable = os.sched_getaffinity(0)
-    if len(usable) >= 2:
-        reserved, rest = reserved_cores(1)
-        assert min(usable) in reserved and reserved | rest == usable and not reserved & rest
-        rows = run(dataset, loads=[0, 1], seconds=0.3, batch=32, accelerator="emulated", reserve=1, emit=lines.append)
-        assert rows[1]["reserved"] == sorted(reserved) and rows[1]["decode_cores"] == len(rest)
+    if len(reserved_cores(0)[1]) >= 2:
+        kept, rest = reserved_cores(1)
+        rows = run(dataset, loads=[0, 1], seconds=0.3, batch=32, accelerator="emulated", reserve=1, pin_loop=True,
+                   nice=5, emit=lines.append)
+        assert rows[1]["reserved"] == sorted(kept[0]) and rows[1]["decode_cores"] == len(rest)
+        assert rows[1]["pin_loop"] and rows[1]["nice"] == 5
         assert rows[1]["decodes_per_s"] > 0 and os.sched_getaffinity(0) == usable
-    with pytest.raises(SystemExit, match="leaves no core"):
-        reserved_cores(len(usable))
+    with pytest.raises(SystemExit, match="leaves none of the"):
+        run(dataset, loads=[0], seconds=0.1, batch=32, accelerator="emulated", reserve=len(usable))

@@ -194,6 +194,57 @@ def test_workers_run_at_the_niceness_asked_and_the_loop_at_its_own(dataset):
         ld.close()
 
 
+def test_workers_keep_off_the_cores_each_rank_keeps_for_its_loop(dataset):
+    """``loop_cores``: every rank on the node keeps that many physical cores (with their hyper-thread siblings) for
+    its own process; its workers, and every other rank's, run on the rest only, and this process keeps its own
+    cores. The default workers are the rank's share of the cores left."""
+    import psutil
+
+    from gpufeed.machine import core_groups, reserved_cores
+    from gpufeed.pipelines.loader import default_workers, worker_cores
+
+    groups = core_groups()
+    assert sorted(c for g in groups for c in g) == sorted(os.sched_getaffinity(0))
+    if len(groups) < 2:
+        pytest.skip("one physical core: none to keep apart")
+    kept, rest = reserved_cores(1, 1)
+    assert kept == [set(groups[0])] and rest == set().union(*groups[1:])
+    assert worker_cores(1) == frozenset(rest) and default_workers(1, loop_cores=1) == len(rest)
+    me = psutil.Process()
+    own = os.sched_getaffinity(0)
+    before = {p.pid for p in me.children(recursive=True)}
+    ld = gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=2, loop_cores=1)
+    next(iter(ld))
+    workers = [p for p in me.children(recursive=True) if p.pid not in before]
+    assert len(workers) == 2 and all(set(p.cpu_affinity()) == rest for p in workers)
+    assert os.sched_getaffinity(0) == own
+    ld.close()
+
+
+def test_ranks_on_one_node_keep_distinct_cores_and_too_many_is_refused_naming_the_setting(dataset, monkeypatch):
+    """Each rank on a node keeps its own run of physical cores, the same partition in every rank; torchrun's
+    LOCAL_RANK and LOCAL_WORLD_SIZE place a rank of several nodes; keeping every core is refused, named."""
+    from gpufeed.machine import core_groups, reserved_cores
+    from gpufeed.pipelines.loader import local_ranks
+
+    groups = core_groups()
+    if len(groups) >= 3:
+        kept, rest = reserved_cores(1, 2)
+        assert kept == [set(groups[0]), set(groups[1])] and rest == set().union(*groups[2:])
+    with pytest.raises(ValueError, match="leaves none of the"):
+        reserved_cores(len(groups), 1)
+    assert local_ranks(5, 8) == (5, 8) and local_ranks(None, None) == (0, 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert local_ranks(5, 8) == (1, 2)
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(ConfigError, match=f"loop_cores={len(groups)}: .* leaves none of the .* keep fewer"):
+        gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=1, loop_cores=len(groups))
+    with pytest.raises(ConfigError, match="loop_cores=-1: must be 0"):
+        gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=1, loop_cores=-1)
+
+
 def test_workers_end_when_terminated_whatever_sigterm_handler_the_loop_has(dataset):
     """A forked worker keeps the training process's SIGTERM handler (a Ray driver's raises SystemExit); the
     workers give SIGTERM its default, so a worker the DataLoader terminates ends."""

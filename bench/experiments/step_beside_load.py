@@ -8,13 +8,16 @@ workers alone, with no engine work, lost as much (results/gpu-ranks-h200x4.txt).
 load from everything else the loader does: the same synthetic batch already on the GPU (no disk, no
 DataLoader, no engines), the decode processes started before CUDA is, then told how many of them work. With
 ``--copy`` each step also copies a pinned host batch of the same size to the GPU first, as the loader does. With
-``--reserve N`` the loop's process keeps N cores (and their hyper-thread siblings, where the kernel lists them)
-that no decode process may run on: whether a core of its own gives the step back.
+``--reserve N`` no decode process may run on N physical cores (with their hyper-thread siblings, where the kernel
+lists them), as the loader's ``loop_cores`` keeps them, and with ``--pin-loop`` the loop's process runs on those
+alone: whether a core of its own gives the step back. ``--nice N``: the decode processes at niceness N, as the
+loader's ``worker_nice`` sets its workers.
 
 One row per window (JSON lines, ``--results``): ``processes`` decoding, ``reserved`` (the loop's own cores, if
 any) and ``decode_cores`` (those the decode processes may use), their ``decodes_per_s``, the model's
 ``images_per_s`` and ``step_ms``, ``of_alone`` (against the mean of the windows with none decoding, measured
-first and last to bracket the GPU's drift), the share of every core busy and of the loop's main thread running.
+first and last to bracket the GPU's drift), the share of every core busy, of the loop's main thread running and
+of it waiting for a core.
 """
 
 from __future__ import annotations
@@ -30,35 +33,18 @@ import time
 SAMPLES = 64
 
 
-def reserved_cores(n: int) -> tuple[set[int], set[int]]:
-    """``(reserved, rest)`` of this process's usable cores: the first ``n`` with their hyper-thread siblings (as
-    /sys lists them; a VM may list none), and the others. Nothing reserved for ``n`` 0."""
-    usable = sorted(os.sched_getaffinity(0))
-    reserved: set[int] = set()
-    for cpu in usable[:max(0, n)]:
-        reserved.add(cpu)
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                for part in f.read().strip().split(","):
-                    lo, _, hi = part.partition("-")
-                    reserved.update(range(int(lo), int(hi or lo) + 1))
-        except (OSError, ValueError):
-            pass
-    reserved &= set(usable)
-    if reserved and len(reserved) >= len(usable):
-        raise SystemExit(f"--reserve {n}: that leaves no core of {len(usable)} for the decode processes")
-    return reserved, set(usable) - reserved
-
-
-def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts, cpus=None) -> None:
+def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts, cpus=None,
+                  nice: int = 0) -> None:
     """One process: decode while ``index < active.value``, idle otherwise, until ``stop`` is set; its count of
-    images decoded in ``counts[index]``; on ``cpus`` only, where given."""
+    images decoded in ``counts[index]``; on ``cpus`` only, where given, at niceness ``nice``."""
     from gpufeed.machine import default_sigterm
     from gpufeed.pipelines.batches_cpu import CpuDecode
 
     default_sigterm()
     if cpus:
         os.sched_setaffinity(0, cpus)
+    if nice:
+        os.nice(nice)
     decode = CpuDecode(train, size)
     decode(samples[0])  # imports and first-call costs before any window
     n = 0
@@ -100,17 +86,21 @@ def _window(accel, x, y, seconds: float, copy, decoded) -> tuple[int, float, int
 
 def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
         accelerator: str = "auto", profile: str = "h200", copy: bool = False, reserve: int = 0,
-        emit=print) -> list[dict]:
+        pin_loop: bool = False, nice: int = 0, emit=print) -> list[dict]:
     """The rows described in the module's docstring, each also passed to ``emit`` as a JSON line."""
     import multiprocessing
 
     from gpufeed.bench.cpuceiling import _read_samples
     from gpufeed.bench.dataset import load_dataset_info
     from gpufeed.bench.train_models import make_accelerator, resolve_accelerator, synthetic_batches
-    from gpufeed.machine import usable_cores
+    from gpufeed.machine import reserved_cores, usable_cores
 
     cores = usable_cores()
-    reserved, rest = reserved_cores(reserve)
+    try:
+        kept, rest = reserved_cores(reserve)
+    except ValueError as e:
+        raise SystemExit(f"--reserve {reserve}: {e}") from None
+    reserved = kept[0]
     loads = default_loads(len(rest) + 1 if reserved else cores) if loads is None else loads
     fmt, built = next(iter(load_dataset_info(dst)["formats"].items()))  # any format: the records are the same
     samples = _read_samples(fmt, built["paths"][0], SAMPLES)
@@ -121,12 +111,13 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     active, stop = ctx.Value("i", 0), ctx.Event()
     counts = ctx.Array("q", max(loads), lock=False)
     procs = [ctx.Process(target=_decode_while, daemon=True,
-                         args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None))
+                         args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None,
+                               nice))
              for i in range(max(loads))]
     for p in procs:
         p.start()
     before_affinity = os.sched_getaffinity(0)
-    if reserved:  # before CUDA starts: its threads keep this process's cores
+    if reserved and pin_loop:  # before CUDA starts: its threads keep this process's cores
         os.sched_setaffinity(0, reserved)
     rows = []
     try:
@@ -144,7 +135,8 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
             time.sleep(0.5)  # the processes told to start (or stop) have
             steps, wall, decoded, seen = _window(accel, x, y, seconds, copy_step, lambda: sum(counts))
             row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
-                   "reserved": sorted(reserved), "decode_cores": len(rest) if reserved else cores,
+                   "reserved": sorted(reserved), "pin_loop": bool(reserved and pin_loop), "nice": nice,
+                   "decode_cores": len(rest) if reserved else cores,
                    "decodes_per_s": round(decoded / wall, 1),
                    "images_per_s": round(steps * batch / wall, 1), "step_ms": round(wall / steps * 1e3, 2),
                    "copy": bool(copy_step), **{n: round(v, 3) for n, v in seen.items()}, **accel.describe()}
@@ -178,8 +170,10 @@ def main(argv=None) -> int:
     p.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto")
     p.add_argument("--copy", action="store_true", help="copy a pinned host batch to the GPU before each step")
     p.add_argument("--reserve", type=int, default=0,
-                   help="cores (with their hyper-thread siblings) kept for the loop's process, none of them for the "
-                        "decode processes (default 0: all shared)")
+                   help="physical cores (with their hyper-thread siblings) no decode process may run on (default 0: all "
+                        "shared)")
+    p.add_argument("--pin-loop", action="store_true", help="with --reserve: the loop's process on those cores alone")
+    p.add_argument("--nice", type=int, default=0, help="niceness of the decode processes (default 0)")
     p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
     args = p.parse_args(argv)
     loads = None if args.loads is None else [int(v) for v in args.loads.split(",")]
@@ -193,7 +187,7 @@ def main(argv=None) -> int:
 
     try:
         run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy,
-            reserve=args.reserve, emit=emit)
+            reserve=args.reserve, pin_loop=args.pin_loop, nice=args.nice, emit=emit)
     finally:
         if out:
             out.close()
