@@ -428,9 +428,13 @@ class Loader:
         # The emulated storage tier this loader was made in, handed to its workers as they start: one started
         # from a fork server has the server's environment, which may predate the tier.
         self._tier = {var: os.environ.get(var) for var in gpufeed_io.TIER_VARS}
-        self._order = _EpochOrder(len(self.dataset), seed, self.shuffle)
+        self._order = _EpochBatches(len(self.dataset), seed, self.shuffle, batch_size, drop_last)
         self._decoder = None
         self._batches = None
+        # The batches of every epoch from ``_stream_epoch`` on, decoded ahead across each epoch's end; None
+        # until the first pass, and after a pass left before its end (the next one starts them afresh).
+        self._stream = None
+        self._stream_epoch = None
 
     def _start_method(self) -> str:
         """How DataLoader workers start. The GPU paths run decoder threads (nvImageCodec's, the decode thread)
@@ -450,26 +454,35 @@ class Loader:
         return self.workers * PREFETCH_FACTOR
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = self._order.epoch = epoch
+        """The epoch the next pass delivers (its order drawn from ``(seed, epoch)``). A pass that ends moves to
+        the next epoch by itself; the epoch after the one that just ended is the one the workers already
+        started."""
+        self.epoch = epoch
 
     def close(self) -> None:
         """Stop the DataLoader's workers now (they otherwise live as long as the loader)."""
+        self._end_stream()
         self._batches = None
         self._decoder = None
+
+    def _end_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()  # its decoder threads end
+        self._stream = self._stream_epoch = None
 
     def __len__(self) -> int:
         n = len(self.dataset)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _dataloader(self):
-        """One DataLoader for the loader's life: its workers persist across epochs (no restart stall), and
-        its sampler draws each epoch's order from ``(seed, epoch)``."""
+        """One DataLoader for the loader's life: its workers persist across epochs, and its batch sampler draws
+        each epoch's order from ``(seed, epoch)``, one epoch after another without end, so the workers go on
+        into the next epoch while the loop takes the last batches of this one."""
         import torch
 
         if self._batches is None:
             self._batches = torch.utils.data.DataLoader(
-                self.dataset, batch_size=self.batch_size, sampler=self._order, num_workers=self.workers,
-                drop_last=self.drop_last, collate_fn=self._collate,
+                self.dataset, batch_sampler=self._order, num_workers=self.workers, collate_fn=self._collate,
                 prefetch_factor=PREFETCH_FACTOR if self.workers else None,
                 pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
                 persistent_workers=self.workers > 0,
@@ -491,6 +504,30 @@ class Loader:
         return self._decoder
 
     def __iter__(self) -> Iterator:
+        """One epoch's batches (:meth:`set_epoch`'s, else the one after the last pass's). The workers' batches
+        flow on across the epoch's end: a new epoch stalls the loop only where a pass was left before its end
+        or :meth:`set_epoch` asked for another epoch than the next."""
+        if not len(self):
+            return
+        if self._stream is None or self._stream_epoch != self.epoch:
+            self._end_stream()
+            self._order.start = self.epoch
+            self._stream = self._batches_from_here()
+        stream, self._stream_epoch = self._stream, None  # mid-pass: a pass left here restarts the stream
+        for _ in range(len(self)):
+            try:
+                x, y = next(stream)
+            except StopIteration:
+                break
+            yield (normalise(x) if self.normalize else x), y
+        else:
+            self.epoch += 1
+            self._stream_epoch = self.epoch
+            return
+        self._end_stream()
+
+    def _batches_from_here(self) -> Iterator:
+        """The decoded batches of every epoch from ``self._order.start`` on."""
         with opencv_threads(1):  # the workers start (fork) on the first iteration
             batches = iter(self._dataloader())
         if self.decode != "cpu":
@@ -507,9 +544,9 @@ class Loader:
             if self.device.type == "cuda":
                 gen = decoded_batches(batches, [DeviceCopy(self.device, finish)], self.device)
             else:
-                gen = (finish(*(t.to(self.device) for t in batch)) for batch in batches)
-        for x, y in gen:
-            yield (normalise(x) if self.normalize else x), y
+                device = self.device  # the stream holds no reference to the loader (close() ends it)
+                gen = (finish(*(t.to(device) for t in batch)) for batch in batches)
+        return gen
 
 
 def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None, cpus=None) -> None:
@@ -587,21 +624,30 @@ def _cifar_on_device(x, y, params):
     return cifar_augment(x, params), y
 
 
-class _EpochOrder:
-    """The sample order of the current epoch: a permutation drawn from ``(seed, epoch)`` when shuffling,
-    else file order. It holds no reference to the loader, so dropping a loader frees its DataLoader (and
-    stops its workers) at once rather than at the next garbage collection."""
+class _EpochBatches:
+    """The DataLoader's batch sampler: epoch ``start``'s batches of sample indices, then the next epoch's, without
+    end; each epoch's order a permutation drawn from ``(seed, epoch)`` when shuffling, else file order, cut into
+    batches of ``batch_size`` (the last one of each epoch dropped where short, with ``drop_last``). An epoch's
+    batches never mix with the next's. It holds no reference to the loader, so dropping a loader frees its
+    DataLoader (and stops its workers) at once rather than at the next garbage collection."""
 
-    def __init__(self, n: int, seed: int, shuffle: bool):
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+    def __init__(self, n: int, seed: int, shuffle: bool, batch_size: int, drop_last: bool):
+        self.n, self.seed, self.shuffle, self.start = n, seed, shuffle, 0
+        self.batch_size, self.drop_last = batch_size, drop_last
 
-    def __len__(self) -> int:
-        return self.n
+    def order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        return np.random.default_rng((self.seed, epoch)).permutation(self.n).tolist()
 
     def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.n))
-        return iter(np.random.default_rng((self.seed, self.epoch)).permutation(self.n).tolist())
+        epoch, size = self.start, self.batch_size
+        end = self.n - self.n % size if self.drop_last else self.n
+        while end > 0:
+            order = self.order(epoch)
+            for i in range(0, end, size):
+                yield order[i:i + size]
+            epoch += 1
 
 
 def imagenet_stats(device):

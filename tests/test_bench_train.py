@@ -521,3 +521,17 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
         assert rows[1]["decodes_per_s"] > 0 and os.sched_getaffinity(0) == usable
     with pytest.raises(SystemExit, match="leaves none of the"):
         run(dataset, loads=[0], seconds=0.1, batch=32, accelerator="emulated", reserve=len(usable))
+
+
+def test_the_epoch_edge_experiment_sets_flowing_epochs_beside_restarted_ones(dataset):
+    """bench/experiments/epoch_edge: one row per way, each with the first-batch wait of every epoch after the
+    first; the loader's workers are gone after it."""
+    import multiprocessing
+
+    from gpufeed.bench.experiments.epoch_edge import run
+
+    lines = []
+    rows = run(dataset, epochs=2, batch=8, workers=1, step_ms=5, emit=lines.append)
+    assert [r["way"] for r in rows] == ["flow", "restart"] and [json.loads(line) for line in lines] == rows
+    assert all(len(r["first_batch_wait_ms"]) == 1 and r["batches_per_epoch"] >= 2 for r in rows)
+    assert multiprocessing.active_children() == []

@@ -164,6 +164,40 @@ def test_epochs_reshuffle_deterministically_and_ranks_split_the_data(dataset):
     assert len(halves) == N and sorted(halves) == sorted(labels(0))
 
 
+def test_the_workers_go_on_into_the_next_epoch_and_each_pass_delivers_its_epochs_order(dataset):
+    """One DataLoader stream spans the epochs: a pass that ends moves to the next epoch, whose batches the workers
+    had already begun (the DataLoader's iterator is not reset, so its prefetch never drains at an epoch's end);
+    each pass still delivers exactly its epoch's order, with or without set_epoch, and a pass left half-way or a
+    set_epoch to another epoch starts that epoch from its first batch."""
+    paths = dataset["tfrecord"]["paths"]
+
+    def labels_of(ld):
+        return torch.cat([y for _, y in ld]).tolist()
+
+    def epoch(e):
+        ld = gpufeed.loader(paths, batch_size=4, workers=2)
+        ld.set_epoch(e)
+        return labels_of(ld)
+
+    ld = gpufeed.loader(paths, batch_size=4, workers=2)
+    first = labels_of(ld)
+    assert ld.epoch == 1 and first == epoch(0)
+    it = iter(ld)
+    _, y0 = next(it)
+    # The second epoch's first batch came from the same DataLoader iterator, a pass's worth of batches on.
+    assert ld._batches._iterator._rcvd_idx > len(ld)
+    assert torch.cat([y0] + [y for _, y in it]).tolist() == epoch(1)
+    ld.set_epoch(2)  # the next one anyway: no restart
+    assert labels_of(ld) == epoch(2) and ld.epoch == 3
+    ld.set_epoch(0)  # back: restarted at epoch 0's first batch
+    assert labels_of(ld) == first
+    half = iter(ld)
+    next(half)
+    del half  # left after one batch of epoch 1
+    assert ld.epoch == 1 and labels_of(ld) == epoch(1)
+    ld.close()
+
+
 def test_forked_workers_start_after_the_parents_opencv_pool_ran(dataset):
     """The workers run one OpenCV thread each; setting that inside a worker forked after the parent's pool
     ran hangs the worker, so the loader sets it around the fork and restores the parent's count."""
