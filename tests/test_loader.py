@@ -326,6 +326,15 @@ def test_workers_from_a_fork_server_started_before_a_tier_read_through_that_tier
 def test_normalize_gives_nchw_float(dataset):
     x, _ = next(iter(gpufeed.loader(dataset["lmdb"]["paths"], batch_size=4, workers=0, normalize=True)))
     assert x.shape == (4, 3, 224, 224) and x.dtype == torch.float32 and -3 < float(x.mean()) < 3
+    # The statistics are made once per device, not per batch: on a GPU, making them copies from pageable host
+    # memory, which waits for the stream's queued work (the loop's previous step) before each batch.
+    from gpufeed.pipelines.loader import IMAGENET_MEAN, imagenet_stats, normalise
+
+    mean, std = imagenet_stats(x.device)
+    assert imagenet_stats(x.device)[0] is mean and mean.flatten().tolist() == pytest.approx(IMAGENET_MEAN)
+    raw = torch.full((1, 2, 2, 3), 128, dtype=torch.uint8)
+    assert torch.allclose(normalise(raw), (raw.permute(0, 3, 1, 2).float() - mean) / std)
+    assert mean.flatten().tolist() == pytest.approx(IMAGENET_MEAN)  # normalise left them as they were
 
 
 @pytest.mark.parametrize("train", [True, False])
