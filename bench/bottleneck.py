@@ -57,11 +57,12 @@ def cache_text(row: dict) -> str:
 
 
 def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, cores: int,
-              cpu_decode: dict | None = None) -> dict:
+              cpu_decode: dict | None = None, gpu_busy_alone: float | None = None) -> dict:
     """The ``resources`` block of a train row from its (slowest rank's) metrics: ``ceiling`` the disk's
     (``mb_per_s``, ``pattern``, ``source``), ``engines_per_s`` one GPU's JPEG engines' rate where they decode,
     ``cpu_decode`` what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), set
-    beside the CPU workers' decodes on the whole node (every rank's, ``node_cpu_decodes_per_s``)."""
+    beside the CPU workers' decodes on the whole node (every rank's, ``node_cpu_decodes_per_s``);
+    ``gpu_busy_alone`` the share of time the GPU ran kernels with the model alone, beside the row's ``gpu_busy``."""
     m = row.get("metrics") or {}
 
     def median(name):
@@ -85,6 +86,8 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
            "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
            "node_cpu_decodes_per_s": node_cpu, "cpu_decode_ceiling": cpu_decode if node_cpu else None,
            "main_thread_busy": median("main_thread_busy"), "main_thread_waited": median("main_thread_waited"),
+           "gpu_busy": median("gpu_busy"), "gpu_sm_mhz": median("gpu_sm_mhz"),
+           "gpu_busy_alone": gpu_busy_alone if median("gpu_busy") is not None else None,
            "wait_share": median("data_wait_share")}
     return {k: v for k, v in out.items() if v not in (None, {})}
 
@@ -135,6 +138,9 @@ def limit(row: dict) -> dict | None:
     queued = r.get("main_thread_waited")
     if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
         steps += f"; its main thread waited for a core {queued:.0%} of its time"
+    gpu, gpu_alone = r.get("gpu_busy"), r.get("gpu_busy_alone")
+    if gpu is not None and gpu_alone is not None:  # less kernel time at the same step count: work came late
+        steps += f"; the GPU ran kernels {gpu:.0%} of the time against {gpu_alone:.0%} with the model alone"
     return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
                                         f"{steps}): the loader's work beside the model slowed its steps, not the "
                                         f"feeding; {what}, so a faster disk would not help"}

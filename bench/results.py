@@ -273,10 +273,13 @@ class ResourceWindow:
     the window), ``cpu_busy``, ``main_thread_busy`` (the share of the window this process's main thread ran,
 :func:`thread_cpu_seconds`) and ``main_thread_waited`` (the share it was ready to run but waited for a core,
 :func:`gpufeed.machine.run_queue_seconds`: a training loop's thread that waits there launches the model's work
-late); each is left out where the kernel does not say."""
+late); each is left out where the kernel does not say. With ``gpu`` (nvidia-smi's name for one GPU,
+:func:`gpu_name`), also ``gpu_busy`` (the share of time a kernel ran on it) and ``gpu_sm_mhz`` (its SM clock), as
+:class:`GpuSampler` read them: a GPU that ran kernels less of the time at the same clock went without work."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, gpu: str | None = None):
         self.path = path
+        self.gpu = GpuSampler(gpu) if gpu is not None else None
         self.disk = disk_counters(path) if path else None
         self.cpu = cpu_ticks()
         self.main = thread_cpu_seconds()
@@ -300,7 +303,67 @@ late); each is left out where the kernel does not say."""
         waited = run_queue_seconds(os.getpid())
         if waited is not None and self.waited is not None and seconds > 0:
             out["main_thread_waited"] = min((waited - self.waited) / seconds, 1.0)
+        if self.gpu is not None:
+            out.update(self.gpu.stop())
         return out
+
+
+class GpuSampler:
+    """nvidia-smi's readings of one GPU every ``period_ms`` from now until :meth:`stop`: ``utilization.gpu`` (the
+    share of its last sample period in which a kernel ran) and the SM clock. Nothing where nvidia-smi is absent or
+    fails: the driver's own tool, found on every NVIDIA GPU machine, so no NVML binding is needed."""
+
+    def __init__(self, gpu: str, period_ms: int = 200):
+        self.proc = None
+        if shutil.which("nvidia-smi") is None:
+            return
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu,clocks.sm", "--format=csv,noheader,nounits", "-i", gpu,
+                 "-lms", str(period_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+
+    def stop(self) -> dict[str, float]:
+        """``gpu_busy`` (0-1) and ``gpu_sm_mhz``, the means of the readings taken; empty where none were."""
+        if self.proc is None:
+            return {}
+        self.proc.terminate()
+        try:
+            out, _ = self.proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.proc = None
+        return gpu_readings(out or "")
+
+
+def gpu_readings(text: str) -> dict[str, float]:
+    """The mean of nvidia-smi's ``utilization.gpu, clocks.sm`` lines (csv, no header, no units) as ``gpu_busy``
+    (a fraction) and ``gpu_sm_mhz``; lines that are not two numbers (a message, "[N/A]") are skipped."""
+    busy, clock = [], []
+    for line in text.splitlines():
+        try:
+            u, c = (float(v) for v in line.split(","))
+        except ValueError:
+            continue
+        busy.append(u / 100.0)
+        clock.append(c)
+    return {"gpu_busy": statistics.fmean(busy), "gpu_sm_mhz": statistics.fmean(clock)} if busy else {}
+
+
+def gpu_name(device) -> str | None:
+    """How nvidia-smi names the CUDA ``device`` (a torch device): its PCI bus id, which holds whatever
+    CUDA_VISIBLE_DEVICES renumbers; None off CUDA or where torch does not say."""
+    try:
+        import torch
+
+        if device is None or device.type != "cuda":
+            return None
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    except (ImportError, AttributeError, RuntimeError, AssertionError):
+        return None
 
 
 def thread_cpu_seconds(tid: int | None = None) -> float | None:

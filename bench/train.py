@@ -61,7 +61,8 @@ CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
-          "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction"}
+          "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction",
+          "gpu_busy": "fraction", "gpu_sm_mhz": "MHz"}
 
 
 def _cycle(loader) -> Iterator:
@@ -226,6 +227,13 @@ def _warmup_s(accel) -> float:
     return CUDA_WARMUP_S if accel.kind == "cuda" else 0.0
 
 
+def _gpu(accel) -> str | None:
+    """nvidia-smi's name for the accelerator's GPU, whose kernel-time share the timed windows sample."""
+    from gpufeed.bench.results import gpu_name
+
+    return gpu_name(getattr(accel, "device", None)) if accel.kind == "cuda" else None
+
+
 def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks()) -> list[LoopRun]:
     from gpufeed.bench.results import repeat
 
@@ -233,7 +241,7 @@ def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks
     runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed,
                                                                   opts.seq_len if opts.ptb else None),
                                                 accel.step, accel.synchronize, batch, opts.steps,
-                                                opts.warmup_steps, _warmup_s(accel), ranks.agree)},
+                                                opts.warmup_steps, _warmup_s(accel), ranks.agree, gpu=_gpu(accel))},
                   opts.repeats, warmup=opts.warmup_runs, before_each=ranks.barrier)
     return [r["run"] for r in runs]
 
@@ -262,7 +270,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
-                             _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0])
+                             _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0],
+                             gpu=_gpu(accel))
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -469,6 +478,8 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
         rows.append(row)
         log(_one_line(row))
 
+    busy_alone: dict[str, float] = {}  # each task's model-alone share of time its GPU ran kernels
+
     def row_of(cells: list[Cell]) -> dict:
         first = cells[0]
         if first.tier is None:
@@ -483,12 +494,15 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
                     **dataset_fields(info, first.fmt), **first.validity}
         row = {"bench": "train", **head, **rank_summary(cells, unit)}
+        busy = ((row["metrics"].get("gpu_busy") or {}).get("median"))
+        if first.tier is None and busy is not None:
+            busy_alone[first.task] = busy
         if first.tier is not None and not opts.ptb:
             from gpufeed.bench.bottleneck import limit, resources
             from gpufeed.pipelines.loader import HW_RATE
 
             row["resources"] = resources(row, ceilings.get((first.tier, first.fmt)), HW_RATE, usable_cores(),
-                                         cpu_ceilings.get(first.task))
+                                         cpu_ceilings.get(first.task), busy_alone.get(first.task))
             row["limit"] = limit(row)
         return row
 

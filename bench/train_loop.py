@@ -45,7 +45,7 @@ class LoopRun:
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
                warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None,
-               epoch_batches: int | None = None, data_path: str | None = None) -> LoopRun:
+               epoch_batches: int | None = None, data_path: str | None = None, gpu: str | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -58,12 +58,11 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     collectives need every rank to take the same steps).
 
     ``epoch_batches``: the loader's batches per epoch. The timed warm-up stops short where it would push the
-    timed steps past the first epoch's end: there the loader's pipeline drains and refills (a pause a real
-    epoch of thousands of steps hides, ten timed steps do not) and the second epoch reads what the first left
-    in the page cache.
+    timed steps past the first epoch's end: the second epoch reads what the first left in the page cache.
 
     ``data_path``: the data read, whose block device's reads are counted over the timed steps beside the cores'
-    use (:class:`~gpufeed.bench.results.ResourceWindow`), so a row says what each resource did while it ran.
+    use (:class:`~gpufeed.bench.results.ResourceWindow`), so a row says what each resource did while it ran;
+    ``gpu`` (nvidia-smi's name for the accelerator's GPU) adds how much of the time it ran kernels.
     """
     from gpufeed.bench.results import ResourceWindow, children_private_bytes, cpu_seconds
 
@@ -83,7 +82,7 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
             synchronize()  # the time is the device's, not the launch queue's
     synchronize()
     waits = []
-    window = ResourceWindow(data_path)
+    window = ResourceWindow(data_path, gpu)
     cpu0 = cpu_seconds()
     start = time.perf_counter()
     for _ in range(steps):

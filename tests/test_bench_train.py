@@ -489,6 +489,11 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
     # A report reads a row written by an earlier build (its stored text) the way this build does.
     assert row_limit({**row, "limit": {"resource": None, "text": "the loader itself limits this run"}}) == found
     assert row_limit({"limit": {"resource": "disk", "text": "disk"}}) == {"resource": "disk", "text": "disk"}
+    # With the rank's main thread's wait for a core and its GPU's kernel time (the model alone's beside it), the
+    # row says that the GPU went without work while the thread had its core.
+    r = {**row["resources"], "main_thread_waited": 0.003, "gpu_busy": 0.78, "gpu_busy_alone": 0.95}
+    assert ("alone; its main thread waited for a core 0% of its time; the GPU ran kernels 78% of the time against "
+            "95% with the model alone): the loader's work") in limit({**row, "resources": r})["text"]
 
 
 def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decoding(dataset):

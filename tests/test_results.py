@@ -72,3 +72,39 @@ def test_damaged_line_is_named(tmp_path):
         f.write('{"bench": "read", trunc\n')
     with pytest.raises(CorruptRecordError, match="record 1"):
         load_results(str(path))
+
+
+def test_nvidia_smi_readings_become_the_gpus_kernel_time_share_and_clock():
+    """nvidia-smi's csv lines (no header, no units) averaged; lines that are not two numbers are skipped."""
+    from gpufeed.bench.results import gpu_readings
+
+    text = "92, 1980\n96, 1980\n[N/A], [N/A]\nNo devices were found\n70, 1965\n"
+    got = gpu_readings(text)
+    assert got["gpu_busy"] == pytest.approx((0.92 + 0.96 + 0.70) / 3) and got["gpu_sm_mhz"] == pytest.approx(1975)
+    assert gpu_readings("") == {} and gpu_readings("Failed to initialize NVML\n") == {}
+
+
+def test_a_window_samples_the_gpu_nvidia_smi_names_and_stops_its_sampler(tmp_path, monkeypatch):
+    """A window given a GPU runs nvidia-smi for that GPU alone (-i, its PCI bus id) until it stops, and ends it;
+    where nvidia-smi is not on the PATH the window simply has no GPU figures. The driver's tool is stood in for
+    by a script that answers as it does (this machine has no GPU)."""
+    import os
+    import time
+
+    from gpufeed.bench.results import ResourceWindow
+
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert "gpu_busy" not in ResourceWindow(None, gpu="00000000:1B:00.0").stop()
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/args\nwhile true; do echo "80, 1980"; sleep 0.05; done\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    window = ResourceWindow(None, gpu="00000000:1B:00.0")
+    time.sleep(0.4)
+    proc = window.gpu.proc
+    got = window.stop()
+    assert got["gpu_busy"] == pytest.approx(0.8) and got["gpu_sm_mhz"] == pytest.approx(1980)
+    assert proc.poll() is not None
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("-i") + 1] == "00000000:1B:00.0" and "--query-gpu=utilization.gpu,clocks.sm" in args
