@@ -150,11 +150,10 @@ def default_workers(ranks: int = 1, loop_cores: int = LOOP_CORES) -> int:
     return max(1, min(MAX_DEFAULT_WORKERS, share))
 
 
-def local_ranks(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(this rank's place on its node, ranks on the node)``: torchrun's ``LOCAL_RANK`` and
-    ``LOCAL_WORLD_SIZE`` where set, else ``rank`` of ``world_size`` (every rank on one node)."""
-    world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size or 1)
-    return int(os.environ.get("LOCAL_RANK") or rank or 0) % max(1, world), max(1, world)
+def ranks_on_node(world_size: int | None = None) -> int:
+    """The ranks sharing this node: torchrun's ``LOCAL_WORLD_SIZE`` where set, else ``world_size`` (every rank on
+    one node)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or world_size or 1))
 
 
 def worker_cores(loop_cores: int, ranks: int = 1, says: str | None = None) -> frozenset[int]:
@@ -275,7 +274,8 @@ class LoaderOptions:
     @classmethod
     def add_arguments(cls, parser) -> None:
         """The command-line flags of the options a command takes as they are (``--workers``, ``--decode-threads``,
-        ``--decode-priority``, ``--cpu-share``, ``--worker-nice``, ``--loop-cores``), one per field, from the fields' metadata."""
+        ``--decode-priority``, ``--cpu-share``, ``--worker-nice``, ``--loop-cores``), one per field, from the
+        fields' metadata."""
         for f in dataclasses.fields(cls):
             if "cli" in f.metadata:
                 parser.add_argument(f"--{f.name.replace('_', '-')}", **f.metadata["cli"])
@@ -390,10 +390,9 @@ class Loader:
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
             import_nvimgcodec()
-        local, on_node = local_ranks(rank, world_size)
+        on_node = ranks_on_node(world_size)
         # The cores this rank's workers may run on: all, or those no rank on the node keeps for its own process.
         self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
-        self.loop_cores = loop_cores
         self.workers = default_workers(on_node, loop_cores) if workers is None else workers
         train = augment == "train"
         self._share = None

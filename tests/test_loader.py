@@ -257,9 +257,9 @@ def test_workers_keep_off_the_cores_each_rank_keeps_for_its_loop(dataset):
 
 def test_ranks_on_one_node_keep_distinct_cores_and_too_many_is_refused_naming_the_setting(dataset, monkeypatch):
     """Each rank on a node keeps its own run of physical cores, the same partition in every rank; torchrun's
-    LOCAL_RANK and LOCAL_WORLD_SIZE place a rank of several nodes; keeping every core is refused, named."""
+    LOCAL_WORLD_SIZE says how many ranks share a node of several; keeping every core is refused, named."""
     from gpufeed.machine import core_groups, reserved_cores
-    from gpufeed.pipelines.loader import local_ranks
+    from gpufeed.pipelines.loader import ranks_on_node
 
     groups = core_groups()
     if len(groups) >= 3:
@@ -267,11 +267,9 @@ def test_ranks_on_one_node_keep_distinct_cores_and_too_many_is_refused_naming_th
         assert kept == [set(groups[0]), set(groups[1])] and rest == set().union(*groups[2:])
     with pytest.raises(ValueError, match="leaves none of the"):
         reserved_cores(len(groups), 1)
-    assert local_ranks(5, 8) == (5, 8) and local_ranks(None, None) == (0, 1)
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert ranks_on_node(8) == 8 and ranks_on_node(None) == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert local_ranks(5, 8) == (1, 2)
-    monkeypatch.delenv("LOCAL_RANK")
+    assert ranks_on_node(8) == 2
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     with pytest.raises(ConfigError, match=f"loop_cores={len(groups)}: .* leaves none of the .* keep fewer"):
         gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=1, loop_cores=len(groups))
