@@ -353,16 +353,22 @@ def gpu_readings(text: str) -> dict[str, float]:
 
 
 def gpu_name(device) -> str | None:
-    """How nvidia-smi names the CUDA ``device`` (a torch device): its PCI bus id, which holds whatever
-    CUDA_VISIBLE_DEVICES renumbers; None off CUDA or where torch does not say."""
+    """How nvidia-smi names the CUDA ``device`` (a torch device): its UUID (``GPU-...``), else its PCI bus id,
+    either of which holds whatever CUDA_VISIBLE_DEVICES renumbers; None off CUDA or where torch says neither."""
     try:
         import torch
 
         if device is None or device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(device)
+    except (ImportError, RuntimeError, AssertionError):
+        return None
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    try:
         return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-    except (ImportError, AttributeError, RuntimeError, AssertionError):
+    except AttributeError:
         return None
 
 

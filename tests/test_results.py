@@ -85,7 +85,7 @@ def test_nvidia_smi_readings_become_the_gpus_kernel_time_share_and_clock():
 
 
 def test_a_window_samples_the_gpu_nvidia_smi_names_and_stops_its_sampler(tmp_path, monkeypatch):
-    """A window given a GPU runs nvidia-smi for that GPU alone (-i, its PCI bus id) until it stops, and ends it;
+    """A window given a GPU runs nvidia-smi for that GPU alone (-i, its UUID or PCI bus id) until it stops, and ends it;
     where nvidia-smi is not on the PATH the window simply has no GPU figures. The driver's tool is stood in for
     by a script that answers as it does (this machine has no GPU)."""
     import os
