@@ -342,9 +342,18 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         model, task, gpu, tier = where
         most, _ = _fed_up_to({n: au for n, (au, _fmt) in counts.items()})
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
+        froms = list(dict.fromkeys(counts[n][1] for n in sorted(counts)))
+        if len(froms) == 1:
+            measured = f"measured with {', '.join(map(str, sorted(counts)))} GPUs"
+        else:  # each count's best came from another format or stored size: say which, not one list for all
+            parts = []
+            for f in froms:
+                ns = [n for n in sorted(counts) if counts[n][1] == f]
+                noun = "" if parts else (" GPU" if ns == [1] else " GPUs")
+                parts.append(f"{', '.join(map(str, ns))}{noun} from {f}")
+            measured = "measured with " + " and ".join(parts)
         sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
-                         + (f" (from {counts[most][1]})" if most else "")
-                         + f", measured with {', '.join(map(str, sorted(counts)))} GPUs")
+                         + (f" (from {counts[most][1]})" if most else "") + f", {measured}")
     blocks = ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
     if warm:
         blocks.append(f"Left out: {len(warm)} run{'s' if len(warm) > 1 else ''} marked cold whose disk read under "

@@ -514,5 +514,6 @@ def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     assert "essd-pl1* feeds **0** NVIDIA H200s training resnet50, measured with 1, 2, 3 GPUs" in fed
     # lmdb's 92.8%, measured with 4 GPUs only, does not make the disk's answer 4 where 3 missed from recordio.
     assert ("local feeds **2** NVIDIA H200s training resnet50 (from recordio), measured with 1, 2, 3, 4 GPUs; local "
-            "feeds **0** NVIDIA H200s running inference of resnet50, measured with 1, 4 GPUs.") in fed
+            "feeds **0** NVIDIA H200s running inference of resnet50, measured with 1 GPU from recordio and 4 from "
+            "recordio (--resize 160).") in fed
     assert "| resnet50 | train | NVIDIA H200 | local | lmdb | 4 | 4: 92.8% (hybrid) | - |" in fed
