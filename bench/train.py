@@ -835,8 +835,8 @@ def options_from_args(args) -> TrainOptions:
                         image_size=args.image_size or (CIFAR_SIZE if args.model in CIFAR_MODELS else 224),
                         allow_invalid=args.allow_invalid, seed=args.seed, decode_threads=args.decode_threads,
                         decode_priority=args.decode_priority, gpus=args.gpus,
-                        read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph, cpu_share=args.cpu_share, worker_nice=args.worker_nice,
-                        loop_cores=args.loop_cores,
+                        read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph,
+                        cpu_share=args.cpu_share, worker_nice=args.worker_nice, loop_cores=args.loop_cores,
                         fit_steps=fit_steps)
 
 

@@ -170,8 +170,8 @@ def main(argv=None) -> int:
     p.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto")
     p.add_argument("--copy", action="store_true", help="copy a pinned host batch to the GPU before each step")
     p.add_argument("--reserve", type=int, default=0,
-                   help="physical cores (with their hyper-thread siblings) no decode process may run on (default 0: all "
-                        "shared)")
+                   help="physical cores (with their hyper-thread siblings) no decode process may run on (default 0: "
+                        "all shared)")
     p.add_argument("--pin-loop", action="store_true", help="with --reserve: the loop's process on those cores alone")
     p.add_argument("--nice", type=int, default=0, help="niceness of the decode processes (default 0)")
     p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
