@@ -38,10 +38,7 @@ def core_groups() -> list[list[int]]:
                     siblings.update(range(int(lo), int(hi or lo) + 1))
         except (OSError, ValueError):
             pass
-        first = min(siblings & usable)
-        groups.setdefault(first, [])
-        if cpu not in groups[first]:
-            groups[first].append(cpu)
+        groups.setdefault(min(siblings & usable), []).append(cpu)  # each core is visited once
     return [groups[k] for k in sorted(groups)]
 
 
