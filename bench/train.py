@@ -494,7 +494,7 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
                     **dataset_fields(info, first.fmt), **first.validity}
         row = {"bench": "train", **head, **rank_summary(cells, unit)}
-        busy = ((row["metrics"].get("gpu_busy") or {}).get("median"))
+        busy = (row["metrics"].get("gpu_busy") or {}).get("median")
         if first.tier is None and busy is not None:
             busy_alone[first.task] = busy
         if first.tier is not None and not opts.ptb:
@@ -813,12 +813,10 @@ def options_from_args(args) -> TrainOptions:
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice),
                                ("loop_cores", args.loop_cores)) if v is not None}
     if args.workers is None:
-        from gpufeed.pipelines.loader import LOOP_CORES, worker_cores
+        from gpufeed.pipelines.loader import LOOP_CORES
 
-        kept = LOOP_CORES if args.loop_cores is None else args.loop_cores
-        if kept > 0:
-            worker_cores(kept, args.gpus, f"--loop-cores {kept}")
-        workers = default_workers(args.gpus, max(0, kept))
+        kept = max(0, LOOP_CORES if args.loop_cores is None else args.loop_cores)  # below 0: refused below
+        workers = default_workers(args.gpus, kept, f"--loop-cores {kept}")
     else:
         workers = args.workers
     LoaderOptions(decode="hybrid" if {"hybrid", AUTO} & set(args.decode) else "cpu", cpu_share=args.cpu_share,
