@@ -514,17 +514,11 @@ class Loader:
             self._order.start = self.epoch
             self._stream = self._batches_from_here()
         stream, self._stream_epoch = self._stream, None  # mid-pass: a pass left here restarts the stream
-        for _ in range(len(self)):
-            try:
-                x, y = next(stream)
-            except StopIteration:
-                break
+        for _ in range(len(self)):  # the stream has no end: every epoch's batches, one after another
+            x, y = next(stream)
             yield (normalise(x) if self.normalize else x), y
-        else:
-            self.epoch += 1
-            self._stream_epoch = self.epoch
-            return
-        self._end_stream()
+        self.epoch += 1
+        self._stream_epoch = self.epoch
 
     def _batches_from_here(self) -> Iterator:
         """The decoded batches of every epoch from ``self._order.start`` on."""
