@@ -104,6 +104,17 @@ class TrainOptions:
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
+    trace: str | None = None  # a folder for each timed window's profiler trace (gpufeed.bench.trace)
+    trace_steps: int = 8
+    gpu_sample: bool = True  # nvidia-smi samples each timed window's GPU (kernel-time share, SM clock)
+
+    def trace_of(self, label: str, run: int, ranks: "Ranks") -> tuple[str, int, dict] | None:
+        """The trace of one timed window (``label``: what was measured), for :func:`timed_loop`."""
+        if not self.trace:
+            return None
+        name = f"{label}-run{run}-rank{ranks.rank}.json"
+        return (os.path.join(self.trace, name), self.trace_steps,
+                {"what": label, "run": run, "rank": ranks.rank, "ranks": ranks.world})
 
     @property
     def cifar(self) -> bool:
@@ -227,11 +238,12 @@ def _warmup_s(accel) -> float:
     return CUDA_WARMUP_S if accel.kind == "cuda" else 0.0
 
 
-def _gpu(accel) -> str | None:
-    """nvidia-smi's name for the accelerator's GPU, whose kernel-time share the timed windows sample."""
+def _gpu(accel, opts: TrainOptions) -> str | None:
+    """nvidia-smi's name for the accelerator's GPU, whose kernel-time share the timed windows sample (None: no
+    sampling, off CUDA or with ``--no-gpu-sample``)."""
     from gpufeed.bench.results import gpu_name
 
-    return gpu_name(getattr(accel, "device", None)) if accel.kind == "cuda" else None
+    return gpu_name(getattr(accel, "device", None)) if accel.kind == "cuda" and opts.gpu_sample else None
 
 
 def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks()) -> list[LoopRun]:
@@ -241,13 +253,15 @@ def measure_synthetic(accel, task: str, opts: TrainOptions, ranks: Ranks = Ranks
     runs = repeat(lambda _i: {"run": timed_loop(synthetic_batches(accel, batch, opts.image_size, opts.seed,
                                                                   opts.seq_len if opts.ptb else None),
                                                 accel.step, accel.synchronize, batch, opts.steps,
-                                                opts.warmup_steps, _warmup_s(accel), ranks.agree, gpu=_gpu(accel))},
+                                                opts.warmup_steps, _warmup_s(accel), ranks.agree, gpu=_gpu(accel, opts),
+                                                trace=opts.trace_of(f"{task}-synthetic", _i, ranks))},
                   opts.repeats, warmup=opts.warmup_runs, before_each=ranks.barrier)
     return [r["run"] for r in runs]
 
 
 def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, opts: TrainOptions,
-                   augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "off") -> list[LoopRun]:
+                   augment_on: str = "cpu", ranks: Ranks = Ranks(), read_ahead: str = "off",
+                   label: str = "") -> list[LoopRun]:
     """``repeats`` runs, each with a fresh DataLoader and, with ``opts.cold``, the dataset evicted from the
     page cache first (the previous run's workers and readers are gone by then: mapped pages would stay; with
     several ranks, every rank's are gone before rank 0 evicts)."""
@@ -256,13 +270,13 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
 
     def one(_i):
         loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, read_ahead)
-        need = opts.warmup_steps + opts.steps + loader.batches_ahead
+        need = opts.warmup_steps + opts.steps + loader.batches_ahead + (opts.trace_steps if opts.trace else 0)
         if opts.cold and need > len(loader):
             loader.close()
             raise ConfigError(
                 f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
                 f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
-                f"{opts.steps} timed steps + the {loader.batches_ahead} batches its {loader.workers} workers hold "
+                f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the {loader.batches_ahead} batches its {loader.workers} workers hold "
                 f"ahead, which a cold run reads once (a second epoch would read the page cache, and batches read "
                 f"ahead before the timed steps would leave them nothing to read from the disk): build a larger "
                 f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
@@ -271,7 +285,7 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
                              _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0],
-                             gpu=_gpu(accel))
+                             gpu=_gpu(accel, opts), trace=opts.trace_of(label or f"{task}-{fmt}-{decode}", _i, ranks))
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -333,8 +347,10 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
             with tier_scope(tier, data_dir, opts.allow_invalid, shared=(shared or {}).get(t)) as validity:
                 for decode, read_ahead, augment_on, fmt in itertools.product(
                         opts.decodes, opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",), formats):
+                    label = "-".join([task, tier.name, fmt, decode, f"read-ahead-{read_ahead}"]
+                                     + ([f"augment-{augment_on}"] if cifar_train else []))
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
-                                          augment_on, ranks, read_ahead)
+                                          augment_on, ranks, read_ahead, label)
                     yield Cell(task, t, decode, augment_on if cifar_train else None, fmt, runs, compute_s, described,
                                validity, read_ahead)
         del accel
@@ -756,6 +772,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="inference: run the model's step as one CUDA graph (the synthetic baseline too), as "
                              "inference servers do; the loop's thread then launches one graph per batch")
+    parser.add_argument("--trace", metavar="DIR", default=None,
+                        help="after each timed window, --trace-steps more steps of every rank recorded by torch's "
+                             "profiler (the GPU's kernels and copies on every stream) as Chrome traces in DIR; "
+                             "`python -m gpufeed.bench.trace ALONE.json FED.json` compares the model's kernels "
+                             "alone and fed (the traced steps count in no figure)")
+    parser.add_argument("--trace-steps", type=int, default=8, help="steps each --trace records (default 8)")
+    parser.add_argument("--gpu-sample", action=argparse.BooleanOptionalAction, default=True,
+                        help="sample each timed window's GPU with nvidia-smi every 200 ms (its kernel-time share "
+                             "and SM clock in the row); --no-gpu-sample leaves the driver's tool out of the run")
     # The loader's own settings, their flags made from LoaderOptions' fields.
     LoaderOptions.add_arguments(parser)
 
@@ -792,6 +817,16 @@ def options_from_args(args) -> TrainOptions:
                             or "infer" not in args.task):
         raise ConfigError("--cuda-graph captures a CUDA image model's inference step: use it with --task infer (or "
                           "train,infer: training stays eager) on a GPU, and an image model")
+    if args.trace is not None:
+        if args.accelerator == "emulated":
+            raise ConfigError("--trace records what a real model's steps did on the device: drop --accelerator "
+                              "emulated (the emulated accelerator only sleeps)")
+        if args.trace_steps < 1:
+            raise ConfigError(f"--trace-steps {args.trace_steps}: at least 1 step is traced")
+        try:
+            os.makedirs(args.trace, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--trace {args.trace}: cannot make the folder ({e.strerror}); name a writable one")
     if args.model in CIFAR_MODELS + PTB_MODELS and args.accelerator == "emulated":
         raise ConfigError(f"--model {args.model} runs on a CUDA GPU; the emulated accelerators model "
                           "ResNet-50 on ImageNet (drop --accelerator emulated)")
@@ -835,7 +870,8 @@ def options_from_args(args) -> TrainOptions:
                         decode_priority=args.decode_priority, gpus=args.gpus,
                         read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph,
                         cpu_share=args.cpu_share, worker_nice=args.worker_nice, loop_cores=args.loop_cores,
-                        fit_steps=fit_steps)
+                        fit_steps=fit_steps, trace=args.trace, trace_steps=args.trace_steps,
+                        gpu_sample=args.gpu_sample)
 
 
 def _model_for(dst: str) -> str:

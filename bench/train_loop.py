@@ -45,7 +45,8 @@ class LoopRun:
 
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
                warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None,
-               epoch_batches: int | None = None, data_path: str | None = None, gpu: str | None = None) -> LoopRun:
+               epoch_batches: int | None = None, data_path: str | None = None, gpu: str | None = None,
+               trace: tuple[str, int, dict] | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -63,6 +64,9 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     ``data_path``: the data read, whose block device's reads are counted over the timed steps beside the cores'
     use (:class:`~gpufeed.bench.results.ResourceWindow`), so a row says what each resource did while it ran;
     ``gpu`` (nvidia-smi's name for the accelerator's GPU) adds how much of the time it ran kernels.
+
+    ``trace``: (path, steps, meta): after the timed window, that many more steps recorded by torch's profiler to
+    ``path`` (:func:`gpufeed.bench.trace.record`); they count in no figure.
     """
     from gpufeed.bench.results import ResourceWindow, children_private_bytes, cpu_seconds
 
@@ -97,5 +101,9 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     cpu = cpu_seconds() - cpu0
     resources = window.stop()
     held = children_private_bytes()
+    if trace is not None:
+        from gpufeed.bench.trace import record
+
+        record(it, step, synchronize, trace[1], trace[0], trace[2])
     return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=cpu / wall,
                    loader_mem_mb=None if held is None else held / 1e6, resources=resources)

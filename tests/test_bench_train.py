@@ -142,11 +142,17 @@ def test_configuration_errors(dataset, tmp_path):
                        (["--decode-threads", "0"], "--decode-threads 0: need at least 1"),
                        (["--worker-nice", "20"], "--worker-nice 20: a niceness from 0"),
                        (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
-                       (["--workers", "-1"], "--workers -1: must be 0")):
+                       (["--workers", "-1"], "--workers -1: must be 0"),
+                       (["--trace", str(tmp_path / "t"), "--accelerator", "emulated"], "--trace records what a real"),
+                       (["--trace", str(tmp_path / "t"), "--trace-steps", "0"], "--trace-steps 0: at least 1"),
+                       (["--trace", os.path.join(dataset, "bench_dataset.json")], "bench_dataset.json: cannot make")):
         with pytest.raises(ConfigError, match=text):
             train.options_from_args(_parse([dataset, "--results", results, *argv]))
     # With --decode auto (the default) a share applies to the rows where auto picks hybrid.
     assert train.options_from_args(_parse([dataset, "--results", results, "--cpu-share", "0.7"])).cpu_share == 0.7
+    # nvidia-smi beside the timed windows, unless the run leaves it out.
+    assert train.options_from_args(_parse([dataset, "--results", results])).gpu_sample
+    assert not train.options_from_args(_parse([dataset, "--results", results, "--no-gpu-sample"])).gpu_sample
 
 
 def test_without_torch_the_command_says_what_to_install(monkeypatch, tmp_path, capsys):

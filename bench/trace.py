@@ -1,0 +1,196 @@
+"""What the GPU did during a few training steps, from torch's profiler: ``gpufeed bench train --trace DIR`` records,
+after each timed window, ``--trace-steps`` more steps of every rank (the GPU's kernels, copies and sets on every
+stream, those of libraries such as nvImageCodec and NCCL included) as one Chrome trace per rank and configuration;
+this module sums one up, or compares two (the model alone against the model fed by a loader), so a slow step can
+be told apart as kernels that ran slower beside other streams' work, or a stream left idle between launches.
+
+    python -m gpufeed.bench.trace TRACE.json [FED.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+
+#: Chrome-trace categories of work on the GPU, as torch's profiler (kineto) writes them.
+GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "copy", "gpu_memset": "set"}
+
+
+def record(batches: Iterator, step: Callable, synchronize: Callable, steps: int, path: str, meta: dict) -> None:
+    """``steps`` steps under torch's profiler (the GPU's activity where CUDA is in use, else the CPU's), written
+    to ``path`` as a Chrome trace with ``meta`` (and the step count) under the ``gpufeed`` key."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step(*next(batches))
+        synchronize()
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    trace["gpufeed"] = {**meta, "steps": steps}
+    with open(path, "w") as f:
+        json.dump(trace, f)
+
+
+@dataclasses.dataclass
+class Stream:
+    """One stream's work in a trace: busy microseconds per kind (the union of its intervals), and per kernel name
+    the summed duration and count."""
+
+    busy_us: dict[str, float]
+    kernels: dict[str, tuple[float, int]]
+    intervals: list[tuple[float, float]]
+
+    @property
+    def kernel_us(self) -> float:
+        return sum(d for d, _ in self.kernels.values())
+
+
+@dataclasses.dataclass
+class Trace:
+    path: str
+    steps: int
+    span_us: float
+    streams: dict[int, Stream]
+    meta: dict
+
+    @property
+    def main(self) -> int:
+        """The model's stream: the one whose kernels ran longest."""
+        return max(self.streams, key=lambda s: self.streams[s].kernel_us)
+
+    def per_step(self, us: float) -> float:
+        return us / max(1, self.steps) / 1e3
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Microseconds in both unions ``a`` and ``b`` (each sorted and disjoint)."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def load(path: str) -> Trace:
+    """A Chrome trace written by :func:`record` (or by torch's profiler directly: one step assumed)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: not a readable Chrome trace ({e}); record one with gpufeed bench train --trace DIR")
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    by_stream: dict[int, dict] = collections.defaultdict(
+        lambda: {"intervals": collections.defaultdict(list), "kernels": collections.defaultdict(lambda: [0.0, 0])})
+    first, last = float("inf"), float("-inf")
+    for ev in events:
+        kind = GPU_CATEGORIES.get(str(ev.get("cat", "")).lower())
+        if kind is None or ev.get("ph") != "X":
+            continue
+        start, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        stream = int((ev.get("args") or {}).get("stream", ev.get("tid", 0)))
+        entry = by_stream[stream]
+        entry["intervals"][kind].append((start, start + dur))
+        if kind == "kernel":
+            k = entry["kernels"][ev.get("name", "?")]
+            k[0] += dur
+            k[1] += 1
+        first, last = min(first, start), max(last, start + dur)
+    streams = {}
+    for sid, entry in by_stream.items():
+        unions = {kind: _union(iv) for kind, iv in entry["intervals"].items()}
+        streams[sid] = Stream(busy_us={kind: _length(u) for kind, u in unions.items()},
+                              kernels={name: (d, n) for name, (d, n) in entry["kernels"].items()},
+                              intervals=_union([x for iv in entry["intervals"].values() for x in iv]))
+    meta = data.get("gpufeed", {}) if isinstance(data, dict) else {}
+    return Trace(path, int(meta.get("steps", 1)), max(0.0, last - first) if streams else 0.0, streams, meta)
+
+
+def summary(trace: Trace) -> list[str]:
+    """Per step: the span, each stream's kernel/copy time, the model stream's idle time, and how much of its
+    kernel time other streams' work ran beside it."""
+    if not trace.streams:
+        return [f"{trace.path}: no GPU work recorded (a trace of the CPU only, or an empty one)"]
+    main = trace.main
+    ms = trace.per_step
+    label = " ".join(f"{k}={v}" for k, v in trace.meta.items() if k != "steps")
+    lines = [f"{trace.path}: {trace.steps} steps{' (' + label + ')' if label else ''}, "
+             f"{ms(trace.span_us):.2f} ms of GPU time line per step"]
+    main_iv = trace.streams[main].intervals
+    others = _union([x for sid, s in trace.streams.items() if sid != main for x in s.intervals])
+    for sid, s in sorted(trace.streams.items(), key=lambda kv: -kv[1].kernel_us):
+        parts = ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(s.busy_us.items()))
+        top = sorted(s.kernels.items(), key=lambda kv: -kv[1][0])[:3]
+        names = "; ".join(f"{_short(n)} {ms(d):.2f} ms x{n_ / max(1, trace.steps):.0f}" for n, (d, n_) in top)
+        lines.append(f"  stream {sid}{' (model)' if sid == main else ''}: {parts}" + (f"  [{names}]" if names else ""))
+    idle = trace.span_us - _length(main_iv)
+    lines.append(f"  the model's stream idle {ms(idle):.2f} ms per step ({idle / trace.span_us:.0%} of the line); "
+                 f"other streams' work beside its kernels {ms(_overlap(main_iv, others)):.2f} ms per step")
+    return lines
+
+
+def compare(alone: Trace, fed: Trace) -> list[str]:
+    """The model stream's kernels matched by name: how much longer the same kernels ran in ``fed`` than in
+    ``alone`` per step, the largest differences first, and the idle time each left on that stream."""
+    a, b = alone.streams[alone.main], fed.streams[fed.main]
+    ms_a, ms_b = alone.per_step, fed.per_step
+    lines = [f"the model's stream, per step: kernels {ms_a(a.kernel_us):.2f} ms alone, {ms_b(b.kernel_us):.2f} ms fed; "
+             f"idle {ms_a(alone.span_us - _length(a.intervals)):.2f} ms alone, "
+             f"{ms_b(fed.span_us - _length(b.intervals)):.2f} ms fed; time line {ms_a(alone.span_us):.2f} against "
+             f"{ms_b(fed.span_us):.2f} ms"]
+    diffs = []
+    for name, (d, _n) in b.kernels.items():
+        before = a.kernels.get(name, (0.0, 0))[0]
+        diffs.append((ms_b(d) - ms_a(before), name, ms_a(before), ms_b(d)))
+    for delta, name, x, y in sorted(diffs, reverse=True)[:8]:
+        lines.append(f"  {_short(name)}: {x:.2f} -> {y:.2f} ms ({delta:+.2f})")
+    return lines
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpufeed.bench.trace", description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="+", help="Chrome traces from gpufeed bench train --trace DIR; with two, "
+                        "the first is the model alone and the second the model fed, compared kernel by kernel")
+    args = parser.parse_args(argv)
+    traces = [load(p) for p in args.traces]
+    for t in traces:
+        print("\n".join(summary(t)))
+    if len(traces) == 2 and all(t.streams for t in traces):
+        print("\n".join(compare(*traces)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""gpufeed.bench.trace: the GPU's work in a profiler trace summed up per stream and compared kernel by kernel, and
+the timed loop's trace recorded by torch's profiler (on this CPU machine, of the CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufeed.bench import trace, train
+
+
+def _kernel(name, stream, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"device": 0, "stream": stream}}
+
+
+def _write(path, events, steps):
+    # The shape torch's profiler writes, with CPU-side events beside the GPU's (not counted).
+    data = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "pid": 1,
+                                                 "tid": 1, "ts": 0, "dur": 5000}, *events],
+            "gpufeed": {"what": "x", "steps": steps}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_summary_per_stream_idle_and_overlap(tmp_path):
+    # Two steps on the model's stream 7 (conv 3 ms + gemm 1 ms each, 1 ms idle between the steps), a decoder's
+    # stream 20 with a kernel beside the second conv and a copy after it.
+    events = [_kernel("conv", 7, 0, 3000), _kernel("gemm", 7, 3000, 1000),
+              _kernel("conv", 7, 5000, 3000), _kernel("gemm", 7, 8000, 1000),
+              _kernel("roi_align", 20, 6000, 500), _kernel("Memcpy HtoD", 20, 8500, 1000, cat="gpu_memcpy")]
+    t = trace.load(_write(tmp_path / "a.json", events, steps=2))
+    assert t.main == 7 and t.steps == 2 and t.span_us == 9500
+    assert t.streams[7].kernels == {"conv": (6000, 2), "gemm": (2000, 2)}
+    assert t.streams[20].busy_us == {"kernel": 500, "copy": 1000}
+    text = "\n".join(trace.summary(t))
+    assert "4.75 ms of GPU time line per step" in text
+    assert "stream 7 (model): kernel 4.00 ms" in text and "conv 3.00 ms x2" not in text and "conv 3.00 ms x1" in text
+    assert "stream 20: copy 0.50 ms, kernel 0.25 ms" in text
+    # idle: 9.5 - 8 = 1.5 ms over 2 steps; beside its kernels: 0.5 (roi_align) + 0.5 (the copy's first half).
+    assert "idle 0.75 ms per step (16% of the line)" in text
+    assert "beside its kernels 0.50 ms per step" in text
+
+
+def test_compare_names_the_kernels_that_slowed(tmp_path):
+    alone = trace.load(_write(tmp_path / "alone.json", [_kernel("conv", 7, 0, 3000), _kernel("gemm", 7, 3000, 1000)],
+                              steps=1))
+    fed = trace.load(_write(tmp_path / "fed.json", [_kernel("conv", 7, 0, 3600), _kernel("gemm", 7, 4000, 1000),
+                                                    _kernel("decode", 9, 0, 200)], steps=1))
+    lines = trace.compare(alone, fed)
+    assert lines[0].startswith("the model's stream, per step: kernels 4.00 ms alone, 4.60 ms fed; idle 0.00 ms "
+                               "alone, 0.40 ms fed")
+    assert lines[1] == "  conv: 3.00 -> 3.60 ms (+0.60)"
+
+
+def test_cli_on_unreadable_trace_names_it(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match="bad.json: not a readable Chrome trace"):
+        trace.main([str(bad)])
+
+
+def test_timed_loop_records_a_trace_after_its_window(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    w = torch.randn(64, 64)
+    taken = []
+
+    def step(x, _y):
+        taken.append(1)
+        (x @ w).sum()
+
+    batches = iter(lambda: (torch.randn(8, 64), None), 1)
+    path = str(tmp_path / "t.json")
+    run = train.timed_loop(batches, step, lambda: None, 8, steps=3, warmup=1, trace=(path, 2, {"what": "cpu"}))
+    assert run.steps == 3 and len(taken) == 1 + 3 + 2  # the traced steps follow the timed window
+    with open(path) as f:
+        data = json.load(f)
+    assert data["gpufeed"] == {"what": "cpu", "steps": 2}
+    assert any(ev.get("name") == "aten::matmul" for ev in data["traceEvents"])
+    assert trace.main([path]) == 0
+    assert "no GPU work recorded" in capsys.readouterr().out
