@@ -500,6 +500,12 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
     r = {**row["resources"], "main_thread_waited": 0.003, "gpu_busy": 0.78, "gpu_busy_alone": 0.95}
     assert ("alone; its main thread waited for a core 0% of its time; the GPU ran kernels 78% of the time against "
             "95% with the model alone): the loader's work") in limit({**row, "resources": r})["text"]
+    # Several ranks: a step waits in the all-reduce for the latest rank, and that wait counts as kernel time.
+    ranked = {**row, "resources": r, "params": {**row.get("params", {}), "gpus": 4}}
+    assert ("the GPU ran kernels 78% of the time against 95% with the model alone (a rank's all-reduce waiting for "
+            "the others counts as kernel time)): the loader's work beside the model slowed its steps (each of the 4 "
+            "ranks waits in the gradients' all-reduce for whichever rank came late; --trace DIR records where), not "
+            "the feeding;") in limit(ranked)["text"]
 
 
 def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decoding(dataset):
