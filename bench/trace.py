@@ -146,11 +146,21 @@ def summary(trace: Trace) -> list[str]:
              f"{ms(trace.span_us):.2f} ms of GPU time line per step"]
     main_iv = trace.streams[main].intervals
     others = _union([x for sid, s in trace.streams.items() if sid != main for x in s.intervals])
+    # Streams with under 1% of the model's kernel time (nvImageCodec's per-image streams) are summed in one line.
+    small = {sid for sid, s in trace.streams.items()
+             if sid != main and sum(s.busy_us.values()) < 0.01 * trace.streams[main].kernel_us}
     for sid, s in sorted(trace.streams.items(), key=lambda kv: -kv[1].kernel_us):
+        if sid in small:
+            continue
         parts = ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(s.busy_us.items()))
         top = sorted(s.kernels.items(), key=lambda kv: -kv[1][0])[:3]
-        names = "; ".join(f"{_short(n)} {ms(d):.2f} ms x{n_ / max(1, trace.steps):.0f}" for n, (d, n_) in top)
+        names = "; ".join(f"{_short(n)} {ms(d):.2f} ms x{n_ / max(1, trace.steps):.3g}" for n, (d, n_) in top)
         lines.append(f"  stream {sid}{' (model)' if sid == main else ''}: {parts}" + (f"  [{names}]" if names else ""))
+    if small:
+        kinds = collections.Counter()
+        for sid in small:
+            kinds.update(trace.streams[sid].busy_us)
+        lines.append(f"  {len(small)} more streams: " + ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(kinds.items())))
     idle = trace.span_us - _length(main_iv)
     lines.append(f"  the model's stream idle {ms(idle):.2f} ms per step ({idle / trace.span_us:.0%} of the line); "
                  f"other streams' work beside its kernels {ms(_overlap(main_iv, others)):.2f} ms per step")

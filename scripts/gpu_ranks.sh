@@ -19,6 +19,8 @@
 #   WORKER_NICE=10 ...         # the DataLoader workers' added niceness (--worker-nice)
 #   LOOP_CORES=1 ...           # physical cores each rank keeps from every worker for its own process (--loop-cores)
 #   DEADLINE_AT=<epoch s> ...  # one deadline for several invocations (scripts/gpu_ranks_infer.sh)
+#   TRACE=$OUT/trace ...       # each timed window's next steps as profiler traces (--trace; scripts/gpu_trace.sh)
+#   GPU_SAMPLE=0 ...           # no nvidia-smi beside the timed windows (--no-gpu-sample)
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +57,8 @@ for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" "$COLD" \
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
     ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} \
-    ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} ${LOOP_CORES:+--loop-cores "$LOOP_CORES"} --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} ${LOOP_CORES:+--loop-cores "$LOOP_CORES"} \
+    ${TRACE:+--trace "$TRACE"} $([ "${GPU_SAMPLE:-1}" = 0 ] && echo --no-gpu-sample) --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
 done
 stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"

@@ -41,6 +41,10 @@ def test_summary_per_stream_idle_and_overlap(tmp_path):
     # idle: 9.5 - 8 = 1.5 ms over 2 steps; beside its kernels: 0.5 (roi_align) + 0.5 (the copy's first half).
     assert "idle 0.75 ms per step (16% of the line)" in text
     assert "beside its kernels 0.50 ms per step" in text
+    # Streams with under 1% of the model's kernel time are summed in one line.
+    tiny = [_kernel("rgba2rgb", 100 + k, 100 * k, 10) for k in range(3)]
+    text = "\n".join(trace.summary(trace.load(_write(tmp_path / "b.json", events + tiny, steps=2))))
+    assert "stream 100" not in text and "  3 more streams: kernel 0.01 ms" in text
 
 
 def test_compare_names_the_kernels_that_slowed(tmp_path):
