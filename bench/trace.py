@@ -61,6 +61,7 @@ class Trace:
     span_us: float
     streams: dict[int, Stream]
     meta: dict
+    start_us: float = 0.0  # the first GPU event's start
 
     @property
     def main(self) -> int:
@@ -69,6 +70,24 @@ class Trace:
 
     def per_step(self, us: float) -> float:
         return us / max(1, self.steps) / 1e3
+
+    def idle(self) -> tuple[float, float]:
+        """Microseconds of the time line in which the model's stream ran nothing: ``(beside, alone)``, the part in
+        which another stream ran work (with several ranks, mostly the all-reduce spinning until the other ranks
+        arrive; the decoder's copies and kernels) and the part in which the GPU ran nothing at all (it waited for
+        this process: its launches, or a copy or the JPEG engines' work, which is no kernel)."""
+        main = self.streams[self.main].intervals
+        start = self.start_us
+        gaps, at = [], start
+        for a, b in main:
+            if a > at:
+                gaps.append((at, a))
+            at = max(at, b)
+        if start + self.span_us > at:
+            gaps.append((at, start + self.span_us))
+        others = _union([x for sid, s in self.streams.items() if sid != self.main for x in s.intervals])
+        beside = _overlap(gaps, others)
+        return beside, _length(gaps) - beside
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -131,7 +150,9 @@ def load(path: str) -> Trace:
                               kernels={name: (d, n) for name, (d, n) in entry["kernels"].items()},
                               intervals=_union([x for iv in entry["intervals"].values() for x in iv]))
     meta = data.get("gpufeed", {}) if isinstance(data, dict) else {}
-    return Trace(path, int(meta.get("steps", 1)), max(0.0, last - first) if streams else 0.0, streams, meta)
+    if not streams:
+        return Trace(path, int(meta.get("steps", 1)), 0.0, streams, meta)
+    return Trace(path, int(meta.get("steps", 1)), last - first, streams, meta, first)
 
 
 def summary(trace: Trace) -> list[str]:
@@ -161,9 +182,11 @@ def summary(trace: Trace) -> list[str]:
         for sid in small:
             kinds.update(trace.streams[sid].busy_us)
         lines.append(f"  {len(small)} more streams: " + ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(kinds.items())))
-    idle = trace.span_us - _length(main_iv)
-    lines.append(f"  the model's stream idle {ms(idle):.2f} ms per step ({idle / trace.span_us:.0%} of the line); "
-                 f"other streams' work beside its kernels {ms(_overlap(main_iv, others)):.2f} ms per step")
+    beside, alone = trace.idle()
+    lines.append(f"  the model's stream idle {ms(beside + alone):.2f} ms per step "
+                 f"({(beside + alone) / trace.span_us:.0%} of the line): {ms(beside):.2f} ms while other streams ran, "
+                 f"{ms(alone):.2f} ms with nothing on the GPU running; other streams' work beside its kernels "
+                 f"{ms(_overlap(main_iv, others)):.2f} ms per step")
     return lines
 
 
@@ -172,10 +195,11 @@ def compare(alone: Trace, fed: Trace) -> list[str]:
     ``alone`` per step, the largest differences first, and the idle time each left on that stream."""
     a, b = alone.streams[alone.main], fed.streams[fed.main]
     ms_a, ms_b = alone.per_step, fed.per_step
+    (beside_a, nothing_a), (beside_b, nothing_b) = alone.idle(), fed.idle()
     lines = [f"the model's stream, per step: kernels {ms_a(a.kernel_us):.2f} ms alone, {ms_b(b.kernel_us):.2f} ms fed; "
-             f"idle {ms_a(alone.span_us - _length(a.intervals)):.2f} ms alone, "
-             f"{ms_b(fed.span_us - _length(b.intervals)):.2f} ms fed; time line {ms_a(alone.span_us):.2f} against "
-             f"{ms_b(fed.span_us):.2f} ms"]
+             f"idle while other streams ran {ms_a(beside_a):.2f} ms alone, {ms_b(beside_b):.2f} ms fed; idle with "
+             f"nothing on the GPU running {ms_a(nothing_a):.2f} ms alone, {ms_b(nothing_b):.2f} ms fed; time line "
+             f"{ms_a(alone.span_us):.2f} against {ms_b(fed.span_us):.2f} ms"]
     diffs = []
     for name, (d, _n) in b.kernels.items():
         before = a.kernels.get(name, (0.0, 0))[0]

@@ -38,8 +38,10 @@ def test_summary_per_stream_idle_and_overlap(tmp_path):
     assert "4.75 ms of GPU time line per step" in text
     assert "stream 7 (model): kernel 4.00 ms" in text and "conv 3.00 ms x2" not in text and "conv 3.00 ms x1" in text
     assert "stream 20: copy 0.50 ms, kernel 0.25 ms" in text
-    # idle: 9.5 - 8 = 1.5 ms over 2 steps; beside its kernels: 0.5 (roi_align) + 0.5 (the copy's first half).
-    assert "idle 0.75 ms per step (16% of the line)" in text
+    # idle: 9.5 - 8 = 1.5 ms over 2 steps, 0.5 of it beside the copy (which outlasts the model's last kernel), 1.0
+    # with nothing running (between the steps); beside its kernels: 0.5 (roi_align) + 0.5 (the copy's first half).
+    assert ("idle 0.75 ms per step (16% of the line): 0.25 ms while other streams ran, 0.50 ms with nothing on the "
+            "GPU running") in text
     assert "beside its kernels 0.50 ms per step" in text
     # Streams with under 1% of the model's kernel time are summed in one line.
     tiny = [_kernel("rgba2rgb", 100 + k, 100 * k, 10) for k in range(3)]
@@ -53,8 +55,9 @@ def test_compare_names_the_kernels_that_slowed(tmp_path):
     fed = trace.load(_write(tmp_path / "fed.json", [_kernel("conv", 7, 0, 3600), _kernel("gemm", 7, 4000, 1000),
                                                     _kernel("decode", 9, 0, 200)], steps=1))
     lines = trace.compare(alone, fed)
-    assert lines[0].startswith("the model's stream, per step: kernels 4.00 ms alone, 4.60 ms fed; idle 0.00 ms "
-                               "alone, 0.40 ms fed")
+    assert lines[0].startswith("the model's stream, per step: kernels 4.00 ms alone, 4.60 ms fed; idle while "
+                               "other streams ran 0.00 ms alone, 0.00 ms fed; idle with nothing on the GPU running "
+                               "0.00 ms alone, 0.40 ms fed")
     assert lines[1] == "  conv: 3.00 -> 3.60 ms (+0.60)"
 
 
