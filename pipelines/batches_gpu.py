@@ -65,13 +65,21 @@ class GpuCrop:
         self.stream = (torch.cuda.Stream(device=device, priority=priority) if torch.device(device).type == "cuda"
                        else None)
 
+    def _to_device(self, tensor):
+        """A small host tensor on the device: staged through pinned memory on a GPU, so the copy joins this
+        object's stream instead of waiting on the host for it."""
+        if self.stream is not None:
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
     def crop(self, images: list, indices, crops=None) -> object:
         """``images``: CHW uint8 tensors on the device, ``indices`` their sample indices -> N x size x size x 3
         uint8. ``crops``: the boxes and flips :class:`EncodedBytes` drew in the workers (N x CROP_COLUMNS: height,
         width, box, flip, orientation), used where the decoded image has the header's size; drawn here
         otherwise."""
         torch = self.torch
-        shapes = [tuple(img.shape[1:]) for img in images]
+        full = [tuple(img.shape) for img in images]
+        shapes = [shape[1:] for shape in full]
         drawn = crops.tolist() if crops is not None else [[0] * CROP_COLUMNS] * len(images)
         boxes = [tuple(c[2:6]) for c in drawn]
         flips = [bool(c[6]) for c in drawn]
@@ -82,25 +90,40 @@ class GpuCrop:
             for i, box, flip in zip(redraw, again, flipped):
                 boxes[i], flips[i] = box, flip
         by_shape: dict[tuple, list[int]] = {}
-        for i, img in enumerate(images):
-            by_shape.setdefault(tuple(img.shape), []).append(i)
-        out = torch.empty((len(images), self.size, self.size, 3), dtype=torch.uint8, device=self.device)
+        for i, shape in enumerate(full):
+            by_shape.setdefault(shape, []).append(i)
+        # Each shape's images take consecutive rows of one float batch, made uint8 NHWC once at the end, and every
+        # group's boxes go to the device in one copy: a handful of calls per shape (about one per image at
+        # ImageNet's sizes), each of which takes the interpreter lock from the thread launching the model's work.
+        rows, rois, groups = [], [], []
         for (_, height, width), members in by_shape.items():
-            index = torch.tensor(members).to(self.device, non_blocking=True)
-            if not self.train and (height, width) == (self.size, self.size):
-                # Stored at the model's size (a centre crop): used as it is, as on the CPU path.
-                out.index_copy_(0, index, torch.stack([images[i].permute(1, 2, 0) for i in members]))
-                continue
-            rois = []
-            for k, i in enumerate(members):
-                top, left, h, w = boxes[i]
-                rois.append((k, left, top, left + w, top + h))
-            stack = torch.stack([images[i] for i in members]).float()
-            crops = self.ops.roi_align(stack, torch.tensor(rois, dtype=torch.float32).to(self.device),
-                                       output_size=(self.size, self.size), sampling_ratio=2, aligned=True)
-            out.index_copy_(0, index, crops.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1))
+            # Stored at the model's size (a centre crop) in evaluation: used as it is, as on the CPU path.
+            whole = not self.train and (height, width) == (self.size, self.size)
+            groups.append((len(rows), members, None if whole else len(rois)))
+            if not whole:
+                for k, i in enumerate(members):
+                    top, left, h, w = boxes[i]
+                    rois.append((k, left, top, left + w, top + h))
+            rows.extend(members)
+        batch = torch.empty((len(images), 3, self.size, self.size), dtype=torch.float32, device=self.device)
+        on_device = self._to_device(torch.tensor(rois, dtype=torch.float32)) if rois else None
+        for start, members, first_roi in groups:
+            stack = torch.stack([images[i] for i in members])
+            end = start + len(members)
+            if first_roi is None:
+                batch[start:end].copy_(stack)
+            else:
+                batch[start:end] = self.ops.roi_align(stack.float(), on_device[first_roi:first_roi + len(members)],
+                                                      output_size=(self.size, self.size), sampling_ratio=2,
+                                                      aligned=True)
+        pixels = batch.round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        if rows == list(range(len(images))):
+            out = pixels.contiguous()
+        else:
+            out = torch.empty_like(pixels, memory_format=torch.contiguous_format)
+            out.index_copy_(0, self._to_device(torch.tensor(rows)), pixels)
         if any(flips):
-            flip = torch.from_numpy(np.flatnonzero(flips)).to(self.device)
+            flip = self._to_device(torch.from_numpy(np.flatnonzero(flips)))
             out[flip] = out[flip].flip(2)
         return out
 

@@ -361,6 +361,30 @@ def test_gpu_crop_matches_the_cpu_path(dataset, train):
         assert torch.equal(G.GpuCrop("cpu", False, 64).crop(small, [0, 1, 2]), torch.from_numpy(want[:3]))
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_crop_batching_changes_no_pixel(dataset, train):
+    """GpuCrop crops a batch's images by shape (one roi_align per shape, the groups in rows of one batch, put back
+    in the samples' order at the end): each output equals cropping that image alone, whatever the order of the
+    shapes in the batch, with flips, and with images stored at the output size beside others in evaluation."""
+    pytest.importorskip("torchvision.ops")
+    from gpufeed.formats import get_format
+    from gpufeed.pipelines.transforms import decode_image
+
+    reader = get_format("recordio").reader(dataset["recordio"]["paths"][0])
+    decoded = [torch.from_numpy(decode_image(reader[i].payload, reader[i].key)).permute(2, 0, 1) for i in range(4)]
+    at_size = torch.from_numpy(np.ascontiguousarray(C.CpuDecode(False, 64).pixels(reader[0]))).permute(2, 0, 1)
+    # Shapes interleaved (a shape's second image comes after others'), one image at the output size.
+    images = [decoded[0], decoded[1], decoded[0], at_size, decoded[2], decoded[1], decoded[3], at_size]
+    indices = [11, 12, 13, 14, 15, 16, 17, 18]
+    crop = G.GpuCrop("cpu", train, 64, seed=5)
+    together = crop.crop(images, indices)
+    alone = torch.cat([crop.crop([img], [i]) for img, i in zip(images, indices)])
+    assert together.shape == (8, 64, 64, 3) and together.dtype == torch.uint8 and together.is_contiguous()
+    assert torch.equal(together, alone)
+    if train:  # (seed, index) drew some flips, which the per-image crops agree on
+        assert any(C.crop_params([tuple(img.shape[1:])], [i], True, 5)[1][0] for img, i in zip(images, indices))
+
+
 def test_hybrid_split_follows_the_shared_share(dataset):
     from gpufeed.formats import get_format
 
