@@ -276,8 +276,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
             raise ConfigError(
                 f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
                 f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
-                f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the {loader.batches_ahead} batches its {loader.workers} workers hold "
-                f"ahead, which a cold run reads once (a second epoch would read the page cache, and batches read "
+                f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the "
+                f"{loader.batches_ahead} batches its {loader.workers} workers hold ahead, which a cold run reads once (a second epoch would read the page cache, and batches read "
                 f"ahead before the timed steps would leave them nothing to read from the disk): build a larger "
                 f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
                 f"or --no-cold")
@@ -546,14 +546,15 @@ def _fitted_steps(opts: TrainOptions, info: dict, log: Callable[[str], None]) ->
 
     ahead = opts.workers * PREFETCH_FACTOR
     held = min((int(info["n"]) // opts.gpus) // opts.batch(task) for task in opts.tasks)
-    batches = held - ahead
+    batches = held - ahead - (opts.trace_steps if opts.trace else 0)
     if batches >= opts.warmup_steps + opts.steps:
         return opts
     warmup = min(opts.warmup_steps, batches // 4)
     if batches - warmup < MIN_FITTED_STEPS:
         return opts  # the runs' own check says what to do
+    traced = f", {opts.trace_steps} traced" if opts.trace else ""
     log(f"the dataset holds {held} batches per rank, {ahead} of them read ahead by the workers: {warmup} warm-up "
-        f"and {batches - warmup} timed steps (a larger dataset, `gpufeed bench dataset -n`, measures more)")
+        f"and {batches - warmup} timed steps{traced} (a larger dataset, `gpufeed bench dataset -n`, measures more)")
     return dataclasses.replace(opts, warmup_steps=warmup, steps=batches - warmup)
 
 

@@ -428,6 +428,20 @@ def test_the_defaults_fit_a_small_dataset_and_the_model_comes_from_it(dataset, t
     assert train._model_for(str(tmp_path / "nothing-here")) == "resnet50"
 
 
+def test_fitted_steps_leave_room_for_the_traced_steps():
+    """A cold run's fitted warm-up and timed steps leave the --trace steps their batches (each record read once)."""
+    from gpufeed.pipelines.loader import PREFETCH_FACTOR
+
+    opts = train.TrainOptions(tasks=("train",), batch_size=8, workers=1, fit_steps=True, cold=True)
+    info = {"n": 8 * (50 + PREFETCH_FACTOR)}  # 50 batches beside the ones the worker holds ahead
+    plain = train._fitted_steps(opts, info, lambda _m: None)
+    said = []
+    traced = train._fitted_steps(dataclasses.replace(opts, trace="t", trace_steps=4), info, said.append)
+    assert (plain.warmup_steps, plain.steps) == (10, 40)
+    assert (traced.warmup_steps, traced.steps) == (10, 36) and said[0].endswith(
+        "10 warm-up and 36 timed steps, 4 traced (a larger dataset, `gpufeed bench dataset -n`, measures more)")
+
+
 def test_hybrid_rows_record_the_split_the_loader_held():
     """A hybrid row says which split fed it: the loader's default fixed share for the task (or the one given)
     as ``cpu_share_fixed``, nothing where the measured rates set it, as in every hybrid row before."""
