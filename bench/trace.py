@@ -2,7 +2,9 @@
 after each timed window, ``--trace-steps`` more steps of every rank (the GPU's kernels, copies and sets on every
 stream, those of libraries such as nvImageCodec and NCCL included) as one Chrome trace per rank and configuration;
 this module sums one up, or compares two (the model alone against the model fed by a loader), so a slow step can
-be told apart as kernels that ran slower beside other streams' work, or a stream left idle between launches.
+be told apart as kernels that ran slower beside other streams' work, or the model's stream left idle: while other
+streams ran (with several ranks, the gradients' all-reduce spinning until the last rank arrives) or while nothing
+ran at all (the GPU waiting for the process's own launches).
 
     python -m gpufeed.bench.trace TRACE.json [FED.json]
 """
@@ -56,6 +58,9 @@ class Stream:
 
 @dataclasses.dataclass
 class Trace:
+    """One Chrome trace's GPU work: its streams, the time line's span from the first GPU event's start
+    (``start_us``) to the last one's end, and the steps it covers (from :func:`record`'s ``gpufeed`` key)."""
+
     path: str
     steps: int
     span_us: float
