@@ -3,12 +3,14 @@
 # waiting for batches.) ResNet-50 training on GPU 0 on a synthetic batch while K processes decode and crop the
 # dataset's JPEGs as the loader's CPU workers do, for K from none to every core but one: as is (plain), with a
 # pinned batch copied to the GPU before each step (copy), with one core (and its siblings) kept from the decode
-# processes (reserve; pin: the loop's process also pinned to it), and with them at niceness 10 (nice):
+# processes (reserve; pin: the loop's process also pinned to it), and with them at niceness 10 (nice); and the
+# decoders as threads of the loop's own process, on the JPEG engines as the loader's decode threads (threads-hw) or
+# on the CPU (threads-cpu), K from none to 2 and 4 (the interpreter lock's share, apart from the cores'):
 # python -m gpufeed.bench.experiments.step_beside_load.
 # Carries nvImageCodec, lmdb and crc32c (.whl-decode); no Ray.
 #
 #   device run (any GPU kind), carry .whl-decode:  OUT=$OUT bash scripts/step_beside_load.sh
-#   LOADS=0,16,32,48,63,0 WINDOW_S=5 VARIANTS="plain copy reserve pin nice" ...
+#   LOADS=0,16,32,48,63,0 WINDOW_S=5 VARIANTS="plain copy reserve pin nice threads-hw threads-cpu" ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-$PWD/out}")
@@ -23,8 +25,10 @@ echo "cores: $(nproc)"
   --workers "$(nproc)"
 for variant in ${VARIANTS:-plain copy reserve}; do
   case $variant in plain) flags= ;; copy) flags=--copy ;; reserve) flags="--reserve 1" ;;
-    pin) flags="--reserve 1 --pin-loop" ;; nice) flags="--nice 10" ;; *) echo "unknown $variant"; continue ;; esac
+    pin) flags="--reserve 1 --pin-loop" ;; nice) flags="--nice 10" ;; threads-hw) flags="--threads hw" ;;
+    threads-cpu) flags="--threads cpu" ;; *) echo "unknown $variant"; continue ;; esac
+  loads=${LOADS:-}; case $variant in threads-*) loads=${THREAD_LOADS:-0,1,2,4,0} ;; esac
   echo "[$(date -u +%H:%M:%S)] step beside load: $variant"
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 "${STEP_S:-200}" python3 -m gpufeed.bench.experiments.step_beside_load "$DATA" \
-    ${LOADS:+--loads "$LOADS"} --seconds "${WINDOW_S:-5}" $flags --results "$RESULTS" || echo "rc $?"
+    ${loads:+--loads "$loads"} --seconds "${WINDOW_S:-5}" $flags --results "$RESULTS" || echo "rc $?"
 done

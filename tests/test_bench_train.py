@@ -552,6 +552,16 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
         assert rows[1]["decodes_per_s"] > 0 and os.sched_getaffinity(0) == usable
     with pytest.raises(SystemExit, match="leaves none of the"):
         run(dataset, loads=[0], seconds=0.1, batch=32, accelerator="emulated", reserve=len(usable))
+    # The decoders as threads of the loop's own process (CPU decoding here; the engines need a GPU): they decode
+    # only while told to, and none is left running after.
+    import threading
+
+    rows = run(dataset, loads=[0, 2, 0], seconds=0.3, batch=32, accelerator="emulated", threads="cpu",
+               emit=lines.append)
+    assert [r["in_process"] for r in rows] == ["cpu"] * 3 and rows[1]["decodes_per_s"] > 0
+    assert rows[0]["decodes_per_s"] == rows[2]["decodes_per_s"] == 0
+    assert multiprocessing.active_children() == [] and not any(t.name.startswith("decode-")
+                                                              for t in threading.enumerate())
 
 
 def test_the_epoch_edge_experiment_sets_flowing_epochs_beside_restarted_ones(dataset):

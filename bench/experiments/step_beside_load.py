@@ -13,6 +13,12 @@ lists them), as the loader's ``loop_cores`` keeps them, and with ``--pin-loop`` 
 alone: whether a core of its own gives the step back. ``--nice N``: the decode processes at niceness N, as the
 loader's ``worker_nice`` sets its workers.
 
+``--threads hw`` (or ``cpu``) runs the K decoders as threads of the model's own process instead, as the loader's
+``hw`` and ``hybrid`` decode threads run beside the launching thread: each decodes batches of the records on the
+GPU's JPEG engines and crops them on its own stream (``hw``: what a decode thread does, and how often it takes the
+interpreter lock), or decodes and crops them on the CPU (``cpu``). Set beside the same K as processes, it tells
+the interpreter lock's share of a fed step's loss from the cores'.
+
 One row per window (JSON lines, ``--results``): ``processes`` decoding, ``reserved`` (the loop's own cores, if
 any) and ``decode_cores`` (those the decode processes may use), their ``decodes_per_s``, the model's
 ``images_per_s`` and ``step_ms``, ``of_alone`` (against the mean of the windows with none decoding, measured
@@ -57,6 +63,48 @@ def _decode_while(index: int, samples: list, train: bool, size: int, active, sto
             time.sleep(0.005)
 
 
+#: Records in each batch a decode thread decodes (the engines' share of a hybrid batch of 256 at 0.75 on the CPU).
+THREAD_BATCH = 64
+
+
+def _decode_in_thread(index: int, samples: list, train: bool, size: int, path: str, device, active, stop,
+                      counts: list) -> None:
+    """One thread of this process: decode batches of ``samples`` (``hw``: on the GPU's JPEG engines, cropped on
+    the thread's own stream; ``cpu``: one record at a time on the CPU) while ``index < active.value``, idle
+    otherwise, until ``stop`` is set; its count of images in ``counts[index]``."""
+    from gpufeed.pipelines import batches_cpu as C
+
+    if path == "cpu":
+        decode = C.CpuDecode(train, size)
+        n = 0
+        while not stop.is_set():
+            if index < active.value:
+                decode(dataclasses.replace(samples[n % len(samples)], index=n))
+                n += 1
+                counts[index] = n
+            else:
+                time.sleep(0.005)
+        return
+    import torch
+
+    from gpufeed.pipelines.batches_gpu import HwJpegDecoder
+
+    decoder = HwJpegDecoder(device, train, size)
+    encode = C.EncodedBytes(train, 0)
+    batch = C.collate_encoded([encode(dataclasses.replace(s, index=i)) for i, s in
+                               enumerate(samples[k % len(samples)] for k in range(THREAD_BATCH))])
+    n = 0
+    while not stop.is_set():
+        if index < active.value:
+            with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
+                decoder.decode(*batch)
+            decoder.stream.synchronize()  # as the loader's decode threads do where they time the split
+            n += THREAD_BATCH
+            counts[index] = n
+        else:
+            time.sleep(0.005)
+
+
 def default_loads(cores: int) -> list[int]:
     """None, a quarter, half, three quarters and all of the cores but the loop's own, then none again."""
     top = max(1, cores - 1)
@@ -86,9 +134,10 @@ def _window(accel, x, y, seconds: float, copy, decoded) -> tuple[int, float, int
 
 def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
         accelerator: str = "auto", profile: str = "h200", copy: bool = False, reserve: int = 0,
-        pin_loop: bool = False, nice: int = 0, emit=print) -> list[dict]:
+        pin_loop: bool = False, nice: int = 0, threads: str | None = None, emit=print) -> list[dict]:
     """The rows described in the module's docstring, each also passed to ``emit`` as a JSON line."""
     import multiprocessing
+    import threading
 
     from gpufeed.bench.cpuceiling import _read_samples
     from gpufeed.bench.dataset import load_dataset_info
@@ -106,16 +155,17 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     samples = _read_samples(fmt, built["paths"][0], SAMPLES)
     if not samples:
         raise SystemExit(f"{dst}: the benchmark dataset holds no records")
-    # The decode processes fork before CUDA starts in this one.
+    # The decode processes fork before CUDA starts in this one (the threads start after it).
     ctx = multiprocessing.get_context("fork")
     active, stop = ctx.Value("i", 0), ctx.Event()
     counts = ctx.Array("q", max(loads), lock=False)
-    procs = [ctx.Process(target=_decode_while, daemon=True,
-                         args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None,
-                               nice))
-             for i in range(max(loads))]
+    procs = [] if threads else [
+        ctx.Process(target=_decode_while, daemon=True,
+                    args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None, nice))
+        for i in range(max(loads))]
     for p in procs:
         p.start()
+    workers: list = []
     before_affinity = os.sched_getaffinity(0)
     if reserved and pin_loop:  # before CUDA starts: its threads keep this process's cores
         os.sched_setaffinity(0, reserved)
@@ -124,6 +174,13 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
         kind = resolve_accelerator(accelerator)
         accel = make_accelerator(kind, task, batch, profile, "resnet50", 0)
         x, y = next(synthetic_batches(accel, batch, 224, 0))
+        if threads:
+            workers = [threading.Thread(target=_decode_in_thread, daemon=True, name=f"decode-{i}",
+                                        args=(i, samples, task == "train", 224, threads, getattr(accel, "device", None),
+                                              active, stop, counts))
+                       for i in range(max(loads))]
+            for w in workers:
+                w.start()
         pinned = None
         if copy and kind == "cuda":
             import torch
@@ -135,6 +192,7 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
             time.sleep(0.5)  # the processes told to start (or stop) have
             steps, wall, decoded, seen = _window(accel, x, y, seconds, copy_step, lambda: sum(counts))
             row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
+                   "in_process": threads or None,
                    "reserved": sorted(reserved), "pin_loop": bool(reserved and pin_loop), "nice": nice,
                    "decode_cores": len(rest) if reserved else cores,
                    "decodes_per_s": round(decoded / wall, 1),
@@ -149,6 +207,8 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     finally:
         os.sched_setaffinity(0, before_affinity)
         stop.set()
+        for w in workers:
+            w.join(10)
         for p in procs:
             p.join(5)
             if p.is_alive():
@@ -174,8 +234,13 @@ def main(argv=None) -> int:
                         "all shared)")
     p.add_argument("--pin-loop", action="store_true", help="with --reserve: the loop's process on those cores alone")
     p.add_argument("--nice", type=int, default=0, help="niceness of the decode processes (default 0)")
+    p.add_argument("--threads", choices=("hw", "cpu"), default=None,
+                   help="the decoders as threads of the model's own process: on the JPEG engines (hw, as the loader's "
+                        "decode threads) or on the CPU (cpu); default: processes decoding on the CPU")
     p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
     args = p.parse_args(argv)
+    if args.threads and (args.nice or args.reserve):
+        p.error("--nice and --reserve place decode processes; with --threads the decoders share this process")
     loads = None if args.loads is None else [int(v) for v in args.loads.split(",")]
     out = open(args.results, "a") if args.results else None
 
@@ -187,7 +252,7 @@ def main(argv=None) -> int:
 
     try:
         run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy,
-            reserve=args.reserve, pin_loop=args.pin_loop, nice=args.nice, emit=emit)
+            reserve=args.reserve, pin_loop=args.pin_loop, nice=args.nice, threads=args.threads, emit=emit)
     finally:
         if out:
             out.close()
