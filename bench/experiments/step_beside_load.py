@@ -39,28 +39,43 @@ import time
 SAMPLES = 64
 
 
+def _count_while(index: int, active, stop, counts, work) -> None:
+    """``work(n)`` (the images it decoded, ``n`` those so far) while ``index < active.value``, idle otherwise,
+    until ``stop`` is set; the running count in ``counts[index]``."""
+    n = 0
+    while not stop.is_set():
+        if index < active.value:
+            n += work(n)
+            counts[index] = n
+        else:
+            time.sleep(0.005)
+
+
+def _cpu_work(samples: list, train: bool, size: int):
+    """One record at a time, decoded and cropped as the CPU workers do (another crop each time)."""
+    from gpufeed.pipelines.batches_cpu import CpuDecode
+
+    decode = CpuDecode(train, size)
+    decode(samples[0])  # imports and first-call costs before any window
+
+    def work(n: int) -> int:
+        decode(dataclasses.replace(samples[n % len(samples)], index=n))
+        return 1
+    return work
+
+
 def _decode_while(index: int, samples: list, train: bool, size: int, active, stop, counts, cpus=None,
                   nice: int = 0) -> None:
     """One process: decode while ``index < active.value``, idle otherwise, until ``stop`` is set; its count of
     images decoded in ``counts[index]``; on ``cpus`` only, where given, at niceness ``nice``."""
     from gpufeed.machine import default_sigterm
-    from gpufeed.pipelines.batches_cpu import CpuDecode
 
     default_sigterm()
     if cpus:
         os.sched_setaffinity(0, cpus)
     if nice:
         os.nice(nice)
-    decode = CpuDecode(train, size)
-    decode(samples[0])  # imports and first-call costs before any window
-    n = 0
-    while not stop.is_set():
-        if index < active.value:
-            decode(dataclasses.replace(samples[n % len(samples)], index=n))
-            n += 1
-            counts[index] = n
-        else:
-            time.sleep(0.005)
+    _count_while(index, active, stop, counts, _cpu_work(samples, train, size))
 
 
 #: Records in each batch a decode thread decodes (the engines' share of a hybrid batch of 256 at 0.75 on the CPU).
@@ -68,41 +83,29 @@ THREAD_BATCH = 64
 
 
 def _decode_in_thread(index: int, samples: list, train: bool, size: int, path: str, device, active, stop,
-                      counts: list) -> None:
-    """One thread of this process: decode batches of ``samples`` (``hw``: on the GPU's JPEG engines, cropped on
-    the thread's own stream; ``cpu``: one record at a time on the CPU) while ``index < active.value``, idle
-    otherwise, until ``stop`` is set; its count of images in ``counts[index]``."""
-    from gpufeed.pipelines import batches_cpu as C
-
+                      counts) -> None:
+    """One thread of this process, as :func:`_decode_while` but ``hw``: batches of ``samples`` decoded on the GPU's
+    JPEG engines and cropped on the thread's own stream, as the loader's decode threads do; ``cpu``: one record at
+    a time on the CPU."""
     if path == "cpu":
-        decode = C.CpuDecode(train, size)
-        n = 0
-        while not stop.is_set():
-            if index < active.value:
-                decode(dataclasses.replace(samples[n % len(samples)], index=n))
-                n += 1
-                counts[index] = n
-            else:
-                time.sleep(0.005)
+        _count_while(index, active, stop, counts, _cpu_work(samples, train, size))
         return
     import torch
 
+    from gpufeed.pipelines import batches_cpu as C
     from gpufeed.pipelines.batches_gpu import HwJpegDecoder
 
     decoder = HwJpegDecoder(device, train, size)
     encode = C.EncodedBytes(train, 0)
-    batch = C.collate_encoded([encode(dataclasses.replace(s, index=i)) for i, s in
-                               enumerate(samples[k % len(samples)] for k in range(THREAD_BATCH))])
-    n = 0
-    while not stop.is_set():
-        if index < active.value:
-            with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
-                decoder.decode(*batch)
-            decoder.stream.synchronize()  # as the loader's decode threads do where they time the split
-            n += THREAD_BATCH
-            counts[index] = n
-        else:
-            time.sleep(0.005)
+    batch = C.collate_encoded([encode(dataclasses.replace(samples[k % len(samples)], index=k))
+                               for k in range(THREAD_BATCH)])
+
+    def work(_n: int) -> int:
+        with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
+            decoder.decode(*batch)
+        decoder.stream.synchronize()  # as the loader's decode threads do where they time the split
+        return THREAD_BATCH
+    _count_while(index, active, stop, counts, work)
 
 
 def default_loads(cores: int) -> list[int]:
