@@ -362,10 +362,11 @@ class HybridDecoder:
     def decode(self, pixels, px_pos, flat, sizes, enc_pos, labels, indices, crops=None, cpu_seconds=None):
         torch, device = self.hw.torch, self.hw.device
         x = torch.empty((len(labels), self.hw.size, self.hw.size, 3), dtype=torch.uint8, device=device)
+        # The DataLoader pinned the batch: every copy joins this stream without the thread waiting for it.
         if pixels is not None:
-            x.index_copy_(0, px_pos.to(device), pixels.to(device, non_blocking=True))
+            x.index_copy_(0, px_pos.to(device, non_blocking=True), pixels.to(device, non_blocking=True))
         if len(enc_pos):
-            x.index_copy_(0, enc_pos.to(device), self.hw.decoded(flat, sizes, indices, crops))
+            x.index_copy_(0, enc_pos.to(device, non_blocking=True), self.hw.decoded(flat, sizes, indices, crops))
         return x, labels.to(device, non_blocking=True)
 
 
