@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -68,10 +69,15 @@ class Trace:
     meta: dict
     start_us: float = 0.0  # the first GPU event's start
 
-    @property
+    @functools.cached_property
     def main(self) -> int:
         """The model's stream: the one whose kernels ran longest."""
         return max(self.streams, key=lambda s: self.streams[s].kernel_us)
+
+    @functools.cached_property
+    def others(self) -> list[tuple[float, float]]:
+        """The union of every other stream's work."""
+        return _union([x for sid, s in self.streams.items() if sid != self.main for x in s.intervals])
 
     def per_step(self, us: float) -> float:
         return us / max(1, self.steps) / 1e3
@@ -90,8 +96,7 @@ class Trace:
             at = max(at, b)
         if start + self.span_us > at:
             gaps.append((at, start + self.span_us))
-        others = _union([x for sid, s in self.streams.items() if sid != self.main for x in s.intervals])
-        beside = _overlap(gaps, others)
+        beside = _overlap(gaps, self.others)
         return beside, _length(gaps) - beside
 
 
@@ -171,7 +176,6 @@ def summary(trace: Trace) -> list[str]:
     lines = [f"{trace.path}: {trace.steps} steps{' (' + label + ')' if label else ''}, "
              f"{ms(trace.span_us):.2f} ms of GPU time line per step"]
     main_iv = trace.streams[main].intervals
-    others = _union([x for sid, s in trace.streams.items() if sid != main for x in s.intervals])
     # Streams with under 1% of the model's kernel time (nvImageCodec's per-image streams) are summed in one line.
     small = {sid for sid, s in trace.streams.items()
              if sid != main and sum(s.busy_us.values()) < 0.01 * trace.streams[main].kernel_us}
@@ -186,12 +190,13 @@ def summary(trace: Trace) -> list[str]:
         kinds = collections.Counter()
         for sid in small:
             kinds.update(trace.streams[sid].busy_us)
-        lines.append(f"  {len(small)} more streams: " + ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(kinds.items())))
+        lines.append(f"  {len(small)} more streams: "
+                     + ", ".join(f"{kind} {ms(us):.2f} ms" for kind, us in sorted(kinds.items())))
     beside, alone = trace.idle()
     lines.append(f"  the model's stream idle {ms(beside + alone):.2f} ms per step "
                  f"({(beside + alone) / trace.span_us:.0%} of the line): {ms(beside):.2f} ms while other streams ran, "
                  f"{ms(alone):.2f} ms with nothing on the GPU running; other streams' work beside its kernels "
-                 f"{ms(_overlap(main_iv, others)):.2f} ms per step")
+                 f"{ms(_overlap(main_iv, trace.others)):.2f} ms per step")
     return lines
 
 
