@@ -277,8 +277,9 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
                 f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
                 f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
                 f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the "
-                f"{loader.batches_ahead} batches its {loader.workers} workers hold ahead, which a cold run reads once (a second epoch would read the page cache, and batches read "
-                f"ahead before the timed steps would leave them nothing to read from the disk): build a larger "
+                f"{loader.batches_ahead} batches its {loader.workers} workers hold ahead, which a cold run reads once "
+                f"(a second epoch would read the page cache, and batches read ahead before the timed steps would "
+                f"leave them nothing to read from the disk): build a larger "
                 f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
                 f"or --no-cold")
         batches = _cycle(loader)
