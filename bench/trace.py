@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 
@@ -23,9 +24,24 @@ from collections.abc import Callable, Iterator
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "copy", "gpu_memset": "set"}
 
 
-def record(batches: Iterator, step: Callable, synchronize: Callable, steps: int, path: str, meta: dict) -> None:
+def _new_file(path: str) -> str:
+    """``path``, or where a file of that name exists already (an earlier run's trace, or anyone's file), the first
+    free ``NAME-2.json``, ``NAME-3.json``, ...: made empty here, so no file is ever written over."""
+    base, ext = os.path.splitext(path)
+    candidate, n = path, 1
+    while True:
+        try:
+            os.close(os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{base}-{n}{ext}"
+
+
+def record(batches: Iterator, step: Callable, synchronize: Callable, steps: int, path: str, meta: dict) -> str:
     """``steps`` steps under torch's profiler (the GPU's activity where CUDA is in use, else the CPU's), written
-    to ``path`` as a Chrome trace with ``meta`` (and the step count) under the ``gpufeed`` key."""
+    as a Chrome trace with ``meta`` (and the step count) under the ``gpufeed`` key to ``path``, or beside it where
+    that name is taken (:func:`_new_file`); returns the file written."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -35,12 +51,14 @@ def record(batches: Iterator, step: Callable, synchronize: Callable, steps: int,
         for _ in range(steps):
             step(*next(batches))
         synchronize()
+    path = _new_file(path)
     prof.export_chrome_trace(path)
     with open(path) as f:
         trace = json.load(f)
     trace["gpufeed"] = {**meta, "steps": steps}
     with open(path, "w") as f:
         json.dump(trace, f)
+    return path
 
 
 @dataclasses.dataclass

@@ -778,7 +778,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after each timed window, --trace-steps more steps of every rank recorded by torch's "
                              "profiler (the GPU's kernels and copies on every stream) as Chrome traces in DIR; "
                              "`python -m gpufeed.bench.trace ALONE.json FED.json` compares the model's kernels "
-                             "alone and fed (the traced steps count in no figure)")
+                             "alone and fed (the traced steps count in no figure; a name already in DIR gets -2, "
+                             "-3, ...: no file is written over)")
     parser.add_argument("--trace-steps", type=int, default=8, help="steps each --trace records (default 8)")
     parser.add_argument("--gpu-sample", action=argparse.BooleanOptionalAction, default=True,
                         help="sample each timed window's GPU with nvidia-smi every 200 ms (its kernel-time share "

@@ -87,3 +87,11 @@ def test_timed_loop_records_a_trace_after_its_window(tmp_path, capsys):
     assert any(ev.get("name") == "aten::matmul" for ev in data["traceEvents"])
     assert trace.main([path]) == 0
     assert "no GPU work recorded" in capsys.readouterr().out
+    # A name taken (an earlier trace, or anyone's file) is never written over: the next trace goes beside it.
+    again = train.timed_loop(batches, step, lambda: None, 8, steps=1, warmup=0, trace=(path, 1, {"what": "cpu"}))
+    assert again.steps == 1 and json.load(open(path))["gpufeed"]["steps"] == 2
+    assert json.load(open(str(tmp_path / "t-2.json")))["gpufeed"]["steps"] == 1
+    mine = tmp_path / "mine.json"
+    mine.write_text("a user's own file")
+    train.timed_loop(batches, step, lambda: None, 8, steps=1, warmup=0, trace=(str(mine), 1, {}))
+    assert mine.read_text() == "a user's own file" and (tmp_path / "mine-2.json").exists()
