@@ -562,6 +562,10 @@ def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decodin
     assert rows[0]["decodes_per_s"] == rows[2]["decodes_per_s"] == 0
     assert multiprocessing.active_children() == [] and not any(t.name.startswith("decode-")
                                                               for t in threading.enumerate())
+    # The engines' decoders as processes of their own need the model's GPU: refused, naming why, on the emulated one.
+    with pytest.raises(SystemExit, match="--gpu-procs decodes on the model's GPU"):
+        run(dataset, loads=[0, 1], seconds=0.1, batch=32, accelerator="emulated", gpu_procs=True)
+    assert multiprocessing.active_children() == []
 
 
 def test_the_epoch_edge_experiment_sets_flowing_epochs_beside_restarted_ones(dataset):

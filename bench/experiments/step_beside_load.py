@@ -16,8 +16,10 @@ loader's ``worker_nice`` sets its workers.
 ``--threads hw`` (or ``cpu``) runs the K decoders as threads of the model's own process instead, as the loader's
 ``hw`` and ``hybrid`` decode threads run beside the launching thread: each decodes batches of the records on the
 GPU's JPEG engines and crops them on its own stream (``hw``: what a decode thread does, and how often it takes the
-interpreter lock), or decodes and crops them on the CPU (``cpu``). Set beside the same K as processes, it tells
-the interpreter lock's share of a fed step's loss from the cores'.
+interpreter lock), the same without the crop (``hw-decode``), or decodes and crops them on the CPU (``cpu``). Set
+beside the same K as processes, it tells the interpreter lock's share of a fed step's loss from the cores'.
+``--gpu-procs`` runs the K ``hw`` decoders as processes of their own instead, each with its own CUDA context on the
+model's GPU (and its own interpreter lock): what the step loses to the engines' and the crop's GPU work alone.
 
 One row per window (JSON lines, ``--results``): ``processes`` decoding, ``reserved`` (the loop's own cores, if
 any) and ``decode_cores`` (those the decode processes may use), their ``decodes_per_s``, the model's
@@ -82,14 +84,9 @@ def _decode_while(index: int, samples: list, train: bool, size: int, active, sto
 THREAD_BATCH = 64
 
 
-def _decode_in_thread(index: int, samples: list, train: bool, size: int, path: str, device, active, stop,
-                      counts) -> None:
-    """One thread of this process, as :func:`_decode_while` but ``hw``: batches of ``samples`` decoded on the GPU's
-    JPEG engines and cropped on the thread's own stream, as the loader's decode threads do; ``cpu``: one record at
-    a time on the CPU."""
-    if path == "cpu":
-        _count_while(index, active, stop, counts, _cpu_work(samples, train, size))
-        return
+def _hw_work(samples: list, train: bool, size: int, device, crop: bool = True):
+    """Batches of ``samples`` decoded on the GPU's JPEG engines (and, with ``crop``, cropped) on a stream of the
+    decoder's own, as the loader's decode threads do."""
     import torch
 
     from gpufeed.pipelines import batches_cpu as C
@@ -97,14 +94,44 @@ def _decode_in_thread(index: int, samples: list, train: bool, size: int, path: s
 
     decoder = HwJpegDecoder(device, train, size)
     encode = C.EncodedBytes(train, 0)
-    batch = C.collate_encoded([encode(dataclasses.replace(samples[k % len(samples)], index=k))
-                               for k in range(THREAD_BATCH)])
+    flat, sizes, _, indices, crops = C.collate_encoded([encode(dataclasses.replace(samples[k % len(samples)], index=k))
+                                                        for k in range(THREAD_BATCH)])
 
     def work(_n: int) -> int:
         with torch.cuda.device(decoder.device), torch.cuda.stream(decoder.stream):
-            decoder.decode(*batch)
+            if crop:
+                decoder.decoded(flat, sizes, indices, crops)
+            else:
+                decoder.images(flat, sizes)
         decoder.stream.synchronize()  # as the loader's decode threads do where they time the split
         return THREAD_BATCH
+    return work
+
+
+def _decode_in_thread(index: int, samples: list, train: bool, size: int, path: str, device, active, stop,
+                      counts) -> None:
+    """One thread of this process, as :func:`_decode_while` but ``hw``: batches decoded on the engines and
+    cropped (:func:`_hw_work`); ``hw-decode``: decoded only, not cropped (the crop's calls into torch apart from
+    the engines'); ``cpu``: one record at a time on the CPU."""
+    if path == "cpu":
+        work = _cpu_work(samples, train, size)
+    else:
+        work = _hw_work(samples, train, size, device, crop=path == "hw")
+    _count_while(index, active, stop, counts, work)
+
+
+def _hw_process(index: int, samples: list, train: bool, size: int, device_index: int, active, stop,
+                counts) -> None:
+    """One process of its own (spawned: its own CUDA context on the model's GPU, its own interpreter lock) doing
+    what a ``hw`` decode thread does (:func:`_hw_work`)."""
+    import torch
+
+    from gpufeed.machine import default_sigterm
+
+    default_sigterm()
+    torch.cuda.set_device(device_index)
+    work = _hw_work(samples, train, size, torch.device("cuda", device_index))
+    counts[index] = 0  # ready
     _count_while(index, active, stop, counts, work)
 
 
@@ -137,7 +164,8 @@ def _window(accel, x, y, seconds: float, copy, decoded) -> tuple[int, float, int
 
 def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: int = 256, task: str = "train",
         accelerator: str = "auto", profile: str = "h200", copy: bool = False, reserve: int = 0,
-        pin_loop: bool = False, nice: int = 0, threads: str | None = None, emit=print) -> list[dict]:
+        pin_loop: bool = False, nice: int = 0, threads: str | None = None, gpu_procs: bool = False,
+        emit=print) -> list[dict]:
     """The rows described in the module's docstring, each also passed to ``emit`` as a JSON line."""
     import multiprocessing
     import threading
@@ -158,11 +186,12 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     samples = _read_samples(fmt, built["paths"][0], SAMPLES)
     if not samples:
         raise SystemExit(f"{dst}: the benchmark dataset holds no records")
-    # The decode processes fork before CUDA starts in this one (the threads start after it).
-    ctx = multiprocessing.get_context("fork")
+    # The CPU decode processes fork before CUDA starts in this one (the threads start after it); the engines'
+    # processes are spawned, each starting CUDA of its own.
+    ctx = multiprocessing.get_context("spawn" if gpu_procs else "fork")
     active, stop = ctx.Value("i", 0), ctx.Event()
     counts = ctx.Array("q", max(loads), lock=False)
-    procs = [] if threads else [
+    procs = [] if threads or gpu_procs else [
         ctx.Process(target=_decode_while, daemon=True,
                     args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None, nice))
         for i in range(max(loads))]
@@ -177,6 +206,22 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
         kind = resolve_accelerator(accelerator)
         accel = make_accelerator(kind, task, batch, profile, "resnet50", 0)
         x, y = next(synthetic_batches(accel, batch, 224, 0))
+        if gpu_procs:
+            device = getattr(accel, "device", None)
+            if device is None or device.type != "cuda":
+                raise SystemExit("--gpu-procs decodes on the model's GPU: it needs a CUDA accelerator")
+            procs = [ctx.Process(target=_hw_process, daemon=True,
+                                 args=(i, samples, task == "train", 224, device.index or 0, active, stop, counts))
+                     for i in range(max(loads))]
+            for i in range(len(procs)):
+                counts[i] = -1  # until the process has its decoder
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + 120
+            while any(counts[i] < 0 for i in range(len(procs))):
+                if not all(p.is_alive() for p in procs) or time.monotonic() > deadline:
+                    raise SystemExit("--gpu-procs: a decode process ended or took over 120 s to start its decoder")
+                time.sleep(0.1)
         if threads:
             workers = [threading.Thread(target=_decode_in_thread, daemon=True, name=f"decode-{i}",
                                         args=(i, samples, task == "train", 224, threads, getattr(accel, "device", None),
@@ -195,7 +240,7 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
             time.sleep(0.5)  # the processes told to start (or stop) have
             steps, wall, decoded, seen = _window(accel, x, y, seconds, copy_step, lambda: sum(counts))
             row = {"bench": "step-beside-load", "task": task, "batch": batch, "cores": cores, "processes": k,
-                   "in_process": threads or None,
+                   "in_process": threads or None, "gpu_processes": gpu_procs,
                    "reserved": sorted(reserved), "pin_loop": bool(reserved and pin_loop), "nice": nice,
                    "decode_cores": len(rest) if reserved else cores,
                    "decodes_per_s": round(decoded / wall, 1),
@@ -237,13 +282,19 @@ def main(argv=None) -> int:
                         "all shared)")
     p.add_argument("--pin-loop", action="store_true", help="with --reserve: the loop's process on those cores alone")
     p.add_argument("--nice", type=int, default=0, help="niceness of the decode processes (default 0)")
-    p.add_argument("--threads", choices=("hw", "cpu"), default=None,
+    p.add_argument("--threads", choices=("hw", "hw-decode", "cpu"), default=None,
                    help="the decoders as threads of the model's own process: on the JPEG engines (hw, as the loader's "
-                        "decode threads) or on the CPU (cpu); default: processes decoding on the CPU")
+                        "decode threads; hw-decode: the engines without the crop) or on the CPU (cpu); default: "
+                        "processes decoding on the CPU")
+    p.add_argument("--gpu-procs", action="store_true",
+                   help="the decoders as processes of their own doing what a hw decode thread does, each with its own "
+                        "CUDA context on the model's GPU")
     p.add_argument("--results", default=None, help="JSON-lines file to append the rows to")
     args = p.parse_args(argv)
-    if args.threads and (args.nice or args.reserve):
-        p.error("--nice and --reserve place decode processes; with --threads the decoders share this process")
+    if (args.threads or args.gpu_procs) and (args.nice or args.reserve):
+        p.error("--nice and --reserve place CPU decode processes, not --threads or --gpu-procs")
+    if args.threads and args.gpu_procs:
+        p.error("--threads and --gpu-procs are two places for the decoders: name one")
     loads = None if args.loads is None else [int(v) for v in args.loads.split(",")]
     out = open(args.results, "a") if args.results else None
 
@@ -255,7 +306,8 @@ def main(argv=None) -> int:
 
     try:
         run(args.dst, loads, args.seconds, args.batch, args.task, args.accelerator, copy=args.copy,
-            reserve=args.reserve, pin_loop=args.pin_loop, nice=args.nice, threads=args.threads, emit=emit)
+            reserve=args.reserve, pin_loop=args.pin_loop, nice=args.nice, threads=args.threads,
+            gpu_procs=args.gpu_procs, emit=emit)
     finally:
         if out:
             out.close()
