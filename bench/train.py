@@ -62,7 +62,7 @@ _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
           "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction",
-          "gpu_busy": "fraction", "gpu_sm_mhz": "MHz"}
+          "gpu_busy": "fraction", "gpu_sm_mhz": "MHz", "paced_share": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -101,6 +101,7 @@ class TrainOptions:
     cpu_share: float | str | None = None  # hybrid: a fixed CPU share, "rates" or None (the loader's default)
     worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
     loop_cores: int | None = None  # physical cores each rank keeps from every worker (None: the loader's default)
+    run_ahead: int | str | None = None  # steps the loop may queue ahead of its GPU ("off": no limit; None: default)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -155,7 +156,17 @@ class TrainOptions:
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **({"worker_nice": self.nice} if decode else {}),
                 **({"loop_cores": self.kept} if decode and self.kept else {}),
+                **self._run_ahead(decode, described),
                 **described}
+
+    def _run_ahead(self, decode: str | None, described: dict) -> dict:
+        """A measured row's ``run_ahead``: the steps its loop could queue ahead of the GPU (None: no limit), as the
+        loader sets them for this decode path and rank count (rows before 2026-11-27 have none: no limit)."""
+        if not decode or described.get("accelerator_mode") != "measured":
+            return {}
+        from gpufeed.pipelines.loader import default_run_ahead
+
+        return {"run_ahead": default_run_ahead(self.run_ahead, decode, self.gpus)}
 
     @property
     def nice(self) -> int:
@@ -226,7 +237,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
-                    worker_nice=opts.nice, loop_cores=opts.kept)
+                    worker_nice=opts.nice, loop_cores=opts.kept, run_ahead=opts.run_ahead)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -286,7 +297,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
                              _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0],
-                             gpu=_gpu(accel, opts), trace=opts.trace_of(label or f"{task}-{fmt}-{decode}", _i, ranks))
+                             gpu=_gpu(accel, opts), trace=opts.trace_of(label or f"{task}-{fmt}-{decode}", _i, ranks),
+                             paced=(lambda: loader.paced_s) if loader.paced_s is not None else None)
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -700,7 +712,8 @@ def _one_line(row: dict) -> str:
             + ("graph " if p.get("cuda_graph") else "")
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "")
             + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "")
-            + (f"loop-cores={p['loop_cores']} " if p.get("loop_cores") else "") +
+            + (f"loop-cores={p['loop_cores']} " if p.get("loop_cores") else "")
+            + (f"run-ahead={p['run_ahead']} " if p.get("run_ahead") is not None else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -849,7 +862,7 @@ def options_from_args(args) -> TrainOptions:
                           "augmentation runs on the GPU with --decode gpu, hw or hybrid")
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice),
-                               ("loop_cores", args.loop_cores)) if v is not None}
+                               ("loop_cores", args.loop_cores), ("run_ahead", args.run_ahead)) if v is not None}
     if args.workers is None:
         from gpufeed.pipelines.loader import LOOP_CORES
 
@@ -873,7 +886,7 @@ def options_from_args(args) -> TrainOptions:
                         decode_priority=args.decode_priority, gpus=args.gpus,
                         read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph,
                         cpu_share=args.cpu_share, worker_nice=args.worker_nice, loop_cores=args.loop_cores,
-                        fit_steps=fit_steps, trace=args.trace, trace_steps=args.trace_steps,
+                        run_ahead=args.run_ahead, fit_steps=fit_steps, trace=args.trace, trace_steps=args.trace_steps,
                         gpu_sample=args.gpu_sample)
 
 

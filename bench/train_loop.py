@@ -22,6 +22,8 @@ class LoopRun:
     cpu_share: float | None = None  # hybrid decoding: the share of each batch the CPU workers took at the end
     cpu_cores: float | None = None  # CPU seconds of this process and its workers per second of the timed steps
     loader_mem_mb: float | None = None  # memory the processes under this one (the loader's workers) hold alone (USS)
+    #: The share of the timed steps the loader held the loop back for its GPU (``run_ahead``), apart from the waits.
+    paced_share: float | None = None
     #: The machine's shared resources over the timed steps (:class:`gpufeed.bench.results.ResourceWindow`): the
     #: data's block device read MB/s and busy share, the share of every core busy.
     resources: dict = dataclasses.field(default_factory=dict)
@@ -38,7 +40,7 @@ class LoopRun:
                 "data_wait_p99_ms": float(np.percentile(waits_ms, 99)),
                 "data_wait_share": float(sum(self.waits_s) / self.wall_s),
                 "step_ms": self.wall_s / self.steps * 1e3,
-                **{name: getattr(self, name) for name in ("cpu_share", "cpu_cores", "loader_mem_mb")
+                **{name: getattr(self, name) for name in ("cpu_share", "cpu_cores", "loader_mem_mb", "paced_share")
                    if getattr(self, name) is not None},
                 **self.resources}
 
@@ -46,7 +48,7 @@ class LoopRun:
 def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: int, steps: int,
                warmup: int, warmup_s: float = 0.0, agree: Callable[[bool], bool] | None = None,
                epoch_batches: int | None = None, data_path: str | None = None, gpu: str | None = None,
-               trace: tuple[str, int, dict] | None = None) -> LoopRun:
+               trace: tuple[str, int, dict] | None = None, paced: Callable[[], float] | None = None) -> LoopRun:
     """``warmup`` untimed steps (worker start-up, cuDNN autotuning), and more until ``warmup_s`` seconds have
     passed, then ``steps`` timed ones. (A GPU's clocks take a second or so to rise: ten 5 ms steps of an
     LSTM measured its rate 10-30% apart between runs; ten 55 ms steps of ResNet-50 already fill the time.)
@@ -64,6 +66,9 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     ``data_path``: the data read, whose block device's reads are counted over the timed steps beside the cores'
     use (:class:`~gpufeed.bench.results.ResourceWindow`), so a row says what each resource did while it ran;
     ``gpu`` (nvidia-smi's name for the accelerator's GPU) adds how much of the time it ran kernels.
+
+    ``paced``: the seconds the loader has so far held the loop back for its GPU (its ``run_ahead``), taken out of
+    each wait (the batch was there; the loop waited for its own previous work) and given as ``paced_share``.
 
     ``trace``: (path, steps, meta): after the timed window, that many more steps recorded by torch's profiler to
     ``path`` (:func:`gpufeed.bench.trace.record`); they count in no figure.
@@ -89,10 +94,15 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
     window = ResourceWindow(data_path, gpu)
     cpu0 = cpu_seconds()
     start = time.perf_counter()
+    paced_at = paced0 = paced() if paced else 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
         x, y = next(it)
-        waits.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        if paced:
+            now = paced()
+            took, paced_at = max(0.0, took - (now - paced_at)), now
+        waits.append(took)
         step(x, y)
     synchronize()
     wall = time.perf_counter() - start
@@ -106,4 +116,5 @@ def timed_loop(batches: Iterator, step: Callable, synchronize: Callable, batch: 
 
         record(it, step, synchronize, trace[1], trace[0], trace[2])
     return LoopRun(batch=batch, steps=steps, wall_s=wall, waits_s=waits, cpu_cores=cpu / wall,
-                   loader_mem_mb=None if held is None else held / 1e6, resources=resources)
+                   loader_mem_mb=None if held is None else held / 1e6, resources=resources,
+                   paced_share=(paced_at - paced0) / wall if paced else None)

@@ -49,10 +49,12 @@ Without torch, or without a GPU or nvImageCodec for the GPU paths, :func:`loader
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -102,6 +104,36 @@ def default_read_ahead(ranks: int = 1) -> bool:
     """Whether the DataLoader workers read each batch ahead by default: where several ranks share the node
     (their cold reads together are what the disk limits; see :class:`Loader`)."""
     return ranks > 1
+
+
+#: ``run_ahead`` for no limit on how far the loop may queue work ahead of its GPU.
+NO_LIMIT = "off"
+
+
+def parse_run_ahead(text: str) -> int | str:
+    """``--run-ahead``'s text: a number of steps (0 or more), or :data:`NO_LIMIT`."""
+    import argparse
+
+    if text == NO_LIMIT:
+        return NO_LIMIT
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of steps nor {NO_LIMIT!r}") from None
+
+
+def default_run_ahead(run_ahead, decode: str, ranks: int = 1) -> int | None:
+    """How many steps the loop may queue ahead of its GPU (None: no limit) for a loader asked for ``run_ahead``
+    (steps, :data:`NO_LIMIT`, or None for the default) decoding with ``decode`` in each of ``ranks`` ranks on the
+    node. By default 0 where several ranks share the node and decode on their GPUs: each rank's launches then
+    begin after its previous step is done, which fed 4 H100 ranks better in each of 7 alternated pairs on three
+    hosts (results/gpu-ranks-h100x4.txt, session 10); one rank alone has no all-reduce to wait in and loses the
+    gap (~4 ms of a 66 ms ResNet-50 step), so no limit there."""
+    if run_ahead == NO_LIMIT:
+        return None
+    if run_ahead is not None:
+        return run_ahead
+    return 0 if ranks > 1 and decode in ("gpu", "hw", "hybrid") else None
 
 
 def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1):
@@ -271,6 +303,11 @@ class LoaderOptions:
         "physical cores (with their hyper-thread siblings) each rank on the node keeps for its own process (the "
         "training loop, which launches the model's work): no DataLoader worker of any rank runs on them "
         f"(default: {LOOP_CORES}, the workers may run on every core)"))
+    run_ahead: int | str | None = _flag(None, metavar="STEPS", type=parse_run_ahead, help=(
+        "GPU devices: steps the training loop may queue on its GPU ahead of the one running; before handing out "
+        "each batch the loader waits until the loop's stream has finished the work queued that many batches "
+        f"before (0: all of it, so each step's launches begin on an idle GPU; {NO_LIMIT}: no limit; default: 0 "
+        f"where several ranks share the node and decode on their GPUs, else {NO_LIMIT})"))
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
     @classmethod
@@ -323,6 +360,11 @@ class LoaderOptions:
             raise ConfigError(f"{self._says('decode_threads')}: need at least 1")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"{self._says('workers')}: must be 0 (read in the loop's own process) or more")
+        ahead = self.run_ahead
+        if ahead is not None and ahead != NO_LIMIT and not (isinstance(ahead, int) and ahead >= 0):
+            off = NO_LIMIT if self.spelling == "cli" else repr(NO_LIMIT)
+            raise ConfigError(f"{self._says('run_ahead')}: 0 (each batch after the loop's queued work is done) or "
+                              f"more steps, or {off} (no limit)")
         if self.normalize and augment == "tokens":
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
 
@@ -345,6 +387,11 @@ class Loader:
     fewer than :data:`FIXED_SHARE_MIN_WORKERS` workers, the split from both sides' measured rates
     (:class:`HybridRates`), which ``cpu_share="rates"`` asks for anywhere; a number fixes it.
 
+    ``run_ahead``: how many steps the training loop may queue on its GPU ahead of the one running: before handing
+    out each batch the loader waits until the loop's stream has done the work queued that many batches before
+    (0: all of it). By default (None) 0 where several ranks share the node and decode on their GPUs
+    (:func:`default_run_ahead`: measured better there), else no limit (:data:`NO_LIMIT`).
+
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
     ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`). ``augment="tokens"``: ``window`` is
@@ -357,13 +404,13 @@ class Loader:
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
-                 worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES):
+                 worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None):
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
                              window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
-                             worker_nice=worker_nice, loop_cores=loop_cores)
+                             worker_nice=worker_nice, loop_cores=loop_cores, run_ahead=run_ahead)
         torch = import_torch()
         self.decode_reason = None
         if decode == AUTO:
@@ -388,6 +435,11 @@ class Loader:
         self.decode_threads, self.decode_priority = decode_threads, decode_priority
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
+        # How far the loop may queue work ahead of its GPU (None: no limit); nothing to pace on a CPU device, which
+        # runs each step as it is called.
+        self.run_ahead = default_run_ahead(run_ahead, decode, ranks_on_node(world_size))
+        self._pace = (StepPace(self.device, self.run_ahead) if self.run_ahead is not None and self.device.type == "cuda"
+                      else None)
         if decode != "cpu":
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
@@ -447,6 +499,12 @@ class Loader:
     def cpu_share(self) -> float | None:
         """``hybrid``: the share of each batch the CPU workers decode now."""
         return None if self._share is None else self._share.value
+
+    @property
+    def paced_s(self) -> float | None:
+        """Seconds this loader has held the loop back for its GPU so far (``run_ahead``); None where it does not
+        pace the loop (no limit, or a CPU device)."""
+        return self._pace.waited_s if self._pace is not None else None
 
     @property
     def batches_ahead(self) -> int:
@@ -517,6 +575,8 @@ class Loader:
         stream, self._stream_epoch = self._stream, None  # mid-pass: a pass left here restarts the stream
         for _ in range(len(self)):  # the stream has no end: every epoch's batches, one after another
             x, y = next(stream)
+            if self._pace is not None:
+                self._pace.wait()
             yield (normalise(x) if self.normalize else x), y
         self.epoch += 1
         self._stream_epoch = self.epoch
@@ -542,6 +602,33 @@ class Loader:
                 device = self.device  # the stream holds no reference to the loader (close() ends it)
                 gen = (finish(*(t.to(device) for t in batch)) for batch in batches)
         return gen
+
+
+class StepPace:
+    """How far a training loop may run ahead of its GPU (:class:`Loader`'s ``run_ahead``): each time the loop asks
+    for a batch, the work it queued since the last one (a step) is marked on its stream, and the host waits for
+    the mark ``steps`` batches back (0: the one just made, so the loop's next launches begin on an idle GPU)."""
+
+    def __init__(self, device, steps: int):
+        import torch
+
+        self.torch, self.device, self.steps = torch, device, steps
+        self.marks: collections.deque = collections.deque()
+        self.waited_s = 0.0  # seconds the loop was held back so far
+
+    def wait(self) -> None:
+        torch = self.torch
+        t0 = time.perf_counter()
+        stream = torch.cuda.current_stream(self.device)  # the loop's: this runs in the thread iterating the loader
+        if self.steps == 0:
+            stream.synchronize()
+        else:
+            mark = torch.cuda.Event()
+            mark.record(stream)
+            self.marks.append(mark)
+            while len(self.marks) > self.steps:
+                self.marks.popleft().synchronize()
+        self.waited_s += time.perf_counter() - t0
 
 
 def _init_worker(worker_id: int, nice: int = 0, tier: dict | None = None, cpus=None) -> None:

@@ -3,6 +3,7 @@
 # (recordio, decode auto). Each side in SIDES is one build and its settings:
 #   now           this checkout
 #   now-nosample  this checkout, no nvidia-smi beside the timed windows (--no-gpu-sample)
+#   now-aheadN    this checkout, each rank's loop at most N steps ahead of its GPU (--run-ahead N)
 #   NAME          the wheel in .whl-NAME (gpufeed built from another commit: `git worktree add /tmp/b REV && pip
 #                 wheel --no-deps -w .whl-NAME /tmp/b`), e.g. .whl-before (ec6f452), .whl-fresh (this code with the
 #                 normalisation statistics made each step again)
@@ -21,7 +22,7 @@ WHEELS=.whl-decode source scripts/device_setup.sh
 export INSTALL=0
 NOW=$PYTHONPATH
 for side in $SIDES; do
-  case $side in now|now-nosample) ;; *)
+  case $side in now|now-nosample|now-ahead*) ;; *)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "/tmp/site-$side" \
       ".whl-$side"/*.whl ;;
   esac
@@ -31,9 +32,9 @@ for round in $(seq "${ROUNDS:-3}"); do
   for side in $SIDES; do
     [ $(( DEADLINE_AT - $(date +%s) )) -ge 75 ] || { echo "skipped: round $round $side (deadline)"; continue; }
     echo "=== round $round: $side"
-    path=/tmp/site-$side:$NOW sample=1
-    case $side in now) path=$NOW ;; now-nosample) path=$NOW sample=0 ;; esac
-    PYTHONPATH=$path GPU_SAMPLE=$sample RESULTS_NAME=gpu-ranks-ab-$side.jsonl RUNS="${RANKS:-4}:train" \
+    path=/tmp/site-$side:$NOW sample=1 ahead=
+    case $side in now) path=$NOW ;; now-nosample) path=$NOW sample=0 ;; now-ahead*) path=$NOW ahead=${side#now-ahead} ;; esac
+    PYTHONPATH=$path GPU_SAMPLE=$sample RUN_AHEAD=$ahead RESULTS_NAME=gpu-ranks-ab-$side.jsonl RUNS="${RANKS:-4}:train" \
       DATA=/tmp/gpufeed-ranks bash scripts/gpu_ranks.sh 2>&1 | grep -E "^(train|infer) |rc |building|error" || true
   done
 done

@@ -466,8 +466,8 @@ def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
 
 
 def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options():
-    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice and --loop-cores come from
-    LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
+    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice, --loop-cores and
+    --run-ahead come from LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
     import dataclasses
 
     from gpufeed.pipelines.loader import RATES, LoaderOptions
@@ -476,18 +476,22 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     train.add_arguments(parser)
     flags = {a.dest for a in parser._actions}
     declared = [f.name for f in dataclasses.fields(LoaderOptions) if "cli" in f.metadata]
-    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice", "loop_cores"}
+    assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice", "loop_cores",
+                             "run_ahead"}
     assert set(declared) <= flags
     args = parser.parse_args(["dst", "--results", "r", "--workers", "7", "--decode-threads", "3", "--decode-priority", "-1",
-                              "--cpu-share", RATES, "--worker-nice", "5", "--loop-cores", "1"])
+                              "--cpu-share", RATES, "--worker-nice", "5", "--loop-cores", "1", "--run-ahead", "0"])
     assert (args.workers, args.decode_threads, args.decode_priority, args.cpu_share, args.worker_nice,
-            args.loop_cores) == (7, 3, -1, RATES, 5, 1)
+            args.loop_cores, args.run_ahead) == (7, 3, -1, RATES, 5, 1, 0)
     assert parser.parse_args(["dst", "--results", "r", "--cpu-share", "0.6"]).cpu_share == 0.6
     defaults = parser.parse_args(["dst", "--results", "r"])
     assert (defaults.workers, defaults.cpu_share, defaults.worker_nice, defaults.decode_threads,
-            defaults.loop_cores) == (None, None, None, 2, None)
+            defaults.loop_cores, defaults.run_ahead) == (None, None, None, 2, None, None)
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--cpu-share", "half"])
+    assert parser.parse_args(["dst", "--results", "r", "--run-ahead", "off"]).run_ahead == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["dst", "--results", "r", "--run-ahead", "fast"])
 
 
 def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_loader():

@@ -456,10 +456,39 @@ def test_devices_are_resolved_to_a_named_gpu_or_the_cpu():
                                           ({"cpu_share": 0.5}, "cpu_share=0.5 splits batches for decode='hybrid'; "
                                                             "decode='auto' chose 'cpu' here"),
                                           ({"decode": "hybrid", "cpu_share": 1.5}, "cpu_share=1.5"),
-                                          ({"worker_nice": 20}, "worker_nice=20: .* 0 .* to 19")])
+                                          ({"worker_nice": 20}, "worker_nice=20: .* 0 .* to 19"),
+                                          ({"run_ahead": -1}, "run_ahead=-1: 0 .* or more steps, or 'off'"),
+                                          ({"run_ahead": "fast"}, "run_ahead='fast': 0 .* or 'off' .no limit")])
 def test_bad_arguments(dataset, kwargs, text):
     with pytest.raises(ConfigError, match=text):
         gpufeed.loader(dataset["recordio"]["paths"], **kwargs)
+
+
+def test_run_ahead_paces_the_loop_only_on_a_gpu(dataset):
+    """``run_ahead``: on the CPU (nothing queued: each step runs as it is called) the batches are the same as
+    without it; on a GPU, with 0, each batch comes after everything the loop queued before was done, and with 1
+    the loop keeps one step queued at most."""
+    import torch
+
+    # The default: 0 where several ranks share the node and decode on their GPUs, else no limit; "off" no limit.
+    assert L.default_run_ahead(None, "hybrid", 4) == L.default_run_ahead(None, "hw", 2) == 0
+    assert L.default_run_ahead(None, "hybrid", 1) is L.default_run_ahead(None, "cpu", 4) is None
+    assert L.default_run_ahead(L.NO_LIMIT, "hybrid", 4) is None and L.default_run_ahead(2, "cpu", 1) == 2
+    paths = dataset["recordio"]["paths"]
+    base = [y.tolist() for _, y in gpufeed.loader(paths, batch_size=8, workers=1, decode="cpu")]
+    paced = gpufeed.loader(paths, batch_size=8, workers=1, decode="cpu", run_ahead=0)
+    assert [y.tolist() for _, y in paced] == base and paced.run_ahead == 0 and paced.paced_s is None
+    if not torch.cuda.is_available():
+        return
+    for steps in (0, 1):
+        ld = gpufeed.loader(paths, batch_size=8, workers=1, decode="cpu", device="cuda", run_ahead=steps)
+        stream, queued = torch.cuda.current_stream(), []
+        for x, _ in ld:
+            queued.append(stream.query())  # the step before this batch was done (0), or may still run (1)
+            torch.cuda._sleep(50_000_000)  # a step that keeps the GPU busy ~20-50 ms
+        assert all(queued) if steps == 0 else len(ld._pace.marks) <= 1
+        assert ld.paced_s > 0
+        torch.cuda.synchronize()
 
 
 def test_paths_a_glob_over_an_output_also_matches_are_refused_naming_them(dataset, tmp_path):
