@@ -110,16 +110,23 @@ def default_read_ahead(ranks: int = 1) -> bool:
 NO_LIMIT = "off"
 
 
-def parse_run_ahead(text: str) -> int | str:
-    """``--run-ahead``'s text: a number of steps (0 or more), or :data:`NO_LIMIT`."""
-    import argparse
+def _number_or(word: str, number: type, what: str):
+    """An argparse ``type``: the text ``word`` as it is, else the text as ``number`` (``what`` names it in the
+    error)."""
+    def parse(text: str):
+        import argparse
 
-    if text == NO_LIMIT:
-        return NO_LIMIT
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of steps nor {NO_LIMIT!r}") from None
+        if text == word:
+            return word
+        try:
+            return number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is neither {what} nor {word!r}") from None
+    return parse
+
+
+#: ``--run-ahead``'s text: a number of steps (0 or more), or :data:`NO_LIMIT`.
+parse_run_ahead = _number_or(NO_LIMIT, int, "a number of steps")
 
 
 def default_run_ahead(run_ahead, decode: str, ranks: int = 1) -> int | None:
@@ -246,16 +253,8 @@ def _first_record_kind(paths, format: str | None) -> str:
         return next(iter(reader)).kind
 
 
-def parse_cpu_share(text: str) -> float | str:
-    """``--cpu-share``'s text: a share from 0 to 1, or :data:`RATES`."""
-    import argparse
-
-    if text == RATES:
-        return RATES
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a share from 0 to 1 nor {RATES!r}") from None
+#: ``--cpu-share``'s text: a share from 0 to 1, or :data:`RATES`.
+parse_cpu_share = _number_or(RATES, float, "a share from 0 to 1")
 
 
 def _flag(default, cli_default=None, **cli):
