@@ -32,39 +32,44 @@ MANIFEST = "bench_dataset.json"
 
 
 def store_options(image: str, resize: int | None = None, size: tuple[int, int] | None = None,
-                  center_crop: bool = False, encode: str | None = None):
+                  center_crop: bool = False, encode: str | None = None, quality: int | None = None):
     """The :class:`~gpufeed.pipelines.image_options.ImageOptions` a benchmark dataset is stored with: CIFAR raw;
-    ImageNet-like images passed through as captured, or transformed and encoded (JPEG q95 or raw)."""
-    from gpufeed.pipelines.image_options import ImageOptions
+    ImageNet-like images passed through as captured, or transformed and encoded (JPEG at ``quality``, default
+    im2rec's 95, or raw)."""
+    from gpufeed.pipelines.image_options import DEFAULT_QUALITY, ImageOptions
 
     if image == "ptb":
         return ImageOptions(encode=None)  # token ids: nothing to encode
     if image == "cifar":
         return ImageOptions(encode="raw")
-    if not (resize or size or center_crop) and encode in (None, "pass"):
+    if not (resize or size or center_crop or quality) and encode in (None, "pass"):
         return ImageOptions(encode="pass", validate=False)
-    return ImageOptions(resize=resize, size=size, center_crop=center_crop, encode=encode or "jpeg", quality=95)
+    return ImageOptions(resize=resize, size=size, center_crop=center_crop, encode=encode or "jpeg",
+                        quality=quality or DEFAULT_QUALITY)
 
 
 def store_flags(resize: int | None = None, size: tuple[int, int] | None = None, center_crop: bool = False,
-                encode: str | None = None) -> str | None:
+                encode: str | None = None, quality: int | None = None) -> str | None:
     """The ``gpufeed convert`` flags that store images as a benchmark dataset's ``store`` does, or None for
-    images kept as captured."""
+    images kept as captured. ``--quality`` where JPEGs are written at another than im2rec's 95."""
+    from gpufeed.pipelines.image_options import DEFAULT_QUALITY
+
     flags = ([f"--resize {resize}"] if resize else []) + ([f"--size {size[0]}x{size[1]}"] if size else []) + (
-        ["--center-crop"] if center_crop else []) + ([f"--encode {encode}"] if encode == "raw" else [])
+        ["--center-crop"] if center_crop else []) + ([f"--encode {encode}"] if encode == "raw" else []) + (
+        [f"--quality {quality}"] if quality and quality != DEFAULT_QUALITY and encode != "raw" else [])
     return " ".join(flags) or None
 
 
 def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagenet",
                   resize: int | None = None, seed: int = 0, workers: int | None = None, shards: int | None = None,
                   size: tuple[int, int] | None = None, center_crop: bool = False, encode: str | None = None,
-                  overwrite: bool = False, progress: bool = False) -> dict:
+                  quality: int | None = None, overwrite: bool = False, progress: bool = False) -> dict:
     """Convert ``n`` synthetic samples of ``image`` (its ``seed``) to every format in ``formats`` under
     ``out``, in ``shards`` shards (``gpufeed convert --shards``: files, for the formats that write one per
     shard; by default as many as conversion cuts the samples into); return (and store as
     ``out/bench_dataset.json``) what was written: per format its reader paths, files, bytes and mean record
-    size. ``resize``, ``size``, ``center_crop`` and ``encode`` are ``gpufeed convert``'s options of those
-    names (ImageNet-like images only). A dataset already built with the same options is kept as it is; one
+    size. ``resize``, ``size``, ``center_crop``, ``encode`` and ``quality`` are ``gpufeed convert``'s options of
+    those names (ImageNet-like images only; ``quality`` re-encodes the JPEGs even where nothing else changes). A dataset already built with the same options is kept as it is; one
     built otherwise is replaced only with ``overwrite`` (the files its manifest lists).
 
     Like the command line, it converts in local processes started from a fork server, which run a script's
@@ -77,14 +82,18 @@ def build_dataset(out: str, formats=FORMATS, n: int = 1000, image: str = "imagen
         raise ConfigError(f"image={image!r} is not one of {', '.join(IMAGES)}")
     if n < 1 or shards is not None and not 1 <= shards <= n:
         raise ConfigError(f"need n >= 1 and 1 <= shards <= n, got n={n}, shards={shards}")
-    store = {"resize": resize, "size": tuple(size) if size else None, "center_crop": center_crop, "encode": encode}
-    if image != "imagenet" and (resize or size or center_crop or encode):
-        raise ConfigError(f"resize, size, center_crop and encode apply to image='imagenet'; {image} samples are "
-                          "stored as they are (CIFAR: 32x32 raw pixels; ptb: token ids)")
+    store = {"resize": resize, "size": tuple(size) if size else None, "center_crop": center_crop, "encode": encode,
+             "quality": quality}
+    if image != "imagenet" and (resize or size or center_crop or encode or quality):
+        raise ConfigError(f"resize, size, center_crop, encode and quality apply to image='imagenet'; {image} samples "
+                          "are stored as they are (CIFAR: 32x32 raw pixels; ptb: token ids)")
     if encode not in (None, "pass", "jpeg", "raw"):
         raise ConfigError(f"encode={encode!r}: use pass, jpeg or raw")
-    if encode == "pass" and (resize or size or center_crop):
-        raise ConfigError("encode='pass' keeps the captured bytes; resize, size and center_crop need jpeg or raw")
+    if encode == "pass" and (resize or size or center_crop or quality):
+        raise ConfigError("encode='pass' keeps the captured bytes; resize, size, center_crop and quality need jpeg "
+                          "(or raw, without quality)")
+    if quality is not None and (encode == "raw" or not 1 <= quality <= 100):
+        raise ConfigError(f"quality={quality}: a JPEG quality from 1 to 100, for JPEG records (not encode='raw')")
     options = ConvertOptions(dataset="synthetic", src=f"{image}:{n}:{seed}", formats=tuple(dict.fromkeys(formats)),
                              out=out, image=store_options(image, **store), workers=workers or usable_cores(),
                              shards=shards, shuffle=False, overwrite=overwrite, progress=progress,
@@ -159,7 +168,8 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
             "seed": options.get("seed"),
         "split": split, "source": "gpufeed convert", "formats": {},
         "store": store_flags(options.get("resize"), tuple(options["size"]) if options.get("size") else None,
-                             bool(options.get("center_crop")), options.get("encode"))}
+                             bool(options.get("center_crop")), options.get("encode"),
+                             options.get("quality") if options.get("encode") not in (None, "pass") else None)}
 
     def in_split(rel: str) -> bool:
         name = os.path.basename(os.path.dirname(rel) if rel.endswith("data.mdb") else rel)
@@ -212,6 +222,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--center-crop", action="store_true", help="cut the centre square before resizing")
     parser.add_argument("--encode", choices=("pass", "jpeg", "raw"), default=None,
                         help="how images are stored (default: pass as captured; jpeg q95 when resized)")
+    parser.add_argument("--quality", type=int, default=None,
+                        help="JPEG quality of the stored images (default: 95, im2rec's; re-encodes images kept as "
+                             "captured)")
     parser.add_argument("--shards", type=int, default=None,
                         help="shards, as gpufeed convert --shards (default: conversion's, ~1,250 samples each)")
     parser.add_argument("--seed", type=int, default=0, help="same seed, same dataset, byte for byte")
@@ -226,7 +239,7 @@ def run(args) -> int:
     info = build_dataset(args.out, list(parse_formats(args.formats)), n=args.n, image=args.image,
                          resize=args.resize, seed=args.seed, workers=args.workers, shards=args.shards,
                          size=parse_size(args.size) if args.size else None, center_crop=args.center_crop,
-                         encode=args.encode, overwrite=args.overwrite, progress=True)
+                         encode=args.encode, quality=args.quality, overwrite=args.overwrite, progress=True)
     print(f"{info['n']} samples ({info['sample_bytes'] / 1e3:.1f} KB each) in {info['build_seconds']:.1f} s:")
     for f, d in info["formats"].items():
         where = d["paths"][0] if len(d["paths"]) == 1 else f"{len(d['paths'])} files: {d['paths'][0]} ..."

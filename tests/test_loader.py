@@ -120,8 +120,18 @@ def test_inference_recipes_stored_centre_crop_jpeg_and_raw(tmp_path):
             assert np.array_equal(x[0].numpy(), np.asarray(stored))
     # The JPEG recipe decodes to (nearly) the raw recipe's pixels: both are the same stored crop.
     assert (batches["jpeg"].float() - batches["raw"].float()).abs().mean() < 8  # q95 JPEG error; another crop would differ by tens
-    with pytest.raises(ConfigError, match="resize, size and center_crop need jpeg or raw"):
+    with pytest.raises(ConfigError, match="resize, size, center_crop and quality need jpeg"):
         build_dataset(str(tmp_path / "bad"), ["lmdb"], n=2, workers=1, resize=64, encode="pass")
+    # The same crop at a lower JPEG quality: smaller records, the flags that make them (from the build and from the
+    # converted output's manifest alike), and the quality refused where no JPEG is written.
+    out = tmp_path / "q75"
+    info = build_dataset(str(out), ["tfrecord"], n=8, workers=1, size=(224, 224), center_crop=True, quality=75)
+    assert (info["store"] == load_dataset_info(str(out), described=False)["store"]
+            == "--size 224x224 --center-crop --quality 75")
+    assert info["sample_bytes"] < 0.7 * load_dataset_info(str(tmp_path / "jpeg"))["sample_bytes"]
+    for bad in ({"encode": "raw", "quality": 75}, {"quality": 0}, {"encode": "pass", "quality": 75}):
+        with pytest.raises(ConfigError, match="quality"):
+            build_dataset(str(tmp_path / "bad"), ["lmdb"], n=2, workers=1, **bad)
 
 
 def test_cifar_augmentation_in_the_workers_and_on_the_gpu_gives_the_same_batches(tmp_path):
