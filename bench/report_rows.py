@@ -94,8 +94,9 @@ def accelerator(row: dict) -> str | None:
 
 def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
-    read-ahead, a fixed hybrid CPU share, the workers' niceness, the cores each rank kept from the workers, and
-    the child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
+    read-ahead, a fixed hybrid CPU share, the workers' niceness, the cores each rank kept from the workers, the
+    steps each rank's loop could queue ahead of its GPU (rows before 2026-11-27 have no limit), and the
+    child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
     if p.get("read_ahead"):
@@ -108,6 +109,8 @@ def loader_label(row: dict) -> str:
         label += f", workers at nice {p['worker_nice']}"
     if p.get("loop_cores"):
         label += f", {p['loop_cores']} core(s) kept per rank"
+    if p.get("run_ahead") is not None:
+        label += f", paced ({p['run_ahead']} step(s) ahead)" if p["run_ahead"] else ", paced to its GPU"
     return label
 
 

@@ -411,7 +411,7 @@ def test_images_stored_another_way_are_never_reported_as_captured(tmp_path):
 
 
 def test_loader_variants_and_graph_models_are_told_apart():
-    """Rows of one decode path that differ by the loader's read-ahead, a fixed hybrid CPU share (or the
+    """Rows of one decode path that differ by the loader's read-ahead, a fixed hybrid CPU share, its pacing (or the
     child-process loader measured once) are labelled apart, and a model run as a CUDA graph is its own demand, never merged with the eager one's."""
     def row(fmt, **p):
         return {"bench": "train", "format": fmt, "tier": "memory" if fmt == "synthetic" else "local", "median": 1.0,
@@ -419,11 +419,13 @@ def test_loader_variants_and_graph_models_are_told_apart():
 
     rows = [row("synthetic"), row("synthetic", cuda_graph=True), row("recordio", decode="hw"),
             row("recordio", decode="hw", read_ahead=True), row("recordio", decode="hw", feed="process"),
-            row("recordio", decode="hybrid", cpu_share_fixed=0.7)]
+            row("recordio", decode="hybrid", cpu_share_fixed=0.7), row("recordio", decode="hybrid", run_ahead=0),
+            row("recordio", decode="hybrid", run_ahead=1), row("recordio", decode="hybrid", run_ahead=None)]
     assert [report.loader_label(r) for r in rows[2:]] == ["hw", "hw, read-ahead", "hw, child process",
-                                                          "hybrid, CPU share 0.70"]
+                                                          "hybrid, CPU share 0.70", "hybrid, paced to its GPU",
+                                                          "hybrid, paced (1 step(s) ahead)", "hybrid"]
     assert sorted(d.accelerator for d in report.demands(rows)) == ["NVIDIA H200", "NVIDIA H200 (model as a CUDA graph)"]
-    assert len(report.train_table(rows).rows) == 6
+    assert len(report.train_table(rows).rows) == 9
 
 
 def _feed_rows(path: str) -> str:
