@@ -129,12 +129,20 @@ def limit(row: dict) -> dict | None:
     wait = r.get("wait_share")
     if wait is None:
         return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
+    ahead = (row.get("params") or {}).get("run_ahead")
+    paced = _median(row, "paced_share")
     if 1.0 - au - wait <= wait:
+        if ahead is not None and paced is None:  # bench train before 2026-11-27 counted the pacing as waiting
+            return {"resource": None, "text": f"the loop waited {wait:.0%} of its time for its batches or for its GPU "
+                                              f"(the loader paced it, run_ahead {ahead}, and this row does not tell "
+                                              f"the two apart); {what}"}
         return {"resource": None, "text": f"the loop waited for its batches {wait:.0%} of its time; {what}: the "
                                           "loader itself limits this run, not the disk"}
     step, alone = _median(row, "step_ms"), row.get("compute_step_s")
     steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
              else "")
+    if paced:
+        steps += f"; the loader held it back for its GPU {paced:.0%} of its time (run_ahead {ahead})"
     queued = r.get("main_thread_waited")
     if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
         steps += f"; its main thread waited for a core {queued:.0%} of its time"

@@ -526,6 +526,27 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
             "the feeding;") in limit(ranked)["text"]
 
 
+def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
+    """A row whose loader paced the loop (run_ahead): the time held back for the GPU is said as such, never as the
+    loop waiting for batches; a row from before bench train kept the two apart (no paced_share) says it cannot
+    tell them apart instead of blaming the loader."""
+    from gpufeed.bench.bottleneck import BESIDE, limit
+
+    row = {"metrics": {"au": {"median": 0.659}, "step_ms": {"median": 101.0}, "paced_share": {"median": 0.21}},
+           "compute_step_s": 0.0665, "params": {"gpus": 4, "run_ahead": 0},
+           "resources": {"disk_read_mb_per_s": 1166.0, "disk_ceiling": {"mb_per_s": 1440.0}, "cpu_busy": 0.55,
+                         "cores": 64, "main_thread_busy": 0.55, "wait_share": 0.01}}
+    found = limit(row)
+    assert found["resource"] == BESIDE and ("against the model's 66.5 ms alone; the loader held it back for its GPU "
+                                            "21% of its time (run_ahead 0)): the loader's work") in found["text"]
+    before = {**row, "metrics": {k: v for k, v in row["metrics"].items() if k != "paced_share"},
+              "resources": {**row["resources"], "wait_share": 0.28}}
+    text = limit(before)["text"]
+    assert text.startswith("the loop waited 28% of its time for its batches or for its GPU (the loader paced it, "
+                           "run_ahead 0, and this row does not tell the two apart)")
+    assert "limits this run" not in text
+
+
 def test_the_step_beside_load_experiment_times_the_step_with_k_processes_decoding(dataset):
     """bench/experiments/step_beside_load on the dataset's records (the emulated accelerator here: no GPU): one row
     per window, images decoded only while processes were told to, each row against the windows with none, and no
