@@ -19,14 +19,19 @@ Where the JPEGs are decoded (``decode``):
 * ``hw``: the GPU's JPEG engines (NVJPG on A100/H100/H200) through NVIDIA nvImageCodec
   (``BackendKind.HW_GPU_ONLY``), which leave the SMs to the model; images the engines do not take
   (progressive JPEGs, some subsamplings) fall back to nvImageCodec's CUDA decoder, one batch call each.
-* ``hybrid``: each batch split between the CPU workers and the engines by their measured rates, so both are
-  busy: the workers time each image they decode, the engines' batches are timed as they run beside the model,
-  and the CPU share is the workers' rate over the sum of both (it starts from expected rates). docs/loader.md.
+* ``hybrid``: each batch split between the CPU workers and the engines: by default a fixed CPU share measured
+  best for the task (:data:`HYBRID_CPU_SHARE`; every image on the CPU where one rank has the workers for it), or
+  ``cpu_share="rates"``, the share from both sides' measured rates (the workers time each image they decode, the
+  engines' batches are timed as they run beside the model). :func:`hybrid_split`, docs/loader.md.
 * ``auto`` (the default): ``cpu`` for a node's only GPU with 24 cores or more (enough for one H200 training
   ResNet-50), or where no GPU has JPEG engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason``
   says why).
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
   share of the usable cores (:func:`default_workers`), less one for its own process where ranks share the node.
+
+Where several ranks share the node and decode on their GPUs, each batch is handed out only once the loop's GPU
+has done the step before (``run_ahead=0``, :func:`default_run_ahead`; ``run_ahead="off"`` for no limit): the
+step's launches then begin on an idle GPU, and the ranks were fed better that way (docs/loader.md).
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
