@@ -29,9 +29,9 @@ Where the JPEGs are decoded (``decode``):
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
   share of the usable cores (:func:`default_workers`), less one for its own process where ranks share the node.
 
-Where several ranks share the node and decode on their GPUs, each batch is handed out only once the loop's GPU
+Where 4 ranks or more share the node and decode on their GPUs, each batch is handed out only once the loop's GPU
 has done the step before (``run_ahead=0``, :func:`default_run_ahead`; ``run_ahead="off"`` for no limit): the
-step's launches then begin on an idle GPU, and the ranks were fed better that way (docs/loader.md).
+step's launches then begin on an idle GPU, and 4 ranks were fed better that way (docs/loader.md).
 
 ``augment="train"`` is torchvision's ``RandomResizedCrop(size)`` (scale 0.08-1, ratio 3/4-4/3) plus a
 horizontal flip with p = 0.5, the crop of sample ``i`` drawn from ``(seed, i)`` on the CPU path; ``"eval"``
@@ -113,6 +113,9 @@ def default_read_ahead(ranks: int = 1) -> bool:
 
 #: ``run_ahead`` for no limit on how far the loop may queue work ahead of its GPU.
 NO_LIMIT = "off"
+#: The fewest ranks on a node whose loops the loader paces to their GPUs by default (:func:`default_run_ahead`):
+#: measured to help at 4; 2 and 3 were not measured, and one rank loses the gap it opens.
+PACED_RANKS = 4
 
 
 def _number_or(word: str, number: type, what: str):
@@ -137,15 +140,16 @@ parse_run_ahead = _number_or(NO_LIMIT, int, "a number of steps")
 def default_run_ahead(run_ahead, decode: str, ranks: int = 1) -> int | None:
     """How many steps the loop may queue ahead of its GPU (None: no limit) for a loader asked for ``run_ahead``
     (steps, :data:`NO_LIMIT`, or None for the default) decoding with ``decode`` in each of ``ranks`` ranks on the
-    node. By default 0 where several ranks share the node and decode on their GPUs: each rank's launches then
-    begin after its previous step is done, which fed 4 H100 ranks better in each of 7 alternated pairs on three
-    hosts (results/gpu-ranks-h100x4.txt, session 10); one rank alone has no all-reduce to wait in and loses the
-    gap (~4 ms of a 66 ms ResNet-50 step), so no limit there."""
+    node. By default 0 where :data:`PACED_RANKS` ranks or more share the node and decode on their GPUs: each
+    rank's launches then begin after its previous step is done, which fed 4 H100 ranks better in each of 7
+    alternated pairs on three hosts (results/gpu-ranks-h100x4.txt, session 10); one rank alone has no all-reduce
+    to wait in and loses the gap (~4 ms of a 66 ms ResNet-50 step), and 2 or 3 ranks were not measured, so no
+    limit there."""
     if run_ahead == NO_LIMIT:
         return None
     if run_ahead is not None:
         return run_ahead
-    return 0 if ranks > 1 and decode in ("gpu", "hw", "hybrid") else None
+    return 0 if ranks >= PACED_RANKS and decode in ("gpu", "hw", "hybrid") else None
 
 
 def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1):
@@ -311,7 +315,7 @@ class LoaderOptions:
         "GPU devices: steps the training loop may queue on its GPU ahead of the one running; before handing out "
         "each batch the loader waits until the loop's stream has finished the work queued that many batches "
         f"before (0: all of it, so each step's launches begin on an idle GPU; {NO_LIMIT}: no limit; default: 0 "
-        f"where several ranks share the node and decode on their GPUs, else {NO_LIMIT})"))
+        f"where {PACED_RANKS} ranks or more share the node and decode on their GPUs, else {NO_LIMIT})"))
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
     @classmethod
@@ -393,7 +397,7 @@ class Loader:
 
     ``run_ahead``: how many steps the training loop may queue on its GPU ahead of the one running: before handing
     out each batch the loader waits until the loop's stream has done the work queued that many batches before
-    (0: all of it). By default (None) 0 where several ranks share the node and decode on their GPUs
+    (0: all of it). By default (None) 0 where :data:`PACED_RANKS` ranks or more share the node and decode on their GPUs
     (:func:`default_run_ahead`: measured better there), else no limit (:data:`NO_LIMIT`).
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on

@@ -4,7 +4,7 @@
 #   now           this checkout
 #   now-nosample  this checkout, no nvidia-smi beside the timed windows (--no-gpu-sample)
 #   now-aheadN    this checkout, each rank's loop at most N steps ahead of its GPU (--run-ahead N; now-aheadoff: no
-#                 limit, the loader's only way before 961eb43; "now" paces at 0 where ranks decode on their GPUs)
+#                 limit, the loader's only way before 961eb43; "now" paces at 0 where 4 ranks or more decode on their GPUs)
 #   NAME          the wheel in .whl-NAME (gpufeed built from another commit: `git worktree add /tmp/b REV && pip
 #                 wheel --no-deps -w .whl-NAME /tmp/b`), e.g. .whl-before (ec6f452), .whl-fresh (this code with the
 #                 normalisation statistics made each step again)

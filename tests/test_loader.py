@@ -480,9 +480,11 @@ def test_run_ahead_paces_the_loop_only_on_a_gpu(dataset):
     the loop keeps one step queued at most."""
     import torch
 
-    # The default: 0 where several ranks share the node and decode on their GPUs, else no limit; "off" no limit.
-    assert L.default_run_ahead(None, "hybrid", 4) == L.default_run_ahead(None, "hw", 2) == 0
+    # The default: 0 where 4 ranks or more share the node and decode on their GPUs (as measured), else no limit;
+    # "off" no limit.
+    assert L.default_run_ahead(None, "hybrid", 4) == L.default_run_ahead(None, "hw", 8) == 0
     assert L.default_run_ahead(None, "hybrid", 1) is L.default_run_ahead(None, "cpu", 4) is None
+    assert L.default_run_ahead(None, "hybrid", 2) is None
     assert L.default_run_ahead(L.NO_LIMIT, "hybrid", 4) is None and L.default_run_ahead(2, "cpu", 1) == 2
     paths = dataset["recordio"]["paths"]
     base = [y.tolist() for _, y in gpufeed.loader(paths, batch_size=8, workers=1, decode="cpu")]
