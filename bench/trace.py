@@ -7,6 +7,11 @@ streams ran (with several ranks, the gradients' all-reduce spinning until the la
 ran at all (the GPU waiting for the process's own launches).
 
     python -m gpufeed.bench.trace TRACE.json [FED.json]
+    python -m gpufeed.bench.trace --ranks RANK0.json RANK1.json ...   # one run's ranks: who came last, each step
+
+With several ranks a step lasts as long as the latest rank's: the gradients' all-reduce kernels of the others spin
+until it arrives. ``--ranks`` reads that from every rank's trace of one run: per step, each rank's all-reduce time,
+the rank with the least (it came last; its own reduction is all it ran) and how long the others waited for it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Callable, Iterator
 
 #: Chrome-trace categories of work on the GPU, as torch's profiler (kineto) writes them.
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "copy", "gpu_memset": "set"}
+#: In a kernel's name: NCCL's all-reduce, the gradients' reduction, which waits for every rank.
+ALLREDUCE = "AllReduce"
 
 
 def _new_file(path: str) -> str:
@@ -86,6 +93,17 @@ class Trace:
     streams: dict[int, Stream]
     meta: dict
     start_us: float = 0.0  # the first GPU event's start
+    #: Each all-reduce kernel's (start, duration) in microseconds, in time order.
+    allreduces: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+
+    def allreduce_per_step(self) -> list[float] | None:
+        """Microseconds the all-reduce kernels ran in each step, their kernels split evenly among the steps in time
+        order (DistributedDataParallel reduces the same buckets every step); None where they do not split evenly."""
+        n = len(self.allreduces)
+        if not n or n % max(1, self.steps):
+            return None
+        per = n // max(1, self.steps)
+        return [sum(d for _, d in self.allreduces[k:k + per]) for k in range(0, n, per)]
 
     @functools.cached_property
     def main(self) -> int:
@@ -158,6 +176,7 @@ def load(path: str) -> Trace:
     by_stream: dict[int, dict] = collections.defaultdict(
         lambda: {"intervals": collections.defaultdict(list), "kernels": collections.defaultdict(lambda: [0.0, 0])})
     first, last = float("inf"), float("-inf")
+    allreduces = []
     for ev in events:
         kind = GPU_CATEGORIES.get(str(ev.get("cat", "")).lower())
         if kind is None or ev.get("ph") != "X":
@@ -170,6 +189,8 @@ def load(path: str) -> Trace:
             k = entry["kernels"][ev.get("name", "?")]
             k[0] += dur
             k[1] += 1
+            if ALLREDUCE in str(ev.get("name", "")):
+                allreduces.append((start, dur))
         first, last = min(first, start), max(last, start + dur)
     streams = {}
     for sid, entry in by_stream.items():
@@ -180,7 +201,7 @@ def load(path: str) -> Trace:
     meta = data.get("gpufeed", {}) if isinstance(data, dict) else {}
     if not streams:
         return Trace(path, int(meta.get("steps", 1)), 0.0, streams, meta)
-    return Trace(path, int(meta.get("steps", 1)), last - first, streams, meta, first)
+    return Trace(path, int(meta.get("steps", 1)), last - first, streams, meta, first, sorted(allreduces))
 
 
 def summary(trace: Trace) -> list[str]:
@@ -237,6 +258,35 @@ def compare(alone: Trace, fed: Trace) -> list[str]:
     return lines
 
 
+def ranks(traces: list[Trace]) -> list[str]:
+    """One run's ranks (a trace each, any order; each knows its rank from :func:`record`'s ``gpufeed`` key): per
+    step, each rank's all-reduce time, which rank came last (the least: it waited for no one) and how long the
+    others waited for it; then how often each rank came last and the mean wait a step."""
+    traces = sorted(traces, key=lambda t: t.meta.get("rank", 0))
+    names = [f"rank {t.meta['rank']}" if "rank" in t.meta else os.path.basename(t.path) for t in traces]
+    per = [t.allreduce_per_step() for t in traces]
+    missing = [n for n, p in zip(names, per) if p is None]
+    if missing:
+        return [f"{', '.join(missing)}: no all-reduce kernels ({ALLREDUCE}) that split evenly into the trace's "
+                "steps: traces of a run on several GPUs (bench train --gpus N --trace DIR), all ranks of one run"]
+    steps = min(len(p) for p in per)
+    lines = [f"{len(traces)} ranks, {steps} steps: all-reduce ms per step by rank ({' / '.join(names)}); the rank "
+             "with the least came last of these, the others waited for it (where even the least is well above what "
+             "the reduction takes alone, a rank not given came later still)"]
+    last_count, waits = collections.Counter(), []
+    for k in range(steps):
+        times = [p[k] / 1e3 for p in per]
+        last = min(range(len(times)), key=times.__getitem__)
+        waited = [t - times[last] for i, t in enumerate(times) if i != last]
+        last_count[names[last]] += 1
+        waits.append(sum(waited) / len(waited) if waited else 0.0)
+        lines.append(f"  step {k + 1}: {' / '.join(f'{t:.1f}' for t in times)} ms: {names[last]} last, the others "
+                     f"waited {min(waited, default=0):.1f}-{max(waited, default=0):.1f} ms")
+    lines.append("came last: " + ", ".join(f"{n} {last_count[n]}x" for n in names)
+                 + f"; the others waited {sum(waits) / max(1, steps):.1f} ms a step on average")
+    return lines
+
+
 def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
@@ -245,8 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpufeed.bench.trace", description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+", help="Chrome traces from gpufeed bench train --trace DIR; with two, "
                         "the first is the model alone and the second the model fed, compared kernel by kernel")
+    parser.add_argument("--ranks", action="store_true",
+                        help="the traces are one run's ranks: per step, which rank came last to the all-reduce and "
+                             "how long the others waited for it")
     args = parser.parse_args(argv)
     traces = [load(p) for p in args.traces]
+    if args.ranks:
+        print("\n".join(ranks(traces)))
+        return 0
     for t in traces:
         print("\n".join(summary(t)))
     if len(traces) == 2 and all(t.streams for t in traces):

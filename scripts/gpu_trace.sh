@@ -3,7 +3,8 @@
 # (the model alone, then fed by each decode path), 8 more steps of every rank under torch's profiler; then each
 # rank's fed trace compared with its trace alone (python -m gpufeed.bench.trace): the model's kernels, and its
 # stream's idle time split into time other streams ran (the all-reduce waiting for a late rank) and time nothing
-# ran (waiting for this process's launches or the engines). RUNS as in gpu_ranks.sh, one trace folder each; the
+# ran (waiting for this process's launches or the engines), and every run's ranks together (--ranks: which rank came
+# last to the all-reduce each step). RUNS as in gpu_ranks.sh, one trace folder each; the
 # summaries as trace-summary.txt, the traces of the first run of rank 0 and the last rank (RANKS_LAST, default 3)
 # as one archive (traces.tar.gz).
 #
@@ -27,6 +28,14 @@ for dir in */; do
       echo "=== $fed against $alone"
       python3 -m gpufeed.bench.trace "$alone" "$fed"
     done
+  done
+  # One run's ranks together: which rank came last to the all-reduce each step, and how long the others waited.
+  for first in "$dir"*-run*-rank0.json; do
+    [ -f "$first" ] || continue
+    ranks=$(ls "${first%-rank0.json}"-rank*.json)
+    [ "$(echo "$ranks" | wc -l)" -gt 1 ] || continue
+    echo "=== ranks of ${first%-rank0.json}"
+    python3 -m gpufeed.bench.trace --ranks $ranks
   done
 done 2>&1 | tee "$OUT/trace-summary.txt"
 # Back: the first run's traces of rank 0 and the last rank of each run (the summaries above cover every rank).

@@ -61,6 +61,30 @@ def test_compare_names_the_kernels_that_slowed(tmp_path):
     assert lines[1] == "  conv: 3.00 -> 3.60 ms (+0.60)"
 
 
+def test_ranks_say_which_came_last_to_the_all_reduce_each_step(tmp_path, capsys):
+    """One run's ranks: per step each rank's all-reduce time (two buckets a step here), the rank with the least
+    came last and the others waited the difference; traces without all-reduce kernels are named."""
+    def rank(r, per_step):
+        events = [_kernel("conv", 7, 10_000 * k, 3000) for k in range(len(per_step))]
+        for k, (a, b) in enumerate(per_step):
+            events += [_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 19, 10_000 * k + 3000, a),
+                       _kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 19, 10_000 * k + 6000, b)]
+        path = tmp_path / f"r{r}.json"
+        data = {"traceEvents": events, "gpufeed": {"rank": r, "ranks": 2, "steps": len(per_step)}}
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    r0, r1 = rank(0, [(400, 600), (2500, 2500)]), rank(1, [(3000, 2000), (500, 500)])
+    assert trace.main(["--ranks", r1, r0]) == 0  # any order: by the ranks the traces name
+    out = capsys.readouterr().out
+    assert "2 ranks, 2 steps: all-reduce ms per step by rank (rank 0 / rank 1)" in out
+    assert "  step 1: 1.0 / 5.0 ms: rank 0 last, the others waited 4.0-4.0 ms" in out
+    assert "  step 2: 5.0 / 1.0 ms: rank 1 last, the others waited 4.0-4.0 ms" in out
+    assert "came last: rank 0 1x, rank 1 1x; the others waited 4.0 ms a step on average" in out
+    plain = _write(tmp_path / "plain.json", [_kernel("conv", 7, 0, 3000)], steps=1)
+    assert trace.ranks([trace.load(plain), trace.load(r0)])[0].startswith("plain.json: no all-reduce kernels")
+
+
 def test_cli_on_unreadable_trace_names_it(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
