@@ -53,6 +53,35 @@ def get_format(name: str, **options):
     return format_class(name)(**options)
 
 
+def outputs_in(folder: str) -> dict[tuple[str, str], list[str]]:
+    """The data files (an LMDB: its folder) of each format's split in ``folder``, where it is a conversion's
+    destination (``DST``, which holds ``DST/recordio/train.rec`` ...) or one format's folder in it
+    (``DST/recordio``): ``{(format, split): [paths, sorted]}``, in the formats' order, each format naming its
+    own outputs (:meth:`~gpufeed.formats.base.Format.parse_output`); empty where it is neither."""
+    import os
+
+    def entries(path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    folder = folder.rstrip("/") or "/"
+    found: dict[tuple[str, str], list[str]] = {}
+    for name in FORMATS:
+        fmt = get_format(name)
+        # As the destination (its format folders below it), or as the format's own folder.
+        places = [(os.path.join(folder, name), name)]
+        if os.path.basename(folder) == name:
+            places.append((folder, name))
+        for place, head in places:
+            for entry in entries(place):
+                split = fmt.parse_output(f"{head}/{entry}")
+                if split is not None:
+                    found.setdefault((name, split), []).append(os.path.join(place, entry))
+    return found
+
+
 def format_of(paths) -> str:
     """The one format of ``paths`` (data files, or output folders such as an LMDB), each claimed by a format
     (:meth:`~gpufeed.formats.base.Format.claims`; TFRecord takes any other plain file). What a glob over an
@@ -78,6 +107,16 @@ def format_of(paths) -> str:
         if fmt is None and os.path.isfile(path):
             fmt = next((f for f in formats if f.claims_other_files), None)
         if fmt is None:
+            held = outputs_in(path)
+            if held:
+                (first, split), data = next(iter(held.items()))
+                splits: dict[str, list[str]] = {}
+                for f, s in held:
+                    splits.setdefault(f, []).append(s)
+                names = "; ".join(f"{f}: {', '.join(s)}" for f, s in splits.items())
+                shown = " ".join(data[:2]) + (f" ... ({len(data)} files)" if len(data) > 2 else "")
+                raise ConfigError(f"{path} is a folder of gpufeed outputs ({names}), not one: give one format's data "
+                                  f"files of one split, e.g. the {first} {split} split's: {shown}")
             names = ", ".join(f.name for f in formats)
             raise ConfigError(f"{path} is a folder no format claims (without data.mdb, so not an LMDB); give "
                               f"output files or folders of {names}")

@@ -522,6 +522,17 @@ def test_paths_a_glob_over_an_output_also_matches_are_refused_naming_them(datase
     with pytest.raises(ConfigError, match=r"mix formats \(recordio, tfrecord\)"):
         gpufeed.loader([rec, shard], batch_size=4)
     assert L.format_of([env]) == "lmdb" and L.format_of([shard]) == "tfrecord" and L.format_of([rec]) == "recordio"
+    # The conversion's destination, or one format's folder in it, given for its data files: refused, naming the
+    # data files to give (each format names its own outputs).
+    dst = os.path.dirname(os.path.dirname(rec))
+    with pytest.raises(ConfigError) as e:
+        gpufeed.loader(dst, batch_size=4)
+    assert str(e.value) == (f"{dst} is a folder of gpufeed outputs (recordio: train; lmdb: train; tfrecord: train; "
+                            f"webdataset: train), not one: give one format's data files of one split, e.g. the "
+                            f"recordio train split's: {rec}")
+    with pytest.raises(ConfigError, match=f"folder of gpufeed outputs .tfrecord: train., not one: .* split's: "
+                                          f"{dataset['tfrecord']['paths'][0]}"):
+        gpufeed.loader(os.path.dirname(shard), batch_size=4)
 
 
 def test_a_dropped_loader_stops_its_workers_at_once(dataset):
