@@ -253,11 +253,33 @@ def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
     return "hybrid", f"{per_rank} cores per rank: the CPU workers and the {name}'s JPEG engines share each batch"
 
 
-def _first_record_kind(paths, format: str | None) -> str:
-    """What the first record of ``paths`` holds (``encoded``, ``raw``, ``tokens``)."""
-    from gpufeed.formats import get_format
+def data_paths(paths, format: str | None = None, split: str | None = None) -> tuple[list[str], str | None]:
+    """``paths`` as a list of data files, and the format where that tells it: a conversion's destination or one
+    format's folder in it (one folder holding gpufeed outputs, :func:`gpufeed.formats.outputs_in`) stands for
+    the data files of its one format and split, or of the ``format`` and ``split`` asked for."""
+    from gpufeed.formats import outputs_in
 
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    held = outputs_in(paths[0]) if len(paths) == 1 and os.path.isdir(paths[0]) else {}
+    if not held:
+        if split is not None:
+            raise ConfigError(f"split={split!r} picks a split of a conversion's destination given as the one path; "
+                              "these paths are data files already: leave split out")
+        return paths, format
+    picked = [key for key in held if format in (None, key[0]) and split in (None, key[1])]
+    if len(picked) == 1:
+        return held[picked[0]], picked[0][0]
+    there = "; ".join(f"format={f!r}, split={s!r}" for f, s in held)
+    asked = ", ".join(f"{k}={v!r}" for k, v in (("format", format), ("split", split)) if v is not None)
+    raise ConfigError(f"{paths[0]} is a folder of gpufeed outputs ({there}): "
+                      + (f"none is {asked}; " if not picked else "")
+                      + "pick one with format= and split= (or give its data files)")
+
+
+def _first_record_kind(paths: list[str], format: str | None) -> str:
+    """What the first record of ``paths`` (data files) holds (``encoded``, ``raw``, ``tokens``)."""
+    from gpufeed.formats import get_format
+
     with get_format(format or format_of(paths)).reader(paths[0]) as reader:
         return next(iter(reader)).kind
 
@@ -380,6 +402,10 @@ class LoaderOptions:
 class Loader:
     """Batches of one rank's share of ``paths``; iterate it once per epoch (:meth:`set_epoch` reshuffles).
 
+    ``paths``: one format's data files (``.rec`` files, TFRecord or WebDataset shards, LMDB folders), or a
+    conversion's destination (or one format's folder in it), which stands for its data files of the one format
+    and split it holds, or of ``format`` and ``split`` (:func:`data_paths`).
+
     ``read_ahead``: each DataLoader worker asks the kernel for every record of its batch before reading the
     first (:meth:`~gpufeed.formats.base.Reader.prefetch`), so a cold batch is read at the disk's queue depth,
     not one record at a time. By default (None) on where several ranks share the node (``world_size`` > 1):
@@ -412,7 +438,11 @@ class Loader:
                  drop_last: bool = True, normalize: bool = False, decode_threads: int = 2, decode_priority: int = 0,
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
-                 worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None):
+                 worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None,
+                 split: str | None = None):
+        if not (isinstance(paths, (str, os.PathLike)) or paths):
+            raise ConfigError("no input paths given to the loader")
+        paths, format = data_paths(paths, format, split)
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
                              seed=seed, shuffle=shuffle, drop_last=drop_last, normalize=normalize,
@@ -434,9 +464,6 @@ class Loader:
         self.options = opts
         self.augment_on = augment_on
         self.worker_nice = worker_nice
-        paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-        if not paths:
-            raise ConfigError("no input paths given to the loader")
         self.format = format or format_of(paths)
         self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
         self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize

@@ -522,17 +522,37 @@ def test_paths_a_glob_over_an_output_also_matches_are_refused_naming_them(datase
     with pytest.raises(ConfigError, match=r"mix formats \(recordio, tfrecord\)"):
         gpufeed.loader([rec, shard], batch_size=4)
     assert L.format_of([env]) == "lmdb" and L.format_of([shard]) == "tfrecord" and L.format_of([rec]) == "recordio"
-    # The conversion's destination, or one format's folder in it, given for its data files: refused, naming the
-    # data files to give (each format names its own outputs).
+    # The conversion's destination, or one format's folder in it, where data files are asked for (the loader
+    # takes them: the next test): refused, naming the data files to give (each format names its own outputs).
     dst = os.path.dirname(os.path.dirname(rec))
     with pytest.raises(ConfigError) as e:
-        gpufeed.loader(dst, batch_size=4)
+        L.format_of([dst])
     assert str(e.value) == (f"{dst} is a folder of gpufeed outputs (recordio: train; lmdb: train; tfrecord: train; "
                             f"webdataset: train), not one: give one format's data files of one split, e.g. the "
                             f"recordio train split's: {rec}")
     with pytest.raises(ConfigError, match=f"folder of gpufeed outputs .tfrecord: train., not one: .* split's: "
                                           f"{dataset['tfrecord']['paths'][0]}"):
-        gpufeed.loader(os.path.dirname(shard), batch_size=4)
+        L.format_of([os.path.dirname(shard)])
+
+
+def test_a_conversions_destination_stands_for_the_data_files_of_the_format_and_split_asked(dataset):
+    """gpufeed.loader(DST, format=...) reads DST's data files of that format (its one split here); one format's
+    folder alone needs nothing more; where the choice is open, or names nothing there, the error lists what is."""
+    rec = dataset["recordio"]["paths"]
+    dst = os.path.dirname(os.path.dirname(rec[0]))
+    base = [y.tolist() for _, y in gpufeed.loader(rec, batch_size=8, workers=0, decode="cpu")]
+    ld = gpufeed.loader(dst, format="recordio", batch_size=8, workers=0, decode="cpu")
+    assert ld.format == "recordio" and [y.tolist() for _, y in ld] == base
+    tf = gpufeed.loader(os.path.dirname(dataset["tfrecord"]["paths"][0]), split="train", batch_size=8, workers=0,
+                        decode="cpu")
+    assert tf.format == "tfrecord" and len(tf.dataset) == N
+    with pytest.raises(ConfigError, match=r"ds is a folder of gpufeed outputs \(format='recordio', split='train'; "
+                                          r"format='lmdb', .*\): pick one with format= and split="):
+        gpufeed.loader(dst, batch_size=8)
+    with pytest.raises(ConfigError, match=r"none is format='recordio', split='val'; pick one"):
+        gpufeed.loader(dst, format="recordio", split="val", batch_size=8)
+    with pytest.raises(ConfigError, match="split='train' picks a split of a conversion's destination"):
+        gpufeed.loader(rec, split="train", batch_size=8)
 
 
 def test_a_dropped_loader_stops_its_workers_at_once(dataset):
