@@ -468,6 +468,7 @@ class Loader:
         self.decode, self.augment, self.size, self.seed = decode, augment, size, seed
         self.batch_size, self.drop_last, self.normalize = batch_size, drop_last, normalize
         self.decode_threads, self.decode_priority = decode_threads, decode_priority
+        self._ranks = world_size or 1  # every rank of the process group, on this node or not (its threads)
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
         # How far the loop may queue work ahead of its GPU (None: no limit); nothing to pace on a CPU device, which
@@ -525,10 +526,13 @@ class Loader:
         self._stream_epoch = None
 
     def _start_method(self) -> str:
-        """How DataLoader workers start. The GPU paths run decoder threads (nvImageCodec's, the decode thread)
-        in this process; a worker forked while one of them holds a lock can hang on that lock at exit, so they
-        start from a fork server (a clean process). The CPU path forks, which starts fastest."""
-        return "fork" if self.decode == "cpu" else "forkserver"
+        """How DataLoader workers start. A worker forked while another thread of this process holds a lock
+        keeps that lock held, and hangs where it takes it: the GPU paths run decoder threads (nvImageCodec's,
+        the decode thread) here, and a rank of several runs its process group's threads (gloo's, NCCL's; a
+        rank's forked worker was seen blocked on a futex mid-run, the rank waiting for its batch and the other
+        rank in the all-reduce; the same hang is pytorch/pytorch#130610), so those start from a fork server (a
+        clean process). The CPU path of a lone rank forks, which starts fastest."""
+        return "fork" if self.decode == "cpu" and self._ranks == 1 else "forkserver"
 
     @property
     def cpu_share(self) -> float | None:

@@ -221,6 +221,18 @@ def test_forked_workers_start_after_the_parents_opencv_pool_ran(dataset):
     ld.close()
 
 
+def test_a_rank_of_several_starts_its_workers_from_a_fork_server(dataset):
+    """A rank's process runs its process group's threads: its CPU path's workers start from a fork server (a worker
+    forked while one of those threads held a lock would hang on it), a lone rank's are forked; both read."""
+    paths = dataset["tfrecord"]["paths"]
+    for world, method in ((1, "fork"), (2, "forkserver")):
+        ld = gpufeed.loader(paths, batch_size=4, workers=1, decode="cpu", rank=0, world_size=world)
+        assert ld._dataloader().multiprocessing_context.get_start_method() == method
+        x, _ = next(iter(ld))
+        assert x.shape == (4, 224, 224, 3)
+        ld.close()
+
+
 def test_workers_run_at_the_niceness_asked_and_the_loop_at_its_own(dataset):
     """The workers yield the CPU to the loop's process, which launches the model's kernels: their niceness is
     this process's plus ``worker_nice``, and this process's is unchanged."""
