@@ -440,7 +440,8 @@ class Loader:
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
                  worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None,
                  split: str | None = None):
-        if not (isinstance(paths, (str, os.PathLike)) or paths):
+        paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+        if not paths:
             raise ConfigError("no input paths given to the loader")
         paths, format = data_paths(paths, format, split)
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
