@@ -260,6 +260,8 @@ def data_paths(paths, format: str | None = None, split: str | None = None) -> tu
     from gpufeed.formats import outputs_in
 
     paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    if not paths:
+        raise ConfigError("no input paths given to the loader")
     held = outputs_in(paths[0]) if len(paths) == 1 and os.path.isdir(paths[0]) else {}
     if not held:
         if split is not None:
@@ -440,9 +442,6 @@ class Loader:
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
                  worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None,
                  split: str | None = None):
-        paths = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-        if not paths:
-            raise ConfigError("no input paths given to the loader")
         paths, format = data_paths(paths, format, split)
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
@@ -472,16 +471,16 @@ class Loader:
         self._ranks = world_size or 1  # every rank of the process group, on this node or not (its threads)
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
+        on_node = ranks_on_node(world_size)
         # How far the loop may queue work ahead of its GPU (None: no limit); nothing to pace on a CPU device, which
         # runs each step as it is called.
-        self.run_ahead = default_run_ahead(run_ahead, decode, ranks_on_node(world_size))
+        self.run_ahead = default_run_ahead(run_ahead, decode, on_node)
         self._pace = (StepPace(self.device, self.run_ahead) if self.run_ahead is not None and self.device.type == "cuda"
                       else None)
         if decode != "cpu":
             _require_cuda(torch, self.device, decode)
         if decode in ("hw", "hybrid"):
             import_nvimgcodec()
-        on_node = ranks_on_node(world_size)
         # The cores this rank's workers may run on: all, or those no rank on the node keeps for its own process.
         self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
         self.workers = default_workers(on_node, loop_cores, cores=self.worker_cpus) if workers is None else workers
