@@ -147,15 +147,23 @@ def limit(row: dict) -> dict | None:
     if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
         steps += f"; its main thread waited for a core {queued:.0%} of its time"
     gpu, gpu_alone = r.get("gpu_busy"), r.get("gpu_busy_alone")
-    ranks = int((row.get("params") or {}).get("gpus") or 1)
+    params = row.get("params") or {}
+    ranks = int(params.get("gpus") or 1)
+    # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
+    reduced = ranks > 1 and params.get("task", "train") == "train"
     if gpu is not None and gpu_alone is not None:  # less kernel time at the same step count: work came late
         steps += f"; the GPU ran kernels {gpu:.0%} of the time against {gpu_alone:.0%} with the model alone"
-        if ranks > 1:  # NCCL's kernels spin while they wait for the other ranks
+        if reduced:  # NCCL's kernels spin while they wait for the other ranks
             steps += " (a rank's all-reduce waiting for the others counts as kernel time)"
-    # With several ranks each step lasts as long as its latest rank's (the gradients' all-reduce waits for it), so
+    # With several training ranks each step lasts as long as its latest rank's (the all-reduce waits for it), so
     # one rank's late step is every rank's: traced on 4 H100s, a different rank came late each step.
-    slowed = (f"slowed its steps (each of the {ranks} ranks waits in the gradients' all-reduce for whichever rank "
-              f"came late; --trace DIR records where)" if ranks > 1 else "slowed its steps")
+    if reduced:
+        slowed = (f"slowed its steps (each of the {ranks} ranks waits in the gradients' all-reduce for whichever "
+                  f"rank came late; --trace DIR records where)")
+    elif ranks > 1:
+        slowed = f"slowed its steps (each of the {ranks} ranks runs its own steps: inference has no all-reduce)"
+    else:
+        slowed = "slowed its steps"
     return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
                                         f"{steps}): the loader's work beside the model {slowed}, not the "
                                         f"feeding; {what}, so a faster disk would not help"}

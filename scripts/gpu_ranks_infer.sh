@@ -6,6 +6,9 @@
 #   r160       `--resize 160` (~18 KB JPEGs, the eval crop upscaled to 224): decode cpu, 4 ranks;
 #   q75        `--size 224x224 --center-crop --quality 75` (~11 KB JPEGs, a third of r224's bytes): decode cpu and
 #              hybrid (paced by default on 4 ranks: the engines work in each step's gap), 4 ranks and 1;
+#   q75x       the q75 dataset, 4 ranks and 1, the model as one CUDA graph (its launches no longer wait for a core
+#              the workers hold): cpu and hybrid cold, cpu with the workers niced (WORKER_NICE=10), then both warm
+#              (the disk out of the way); INFER_STEPS 60;
 #   warm       training on 4 ranks with the captured dataset in the page cache (WARM=1): what the loader feeds
 #              when the disk is out of the way, decode auto, hw and cpu;
 #   share      the same, hybrid at fixed CPU shares (SHARES, default "0.7 0.8") (not in the default passes);
@@ -29,6 +32,12 @@ for pass in ${PASSES:-captured r224 warm r160}; do
             bash scripts/gpu_ranks.sh ;;
     q75) DATA=/tmp/gpufeed-ranks-224q75 DATASET_ARGS="--size 224x224 --center-crop --quality 75" RUNS="4:infer 1:infer" \
            DECODES=${Q75_DECODES:-cpu,hybrid} bash scripts/gpu_ranks.sh ;;
+    q75x) q75=(DATA=/tmp/gpufeed-ranks-224q75 DATASET_ARGS="--size 224x224 --center-crop --quality 75" GRAPH=1
+               INFER_STEPS=${Q75X_STEPS:-60})
+          env "${q75[@]}" RUNS="4:infer" DECODES=cpu,hybrid bash scripts/gpu_ranks.sh
+          env "${q75[@]}" RUNS="4:infer" DECODES=cpu WORKER_NICE=10 bash scripts/gpu_ranks.sh
+          env "${q75[@]}" RUNS="1:infer" DECODES=cpu,hybrid bash scripts/gpu_ranks.sh
+          env "${q75[@]}" RUNS="4:infer" DECODES=cpu,hybrid WARM=1 bash scripts/gpu_ranks.sh ;;
     r160) DATA=/tmp/gpufeed-ranks-160 DATASET_ARGS="--resize 160" RUNS="4:infer" DECODES=cpu \
             bash scripts/gpu_ranks.sh ;;
     warm) DATA=/tmp/gpufeed-ranks WARM=1 RUNS="4:train" DECODES=${WARM_DECODES:-auto,hw,cpu} bash scripts/gpu_ranks.sh ;;

@@ -524,6 +524,11 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
             "the others counts as kernel time)): the loader's work beside the model slowed its steps (each of the 4 "
             "ranks waits in the gradients' all-reduce for whichever rank came late; --trace DIR records where), not "
             "the feeding;") in limit(ranked)["text"]
+    # Inference ranks never meet: nothing of an all-reduce in their rows.
+    inferred = limit({**ranked, "params": {"gpus": 4, "task": "infer"}})["text"]
+    assert "all-reduce waiting" not in inferred and "gradients" not in inferred
+    assert ("95% with the model alone): the loader's work beside the model slowed its steps (each of the 4 ranks runs "
+            "its own steps: inference has no all-reduce), not the feeding;") in inferred
 
 
 def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
