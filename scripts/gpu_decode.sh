@@ -19,10 +19,7 @@
 #   device run, carry .whl-decode (bash scripts/device_wheels.sh):  OUT=$OUT bash scripts/gpu_decode.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-$PWD/out}")
-mkdir -p "$OUT"
-RESULTS=$OUT/${RESULTS_NAME:-gpu-decode-h200.jsonl}
-[ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
+source scripts/device_out.sh gpu-decode-h200.jsonl
 REPO=$PWD
 cd /tmp
 DATA=${DATA:-/tmp/gpufeed-decode}

@@ -26,10 +26,7 @@
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-$PWD/out}")
-mkdir -p "$OUT"
-RESULTS=$OUT/${RESULTS_NAME:-gpu-ranks-h200x2.jsonl}
-[ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
+source scripts/device_out.sh gpu-ranks-h200x2.jsonl
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
 NOW=$(date +%s)

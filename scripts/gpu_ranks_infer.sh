@@ -9,6 +9,10 @@
 #   q75x       the q75 dataset, 4 ranks and 1, the model as one CUDA graph (its launches no longer wait for a core
 #              the workers hold): cpu and hybrid cold, cpu with the workers niced (WORKER_NICE=10), then both warm
 #              (the disk out of the way); INFER_STEPS 60;
+#   r160q75    `--resize 160 --quality 75` (~5.9 KB JPEGs: 4 ranks at AU 0.9 need ~0.34 GB/s where q75's 11.4 KB need
+#              0.65, beyond the 0.61-0.64 GB/s these disks read cold), 384,000 records (N_R160Q75) so each rank's
+#              timed window lasts ~3 s (INFER_STEPS 100; at 30 steps one 0.3 s stall moved a rank's AU by 0.3):
+#              decode cpu, 4 ranks twice and 1 rank;
 #   warm       training on 4 ranks with the captured dataset in the page cache (WARM=1): what the loader feeds
 #              when the disk is out of the way, decode auto, hw and cpu;
 #   share      the same, hybrid at fixed CPU shares (SHARES, default "0.7 0.8") (not in the default passes);
@@ -38,6 +42,9 @@ for pass in ${PASSES:-captured r224 warm r160}; do
           env "${q75[@]}" RUNS="4:infer" DECODES=cpu WORKER_NICE=10 bash scripts/gpu_ranks.sh
           env "${q75[@]}" RUNS="1:infer" DECODES=cpu,hybrid bash scripts/gpu_ranks.sh
           env "${q75[@]}" RUNS="4:infer" DECODES=cpu,hybrid WARM=1 bash scripts/gpu_ranks.sh ;;
+    r160q75) r160q75=(DATA=/tmp/gpufeed-ranks-160q75 DATASET_ARGS="--resize 160 --quality 75" N=${N_R160Q75:-384000}
+                      INFER_STEPS=${R160Q75_STEPS:-100} DECODES=${R160Q75_DECODES:-cpu})
+             env "${r160q75[@]}" RUNS="4:infer 1:infer 4:infer" bash scripts/gpu_ranks.sh ;;
     r160) DATA=/tmp/gpufeed-ranks-160 DATASET_ARGS="--resize 160" RUNS="4:infer" DECODES=cpu \
             bash scripts/gpu_ranks.sh ;;
     warm) DATA=/tmp/gpufeed-ranks WARM=1 RUNS="4:train" DECODES=${WARM_DECODES:-auto,hw,cpu} bash scripts/gpu_ranks.sh ;;

@@ -15,10 +15,7 @@
 #   VARIANTS="threads-hw threads-hw-decode gpu-procs" THREAD_LOADS=0,2,4,0 ...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-$PWD/out}")
-mkdir -p "$OUT"
-RESULTS=$OUT/${RESULTS_NAME:-step-beside-load.jsonl}
-[ "${INSTALL:-1}" = 1 ] && WHEELS=.whl-decode source scripts/device_setup.sh
+source scripts/device_out.sh step-beside-load.jsonl
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 DATA=${DATA:-/tmp/gpufeed-beside}
 nvidia-smi --query-gpu=index,name --format=csv,noheader || true
