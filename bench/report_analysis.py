@@ -15,8 +15,9 @@ from gpufeed.bench import AU_TARGET
 from gpufeed.bench.report_model import Block, GiB, MB, Section, Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
 from gpufeed.bench.bottleneck import BESIDE, COLD_DEVICE_SHARE, device_share, row_limit, served_from_cache
 from gpufeed.bench.report_rows import (Demand, accelerator, accelerator_emulated, demands, describe_config, figure,
-                                       is_synthetic, loader_label, of_bench, params, plain, side_dataset, stored,
-                                       stored_at, stored_size, tier_label, train_rows_for)
+                                       fmt_runs, is_synthetic, loader_label, of_bench, params, plain,
+                                       runs_of_each_config, side_dataset, stored, stored_at, stored_size, tier_label,
+                                       train_rows_for, typical)
 from gpufeed.bench.report_tables import limit_text
 
 
@@ -149,7 +150,7 @@ def ranks_blocks(rows: Sequence[dict]) -> list[Block]:
     for task in sorted({params(r).get("task") for r in runs}):
         base = [x["per_s"] for r in synthetic if params(r).get("task") == task for x in r["ranks"]]
         mine = [r for r in runs if params(r).get("task") == task]
-        best = max(mine, key=lambda r: figure(r, "au") or 0)
+        best = max(typical(mine), key=lambda r: figure(r, "au") or 0)  # repeated runs at their median
         p = params(best)
         gpus = p.get("gpus")
         blocks.append(f"{p.get('model')} {task} on {gpus} x {p.get('accelerator')}"
@@ -310,15 +311,17 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     warm = [r for r in train if served_from_cache(r)]
     asked_warm = [r for r in train if not params(r).get("cold")]  # --no-cold: the page cache, by request
     train = [r for r in train if params(r).get("cold") and not served_from_cache(r)]
-    groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
-    for r in train:
+    # Per model, task, GPU (a CUDA graph's apart: another demand), tier, format and GPU count: the configuration
+    # (decode path and loader settings) whose runs' median was best, with every run's AU.
+    groups: dict[tuple, dict[int, tuple[dict, list[float]]]] = defaultdict(dict)
+    for r, runs in runs_of_each_config(train):
         p = params(r)
         how = stored(r)
-        key = (str(p.get("model")), str(p.get("task")), str(p.get("accelerator")), tier_label(r),
+        key = (str(p.get("model")), str(p.get("task")), str(accelerator(r)), tier_label(r),
                str(r.get("format")) + (f" ({how})" if how else ""))
         n = int(p.get("gpus") or 1)
-        if n not in groups[key] or figure(r, "au") > figure(groups[key][n], "au"):
-            groups[key][n] = r
+        if n not in groups[key] or figure(r, "au") > figure(groups[key][n][0], "au"):
+            groups[key][n] = (r, runs)
     table = Table("GPUs fed, measured with real GPUs (bench train --gpus N: one DistributedDataParallel rank and "
                   "one loader per GPU, reading cold)",
                   ["model", "task", "GPU", "tier", "format", "GPUs fed (every rank AU >= 90% with each count up to it)",
@@ -327,10 +330,11 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     best: dict[tuple, dict[int, tuple[float, str]]] = defaultdict(dict)
     for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
         model, task, gpu, tier, fmt = key
-        by_n = groups[key]
+        by_n = {n: r for n, (r, _runs) in groups[key].items()}
         most, missed = _fed_up_to({n: figure(r, "au") for n, r in by_n.items()})
-        measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ({params(by_n[n]).get('decode')})"
-                             for n in sorted(by_n))
+        measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ("
+                             + "; ".join(filter(None, [str(params(by_n[n]).get('decode')), fmt_runs(groups[key][n][1])]))
+                             + ")" for n in sorted(by_n))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])
         counts = best[(model, task, gpu, tier)]
@@ -423,7 +427,9 @@ def _gpus_fed(rows: Sequence[dict]) -> list[Block]:
 
 def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
     """One line: the slowest disk measured that keeps the accelerator at >= 90% AU, with its format, decoding,
-    stored size and workers; or, when nothing passes, the closest configuration."""
+    stored size and workers; or, when nothing passes, the closest configuration. A configuration run several
+    times counts at its median run."""
+    tr = typical(tr)
     passing = [r for r in tr if (figure(r, "au") or 0) >= AU_TARGET]
     if not passing:
         best = max(tr, key=lambda r: figure(r, "au") or 0)
@@ -451,7 +457,8 @@ def _recommendation(rows: Sequence[dict], tr: Sequence[dict]) -> str:
 
 
 def au_matrix(tr: Sequence[dict], d: Demand) -> Table:
-    """Format (and stored size) x tier: the best AU measured, with the decode path that gave it; bold at >= 90%."""
+    """Format (and stored size) x tier: the best AU measured (of a configuration run several times, its median
+    run), with the decode path that gave it; bold at >= 90%."""
     tiers = sorted({tier_label(r) for r in tr})
     keys = sorted({(str(r.get("format")), stored(r) or "") for r in tr})
     t = Table(f"AU of ResNet-50 {d.task} on {d.accelerator}, best decode path per cell",
@@ -465,7 +472,7 @@ def au_matrix(tr: Sequence[dict], d: Demand) -> Table:
             if not here:
                 cells.append("")
                 continue
-            best = max(cold or here, key=lambda r: figure(r, "au") or 0)
+            best = max(typical(cold or here), key=lambda r: figure(r, "au") or 0)
             au = figure(best, "au")
             text = f"{fmt_pct(au)} ({params(best).get('decode')}{'' if cold else ', page-cached'})"
             cells.append(f"**{text}**" if au is not None and au >= AU_TARGET else text)

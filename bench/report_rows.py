@@ -183,6 +183,38 @@ def config_key(row: dict) -> tuple:
     return (row.get("bench"), row.get("format"), row.get("metric"), repr(sorted(p.items(), key=str)))
 
 
+def runs_of_each_config(rows: Sequence[dict], name: str = "au") -> list[tuple[dict, list[float]]]:
+    """Rows of one configuration (:func:`config_key`, tier and accelerator) measured in several runs (results
+    files appended call after call) taken as one: ``(the run at their median, every run's figure sorted)`` per
+    configuration, the median the lower middle one for an even count. A report's figure for a configuration is
+    then what its runs typically gave, never the luckiest of them (three runs of one setting of 4 ranks gave
+    0.548, 0.728 and 0.922, results/gpu-ranks-h200x4.txt). Rows without the figure are left out."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if figure(r, name) is not None:
+            groups[(config_key(r), tier_label(r), accelerator(r))].append(r)
+    out = []
+    for runs in groups.values():
+        runs.sort(key=lambda r: figure(r, name))
+        out.append((runs[(len(runs) - 1) // 2], [figure(r, name) for r in runs]))
+    return out
+
+
+def typical(rows: Sequence[dict], name: str = "au") -> list[dict]:
+    """One row per configuration: the run at the median of its runs (:func:`runs_of_each_config`); ``rows`` as
+    they are where none has the figure."""
+    return [r for r, _ in runs_of_each_config(rows, name)] or list(rows)
+
+
+def fmt_runs(values: Sequence[float]) -> str:
+    """How many runs gave a configuration's figure, and each of them (the median's text leaves them out where
+    there is one)."""
+    if len(values) < 2:
+        return ""
+    shown = ", ".join(fmt_pct(v) for v in values) if len(values) <= 4 else f"{fmt_pct(values[0])} to {fmt_pct(values[-1])}"
+    return f"median of {len(values)} runs: {shown}"
+
+
 def ratio_to_baseline(rows: Sequence[dict], baseline: str | None) -> dict[int, float]:
     """``{id(row): row median / the same configuration's median on the baseline tier}`` (time metrics too:
     a ratio above 1 on seconds means slower)."""
