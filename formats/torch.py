@@ -123,12 +123,15 @@ def _make_map_dataset_class():
         indexed dataset. With DDP, rank ``r`` of ``w`` sees global records ``r, r + w, ...``; ``even=True``
         trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no rank waits
         on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
-        which with ``read_ahead`` starts every record's read before the first is used."""
+        which with ``read_ahead`` starts every record's read before the first is used; with
+        ``batch_transform``, ``batch_transform(count, samples)`` makes the whole batch from the records as they
+        are read (the DataLoader's collate then takes it as it is), where ``transform`` makes one sample."""
 
         def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
                      world_size: int | None = None, even: bool = False, read_ahead: bool = False,
-                     **reader_options):
+                     batch_transform: Callable | None = None, **reader_options):
             self._readers = _Readers(format_name, _as_paths(paths), reader_options)
+            self.batch_transform = batch_transform
             if not self._readers.format.indexed:
                 raise ConfigError(f"format {format_name!r} has no index; use gpufeed.formats.torch.IterableDataset")
             self.transform = transform
@@ -165,6 +168,8 @@ def _make_map_dataset_class():
                         by_reader.setdefault(j, []).append(k)
                     for j, ks in by_reader.items():
                         self._readers.get(j).prefetch(ks)
+                if self.batch_transform is not None:
+                    return self.batch_transform(len(located), (self._readers.get(j)[k] for j, k in located))
                 if self.transform is None:
                     return [self._readers.get(j)[k] for j, k in located]
                 return [self.transform(self._readers.get(j)[k]) for j, k in located]

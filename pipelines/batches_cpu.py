@@ -36,8 +36,9 @@ class CpuDecode:
     pixels, for the GPU to augment).
 
     The crop of sample ``i`` is drawn from a generator seeded with ``(seed, i)``, so runs are repeatable.
-    Returns ``(HWC uint8 RGB, label)``; the default collate stacks them into an NHWC uint8 batch. With
-    ``with_index``, ``(pixels, label, index)`` for :class:`CifarCollate`.
+    Returns ``(HWC uint8 RGB, label)``; :class:`CpuBatch` writes a batch's pixels into one NHWC uint8 tensor
+    instead (:meth:`pixels` with ``out``). With ``with_index``, ``(pixels, label, index)`` for
+    :class:`CifarCollate`.
     """
 
     train: bool
@@ -53,10 +54,15 @@ class CpuDecode:
             return self.pixels(sample), int(sample.labels[0]), int(sample.index)
         return self.pixels(sample), int(sample.labels[0])
 
-    def pixels(self, sample) -> np.ndarray:
+    def pixels(self, sample, out: np.ndarray | None = None) -> np.ndarray:
+        """The sample's pixels, written into ``out`` (a batch's slot of the output's shape) where given."""
         import cv2
 
-        from gpufeed.pipelines.transforms import crop_resize, decode_crop, decode_image, random_resized_crop_choice
+        from gpufeed.pipelines.transforms import (crop_resize, decode_crop, decode_image, random_resized_crop_choice,
+                                                  written_into)
+
+        if out is not None and (self.cifar or sample.kind == "raw"):
+            return written_into(out, self.pixels(sample))
 
         if self.cifar:
             img = np.asarray(sample.payload) if sample.kind == "raw" else decode_image(sample.payload, sample.key)
@@ -69,7 +75,7 @@ class CpuDecode:
         choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
                   else self._centre)
         if sample.kind != "raw":
-            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce)
+            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce, out)
         img = np.asarray(sample.payload)
         if img.ndim == 2 or img.shape[2] == 1:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
@@ -82,6 +88,49 @@ class CpuDecode:
         if (height, width) == (self.size, self.size):
             return (0, 0, height, width), False
         return center_box(height, width), False
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuBatch:
+    """Runs in DataLoader workers for the CPU path (:class:`~gpufeed.formats.torch.MapDataset`'s
+    ``batch_transform``): a batch's samples, as they are read, decoded and cropped by ``decode`` straight into
+    one N x size x size x 3 uint8 tensor, returned with an int64 tensor of their labels: the batch
+    :class:`CpuDecode` and the default collate make, without copying each image into it afterwards. In a worker
+    the tensor is made in shared memory, the one block that crosses to the loop's process, as the default
+    collate makes it."""
+
+    decode: CpuDecode
+
+    def __call__(self, count: int, samples) -> tuple:
+        import torch
+
+        size = self.decode.size
+        pixels = batch_tensor((count, size, size, 3))
+        slots = pixels.numpy()
+        labels = []
+        for i, sample in enumerate(samples):
+            self.decode.pixels(sample, out=slots[i])
+            labels.append(int(sample.labels[0]))
+        return pixels, torch.tensor(labels, dtype=torch.int64)
+
+
+def batch_tensor(shape: tuple[int, ...]):
+    """An uninitialised uint8 tensor of ``shape``: in shared memory in a DataLoader worker (where the default
+    collate puts its batches: handing it to the main process then moves no bytes), in this process's memory
+    elsewhere."""
+    import math
+
+    import torch
+
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+def as_made(batch):
+    """The DataLoader's collate for datasets that make whole batches (:class:`CpuBatch`): the batch as it is."""
+    return batch
 
 
 def _owned(img: np.ndarray) -> np.ndarray:
@@ -250,24 +299,44 @@ class HybridSplit:
     def __init__(self, cpu: CpuDecode, share):
         self.cpu, self.share = cpu, share
 
-    def __call__(self, sample):
-        # The golden-ratio sequence spreads any share evenly over consecutive indices.
-        if (sample.index * 0.6180339887498949) % 1.0 < self.share.value:
+    def __call__(self, sample, out: np.ndarray | None = None):
+        """``("px", pixels, label, index, seconds)`` (the pixels written into ``out`` where given) or ``("jpeg",
+        bytes, label, index, crop)``."""
+        if self.on_cpu(sample):
             t0 = time.perf_counter()
-            pixels = self.cpu.pixels(sample)
+            pixels = self.cpu.pixels(sample, out)
             return "px", pixels, int(sample.labels[0]), int(sample.index), time.perf_counter() - t0
         return ("jpeg", *EncodedBytes(self.cpu.train, self.cpu.seed)(sample))
 
+    def on_cpu(self, sample) -> bool:
+        # The golden-ratio sequence spreads any share evenly over consecutive indices.
+        return (sample.index * 0.6180339887498949) % 1.0 < self.share.value
 
-def collate_hybrid(batch):
+    def batch(self, count: int, samples) -> tuple:
+        """A whole batch (:class:`~gpufeed.formats.torch.MapDataset`'s ``batch_transform``): its CPU images decoded
+        straight into one tensor (:func:`batch_tensor`, as :class:`CpuBatch` does), packed as
+        :func:`collate_hybrid` packs them."""
+        size = self.cpu.size
+        pixels = batch_tensor((count, size, size, 3))
+        slots = pixels.numpy()
+        items, made = [], 0
+        for sample in samples:
+            items.append(self(sample, slots[made]))  # a JPEG left to the engines leaves the slot to the next
+            made += items[-1][0] == "px"
+        return collate_hybrid(items, pixels[:made] if made else None)
+
+
+def collate_hybrid(batch, pixels=None):
     """``[("px", pixels, label, index, seconds) | ("jpeg", bytes, label, index, crop)]`` -> (NHWC uint8 pixels,
     their batch positions, the other images as :func:`collate_encoded` packs them, their positions, all labels,
-    their indices and crops, the seconds the worker spent decoding the pixels)."""
+    their indices and crops, the seconds the worker spent decoding the pixels). ``pixels``: the CPU images already
+    in one tensor, in order (:meth:`HybridSplit.batch`)."""
     import torch
 
     px = [(i, item[1]) for i, item in enumerate(batch) if item[0] == "px"]
     enc = [(i, item) for i, item in enumerate(batch) if item[0] == "jpeg"]
-    pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
+    if pixels is None:
+        pixels = torch.from_numpy(np.stack([p for _, p in px])) if px else None
     flat, sizes, _, indices, crops = collate_encoded([item[1:] for _, item in enc])
     return (pixels, torch.tensor([i for i, _ in px], dtype=torch.int64), flat, sizes,
             torch.tensor([i for i, _ in enc], dtype=torch.int64),

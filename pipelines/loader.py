@@ -68,8 +68,8 @@ from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
 from gpufeed.machine import default_sigterm
-from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
-                                           cifar_augment, collate_encoded, collate_hybrid, collate_tokens)
+from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuBatch, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
+                                           as_made, cifar_augment, collate_encoded, collate_tokens)
 from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
                                            NvJpegDecoder, import_torch, decoded_batches, import_nvimgcodec,
                                            resolve_device)
@@ -485,6 +485,7 @@ class Loader:
         self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
         self.workers = default_workers(on_node, loop_cores, cores=self.worker_cpus) if workers is None else workers
         train = augment == "train"
+        batch_transform = None
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
         if augment == "tokens":
@@ -493,8 +494,9 @@ class Loader:
             on_gpu = augment_on == "gpu"
             transform = CpuDecode(True, size, seed, cifar=True, augment=not on_gpu, with_index=on_gpu)
             self._collate = CifarCollate(seed) if on_gpu else None
-        elif decode == "cpu":
-            transform, self._collate = CpuDecode(train, size, seed), None
+        elif decode == "cpu":  # each batch decoded straight into one tensor
+            transform = CpuDecode(train, size, seed)
+            batch_transform, self._collate = CpuBatch(transform), as_made
         elif decode == "hybrid":
             import multiprocessing
 
@@ -505,13 +507,14 @@ class Loader:
                                           self.workers * CPU_WORKER_RATE, HW_RATE)
             else:
                 self._share.value = split
-            transform, self._collate = HybridSplit(CpuDecode(train, size, seed), self._share), collate_hybrid
+            transform = HybridSplit(CpuDecode(train, size, seed), self._share)
+            batch_transform, self._collate = transform.batch, as_made
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
         from gpufeed.formats.torch import MapDataset
 
         self.dataset = MapDataset(self.format, paths, transform=transform, rank=rank, world_size=world_size,
-                                  even=True, read_ahead=read_ahead)
+                                  even=True, read_ahead=read_ahead, batch_transform=batch_transform)
         self.dataset.close()  # workers open their own readers
         self.epoch = 0
         # The emulated storage tier this loader was made in, handed to its workers as they start: one started

@@ -440,14 +440,16 @@ def random_resized_crop_choice(rng: np.random.Generator):
     return choose
 
 
-def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True) -> np.ndarray:
+def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True,
+                out: np.ndarray | None = None) -> np.ndarray:
     """Decode an image file straight into the ``size`` x ``size`` upright RGB crop that
     ``choose(height, width) -> ((top, left, h, w), flip)`` picks in full-image coordinates.
 
     A JPEG whose box holds at least twice the output's pixels per side decodes in the DCT domain at the largest
     scale-down that keeps >= 1 decoded pixel per output pixel (:func:`reduction_for`; ``reduce=False``: always
     in full), the box mapped onto the smaller image, so large photos cost a fraction of a full decode; the
-    colour order is swapped on the small output, not the decoded image. Raises what :func:`decode_image` raises.
+    colour order is swapped on the small output, not the decoded image. ``out``: a ``size`` x ``size`` x 3 uint8
+    array the crop is written into (a batch's slot) and returned. Raises what :func:`decode_image` raises.
     """
     import cv2
 
@@ -455,10 +457,22 @@ def decode_crop(data: bytes, origin: str, size: int, choose, reduce: bool = True
     full = (info.height, info.width)
     box, flip = choose(*full)
     factor = reduction_for(info, (box[2] / size, box[3] / size)) if reduce else 1
-    out = crop_resize(decode(data, info, origin, reduce=factor), full, box, (size, size))
-    if flip:
-        out = cv2.flip(out, 1)
-    return cv2.cvtColor(out, cv2.COLOR_BGR2RGB)
+    img = crop_resize(decode(data, info, origin, reduce=factor), full, box, (size, size))
+    if out is None or not out.flags.c_contiguous:  # OpenCV writes only into a contiguous dst
+        rgb = cv2.cvtColor(cv2.flip(img, 1) if flip else img, cv2.COLOR_BGR2RGB)
+        return rgb if out is None else written_into(out, rgb)
+    written_into(out, cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=out))
+    if flip:  # a horizontal flip in place: the colour swap and the flip commute
+        written_into(out, cv2.flip(out, 1, dst=out))
+    return out
+
+
+def written_into(out: np.ndarray, result: np.ndarray) -> np.ndarray:
+    """``out`` holding ``result``: OpenCV writes into a ``dst`` of the right shape and type, and otherwise
+    returns a new array, which is then copied in."""
+    if result.__array_interface__["data"][0] != out.__array_interface__["data"][0]:
+        out[...] = result
+    return out
 
 
 def random_resized_crop_flip(img: np.ndarray, size=224, rng: np.random.Generator | None = None) -> np.ndarray:

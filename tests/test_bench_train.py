@@ -610,3 +610,21 @@ def test_the_epoch_edge_experiment_sets_flowing_epochs_beside_restarted_ones(dat
     assert [r["way"] for r in rows] == ["flow", "restart"] and [json.loads(line) for line in lines] == rows
     assert all(len(r["first_batch_wait_ms"]) == 1 and r["batches_per_epoch"] >= 2 for r in rows)
     assert multiprocessing.active_children() == []
+
+
+def test_the_loader_cost_experiment_sets_the_whole_loader_beside_its_decode(dataset):
+    """bench/experiments/loader_cost: per round, the CPU ms per image of the decode alone and of the loader (its
+    workers' and its own process's), their ratio and the images the loader delivered; its workers are gone
+    after it."""
+    import multiprocessing
+
+    from gpufeed.bench.experiments.loader_cost import run
+
+    lines = []
+    rows = run(dataset, batch=8, workers=1, images=16, rounds=2, emit=lines.append)
+    assert [r["round"] for r in rows] == [0, 1] and [json.loads(line) for line in lines] == rows
+    for r in rows:
+        assert r["images"] >= 16 and r["decode_ms"] > 0 and r["workers_ms"] > 0
+        assert r["loader_ms"] == pytest.approx(r["workers_ms"] + r["main_ms"], abs=1e-3)
+        assert r["ratio"] == pytest.approx(r["loader_ms"] / r["decode_ms"], rel=0.01)
+    assert multiprocessing.active_children() == []

@@ -98,6 +98,33 @@ def test_loader_gives_the_same_batches_from_every_format(dataset, fmt):
     assert torch.equal(torch.cat(ys), torch.cat(ry)) and torch.equal(torch.cat(xs), torch.cat(rx))
 
 
+@pytest.mark.parametrize("augment", ["train", "eval"])
+def test_cpu_batches_hold_each_samples_own_decode(dataset, augment):
+    """The CPU path decodes each batch straight into one tensor (CpuBatch): the very pixels CpuDecode gives each
+    sample on its own, flips included, in workers (the batch made in shared memory, handed over without a copy)
+    and in the loop's process alike."""
+    from gpufeed.formats import get_format
+
+    path = dataset["recordio"]["paths"][0]
+    with get_format("recordio").reader(path) as reader:
+        want = np.stack([C.CpuDecode(augment == "train", 224, seed=7).pixels(reader[k]) for k in range(N)])
+    if augment == "train":  # the crops include flipped ones
+        assert any(C.draw_crop(10, 10, k, True, 7)[1] for k in range(N))
+    for workers in (0, 2):
+        ld = gpufeed.loader([path], batch_size=8, decode="cpu", augment=augment, workers=workers, shuffle=False,
+                            seed=7)
+        xs, ys = zip(*ld)
+        assert np.array_equal(torch.cat(xs).numpy(), want)
+        assert torch.cat(ys).dtype == torch.int64 and len(torch.cat(ys)) == N
+        assert all(x.is_shared() for x in xs) == (workers > 0)
+        ld.close()
+    # A slot OpenCV would not write into (not contiguous) still ends up holding the crop.
+    with get_format("recordio").reader(path) as reader:
+        slot = np.zeros((224, 448, 3), np.uint8)[:, ::2]
+        C.CpuDecode(augment == "train", 224, seed=7).pixels(reader[3], out=slot)
+    assert np.array_equal(slot, want[3])
+
+
 def test_inference_recipes_stored_centre_crop_jpeg_and_raw(tmp_path):
     """A dataset stored at the model's size (``--size 224x224 --center-crop``, JPEG or raw) gives eval batches of
     the stored pixels themselves: the loader does not crop again."""
@@ -425,6 +452,13 @@ def test_hybrid_split_follows_the_shared_share(dataset):
     assert pixels.shape[1:] == (64, 64, 3) and len(px_pos) + len(enc_pos) == 8 == len(labels)
     assert sorted(px_pos.tolist() + enc_pos.tolist()) == list(range(8)) and len(sizes) == len(enc_pos)
     assert indices.tolist() == enc_pos.tolist()  # the engines' images keep their sample indices
+    # A whole batch made at once (the loader's way: the CPU images decoded straight into one tensor) packs the
+    # same pixels, positions, bytes and crops; only the seconds differ.
+    made = split.batch(8, (reader[i] for i in range(8)))
+    apart = C.collate_hybrid([split(reader[i]) for i in range(8)])
+    assert all(torch.equal(a, b) for a, b in zip(made[:-1], apart[:-1]))
+    share.value = 0.0
+    assert split.batch(4, (reader[i] for i in range(4)))[0] is None
 
 
 def test_hybrid_split_comes_from_both_sides_measured_rates():

@@ -1,0 +1,116 @@
+"""``python -m gpufeed.bench.experiments.loader_cost DST``: what the loader's CPU path costs per image beyond its
+decode, side by side in one run: the CPU time per image of :class:`~gpufeed.pipelines.batches_cpu.CpuDecode`
+alone over the dataset's records held in memory (what ``bench train``'s CPU decode ceiling measures), and of the
+whole loader (``decode="cpu"`` on the CPU device: its workers reading the records, decoding, cropping and making
+each batch, and its own process taking the batches) over the same dataset, the two alternated ``--rounds`` times.
+
+The difference is the loader's own work per image (reading, the batch's assembly, handing it over), which the
+cores spend beside the decoding: on 4 H200s feeding inference, 71-86% of 64 vCPUs were busy for 0.9-1.6 vCPU-ms
+an image where the decode alone measured 0.55 (results/gpu-ranks-h200x4.txt, session 11). One JSON line per
+round: ``decode_ms`` and ``loader_ms`` (CPU ms per image; ``workers_ms`` and ``main_ms`` its two parts), their
+``ratio``, and the loader's images per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+
+def _decode_alone(samples: list, train: bool, size: int, images: int) -> float:
+    """CPU seconds per image of CpuDecode over ``samples`` in turn (each time another index: another crop)."""
+    from gpufeed.pipelines.batches_cpu import CpuDecode
+
+    decode = CpuDecode(train, size)
+    decode(samples[0])  # imports and first-call costs before the clock
+    t0 = time.process_time()
+    for n in range(images):
+        decode(dataclasses.replace(samples[n % len(samples)], index=n))
+    return (time.process_time() - t0) / images
+
+
+def _workers_cpu() -> float:
+    import psutil
+
+    total = 0.0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: int, workers: int,
+                    images: int) -> dict:
+    """CPU seconds per image of the loader's workers and of this process over ``images`` images (after one
+    batch, which starts the workers), and its images per second."""
+    from gpufeed.pipelines.loader import Loader
+
+    loader = Loader(paths, format=fmt, batch_size=batch, decode="cpu", augment="train" if train else "eval",
+                    size=size, workers=workers, device="cpu")
+    try:
+        it = iter(loader)
+        next(it)
+        seen = 0
+        w0, m0, t0 = _workers_cpu(), time.process_time(), time.perf_counter()
+        while seen < images:
+            try:
+                x, _ = next(it)
+            except StopIteration:  # the next epoch's batches: the workers flow on into it
+                it = iter(loader)
+                continue
+            seen += len(x)
+        wall = time.perf_counter() - t0
+        workers_s, main_s = _workers_cpu() - w0, time.process_time() - m0
+    finally:
+        loader.close()
+    return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "img_per_s": seen / wall,
+            "images": seen}
+
+
+def run(dst: str, augment: str = "eval", size: int = 224, batch: int = 256, workers: int = 1,
+        images: int = 2048, rounds: int = 3, emit=print) -> list[dict]:
+    from gpufeed.bench.cpuceiling import _read_samples
+    from gpufeed.bench.dataset import load_dataset_info
+
+    fmt, built = next(iter(load_dataset_info(dst)["formats"].items()))
+    paths = built["paths"]
+    samples = _read_samples(fmt, paths[0], 64)
+    train = augment == "train"
+    rows = []
+    for i in range(rounds):
+        alone = _decode_alone(samples, train, size, images) * 1e3
+        through = _through_loader(paths, fmt, train, size, batch, workers, images)
+        loader_ms = through["workers_ms"] + through["main_ms"]
+        row = {"bench": "loader-cost", "round": i, "format": fmt, "augment": augment, "size": size, "batch": batch,
+               "workers": workers, "images": through["images"], "decode_ms": round(alone, 4),
+               "loader_ms": round(loader_ms, 4), "workers_ms": round(through["workers_ms"], 4),
+               "main_ms": round(through["main_ms"], 4), "ratio": round(loader_ms / alone, 3),
+               "img_per_s": round(through["img_per_s"], 1)}
+        rows.append(row)
+        emit(json.dumps(row))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.loader_cost",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    p.add_argument("--augment", choices=("eval", "train"), default="eval")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--images", type=int, default=2048, help="images timed per round and side")
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args(argv)
+    run(args.dst, args.augment, args.size, args.batch, args.workers, args.images, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
