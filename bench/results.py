@@ -76,15 +76,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and every live process under it (a Ray runtime's raylet and
-    workers, a DataLoader's workers). On a shared machine CPU time is what stays comparable; wall time follows
-    the load. Processes that exited are not counted."""
+def cpu_seconds(own: bool = True) -> float:
+    """CPU time (user + system) of this process (``own``) and every live process under it (a Ray runtime's
+    raylet and workers, a DataLoader's workers). On a shared machine CPU time is what stays comparable; wall time
+    follows the load. Processes that exited are not counted."""
     import psutil
 
     total = 0.0
     me = psutil.Process()
-    for p in [me, *me.children(recursive=True)]:
+    for p in [me, *me.children(recursive=True)][0 if own else 1:]:
         try:
             t = p.cpu_times()
             total += t.user + t.system

@@ -12,7 +12,6 @@ ranks) start an epoch every few dozen batches: a restart there costs the loop on
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -55,9 +54,9 @@ def run(dst: str, epochs: int = 4, batch: int = 32, workers: int = 2, step_ms: f
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.epoch_edge",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    from gpufeed.bench.experiments import dataset_parser
+
+    p = dataset_parser("gpufeed.bench.experiments.epoch_edge", __doc__)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)

@@ -13,7 +13,6 @@ round: ``decode_ms`` and ``loader_ms`` (CPU ms per image; ``workers_ms`` and ``m
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -32,23 +31,11 @@ def _decode_alone(samples: list, train: bool, size: int, images: int) -> float:
     return (time.process_time() - t0) / images
 
 
-def _workers_cpu() -> float:
-    import psutil
-
-    total = 0.0
-    for p in psutil.Process().children(recursive=True):
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
-
-
 def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: int, workers: int,
                     images: int) -> dict:
     """CPU seconds per image of the loader's workers and of this process over ``images`` images (after one
     batch, which starts the workers), and its images per second."""
+    from gpufeed.bench.results import cpu_seconds
     from gpufeed.pipelines.loader import Loader
 
     loader = Loader(paths, format=fmt, batch_size=batch, decode="cpu", augment="train" if train else "eval",
@@ -57,7 +44,7 @@ def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: i
         it = iter(loader)
         next(it)
         seen = 0
-        w0, m0, t0 = _workers_cpu(), time.process_time(), time.perf_counter()
+        w0, m0, t0 = cpu_seconds(own=False), time.process_time(), time.perf_counter()
         while seen < images:
             try:
                 x, _ = next(it)
@@ -66,7 +53,7 @@ def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: i
                 continue
             seen += len(x)
         wall = time.perf_counter() - t0
-        workers_s, main_s = _workers_cpu() - w0, time.process_time() - m0
+        workers_s, main_s = cpu_seconds(own=False) - w0, time.process_time() - m0
     finally:
         loader.close()
     return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "img_per_s": seen / wall,
@@ -98,9 +85,9 @@ def run(dst: str, augment: str = "eval", size: int = 224, batch: int = 256, work
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.loader_cost",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    from gpufeed.bench.experiments import dataset_parser
+
+    p = dataset_parser("gpufeed.bench.experiments.loader_cost", __doc__)
     p.add_argument("--augment", choices=("eval", "train"), default="eval")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--batch", type=int, default=256)

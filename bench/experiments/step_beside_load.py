@@ -30,7 +30,6 @@ of it waiting for a core.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -266,9 +265,9 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufeed.bench.experiments.step_beside_load",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("dst", help="benchmark dataset (gpufeed bench dataset DST)")
+    from gpufeed.bench.experiments import dataset_parser
+
+    p = dataset_parser("gpufeed.bench.experiments.step_beside_load", __doc__)
     p.add_argument("--loads", default=None,
                    help="decode processes per window, comma-separated (default: 0, a quarter, half, three quarters "
                         "and all of the cores less one, then 0)")
