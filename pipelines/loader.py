@@ -485,6 +485,9 @@ class Loader:
         self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
         self.workers = default_workers(on_node, loop_cores, cores=self.worker_cpus) if workers is None else workers
         train = augment == "train"
+        # The DataLoader pins the CPU paths' batches for a GPU; made in its workers' pooled blocks, which each
+        # batch's pinning frees (batches_cpu.BatchPool).
+        self._pins = self.device.type == "cuda" and decode in ("cpu", "hybrid")
         batch_transform = None
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
@@ -496,7 +499,7 @@ class Loader:
             self._collate = CifarCollate(seed) if on_gpu else None
         elif decode == "cpu":  # each batch decoded straight into one tensor
             transform = CpuDecode(train, size, seed)
-            batch_transform, self._collate = CpuBatch(transform), as_made
+            batch_transform, self._collate = CpuBatch(transform, pooled=self._pins), as_made
         elif decode == "hybrid":
             import multiprocessing
 
@@ -507,7 +510,7 @@ class Loader:
                                           self.workers * CPU_WORKER_RATE, HW_RATE)
             else:
                 self._share.value = split
-            transform = HybridSplit(CpuDecode(train, size, seed), self._share)
+            transform = HybridSplit(CpuDecode(train, size, seed), self._share, pooled=self._pins)
             batch_transform, self._collate = transform.batch, as_made
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
@@ -585,7 +588,7 @@ class Loader:
             self._batches = torch.utils.data.DataLoader(
                 self.dataset, batch_sampler=self._order, num_workers=self.workers, collate_fn=self._collate,
                 prefetch_factor=PREFETCH_FACTOR if self.workers else None,
-                pin_memory=self.device.type == "cuda" and self.decode in ("cpu", "hybrid"),
+                pin_memory=self._pins,
                 persistent_workers=self.workers > 0,
                 worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice, tier=self._tier,
                                                  cpus=self.worker_cpus),

@@ -125,6 +125,43 @@ def test_cpu_batches_hold_each_samples_own_decode(dataset, augment):
     assert np.array_equal(slot, want[3])
 
 
+def test_pooled_batches_reuse_a_block_only_once_the_loop_has_copied_its_batch(dataset):
+    """Where the DataLoader pins (a GPU), the CPU path makes each batch in a block of its worker's BatchPool and
+    hands it over as a PooledBatch, whose pinning copies it out and frees the block: the next batch of that
+    worker is made in the same block, a block not yet copied out is never written again, and the batches hold
+    each sample's own decode throughout (here copied out with torch.clone, as the pin step does on a GPU)."""
+    from gpufeed.formats import get_format
+    from gpufeed.formats.torch import MapDataset
+
+    pool = C.BatchPool(keep=2)
+    a, fa = pool.take(16)
+    b, fb = pool.take(16)  # a is not free yet: another block
+    c, _ = pool.take(16)  # the pool is full: a new block outside it
+    assert len({a.data_ptr(), b.data_ptr(), c.data_ptr()}) == 3 and a.is_shared()
+    fa.fill_(1)
+    again, flag = pool.take(16)
+    assert again.data_ptr() == a.data_ptr() and flag.numpy()[0] == 0  # taken again, and busy once more
+    assert pool.take(16)[0].data_ptr() not in (a.data_ptr(), b.data_ptr())
+
+    path = dataset["recordio"]["paths"][0]
+    with get_format("recordio").reader(path) as reader:
+        want = np.stack([C.CpuDecode(True, 224, seed=7).pixels(reader[k]) for k in range(N)])
+        make = C.CpuBatch(C.CpuDecode(True, 224, seed=7), pooled=True)
+        first = make(8, (reader[k] for k in range(8)))
+        assert isinstance(first, C.PooledBatch)
+        x, y = first.copied(torch.clone)
+        assert np.array_equal(x.numpy(), want[:8]) and y.dtype == torch.int64
+        second = make(8, (reader[k] for k in range(8, 16)))
+        assert second.parts[0].data_ptr() == first.parts[0].data_ptr()  # the freed block, made again
+    # In DataLoader workers (forked: each makes its own pool), every batch copied out as it arrives.
+    data = MapDataset("recordio", [path], batch_transform=C.CpuBatch(C.CpuDecode(True, 224, seed=7), pooled=True))
+    data.close()
+    batches = torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, collate_fn=C.as_made,
+                                          multiprocessing_context="fork")
+    got = [batch.copied(torch.clone)[0] for batch in batches]
+    assert np.array_equal(torch.cat(got).numpy(), want)
+
+
 def test_inference_recipes_stored_centre_crop_jpeg_and_raw(tmp_path):
     """A dataset stored at the model's size (``--size 224x224 --center-crop``, JPEG or raw) gives eval batches of
     the stored pixels themselves: the loader does not crop again."""

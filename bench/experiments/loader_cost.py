@@ -9,6 +9,12 @@ cores spend beside the decoding: on 4 H200s feeding inference, 71-86% of 64 vCPU
 an image where the decode alone measured 0.55 (results/gpu-ranks-h200x4.txt, session 11). One JSON line per
 round: ``decode_ms`` and ``loader_ms`` (CPU ms per image; ``workers_ms`` and ``main_ms`` its two parts), their
 ``ratio``, and the loader's images per second.
+
+``--blocks``: instead, where the batches are made, alternated: each in a new block of shared memory (``fresh``),
+or in a block of the worker's pool used again once the loop's process has copied the batch out (``pooled``,
+:class:`~gpufeed.pipelines.batches_cpu.BatchPool`), the loop copying every batch out as the DataLoader's
+pin-memory step does for a GPU (here into ordinary memory: this machine has none). One JSON line per round and
+way: ``workers_ms`` and ``main_ms``.
 """
 
 from __future__ import annotations
@@ -60,6 +66,59 @@ def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: i
             "images": seen}
 
 
+def _in_blocks(paths: list[str], fmt: str, train: bool, size: int, batch: int, workers: int, images: int,
+               pooled: bool) -> dict:
+    """CPU seconds per image of DataLoader workers making CPU-path batches (the loader's CpuBatch) in new blocks
+    or pooled ones, and of this process copying each out as the pin step does (a pooled batch's copy frees its
+    block)."""
+    import torch
+
+    from gpufeed.bench.results import cpu_seconds
+    from gpufeed.formats.torch import MapDataset
+    from gpufeed.pipelines.batches_cpu import CpuBatch, CpuDecode, PooledBatch, as_made
+
+    data = MapDataset(fmt, paths, batch_transform=CpuBatch(CpuDecode(train, size), pooled=pooled))
+    data.close()
+    made = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers,
+                                       collate_fn=as_made, persistent_workers=True, prefetch_factor=2)
+
+    def copied(b):
+        return b.copied(torch.clone) if isinstance(b, PooledBatch) else tuple(t.clone() for t in b)
+
+    it = iter(made)
+    copied(next(it))
+    seen = 0
+    w0, m0 = cpu_seconds(own=False), time.process_time()
+    while seen < images:
+        try:
+            x, _ = copied(next(it))
+        except StopIteration:
+            it = iter(made)
+            continue
+        seen += len(x)
+    workers_s, main_s = cpu_seconds(own=False) - w0, time.process_time() - m0
+    del it, made
+    return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "images": seen}
+
+
+def run_blocks(dst: str, augment: str = "eval", size: int = 224, batch: int = 256, workers: int = 1,
+               images: int = 2048, rounds: int = 3, emit=print) -> list[dict]:
+    """``--blocks``: per round, the batches made in new blocks, then in pooled ones."""
+    from gpufeed.bench.dataset import load_dataset_info
+
+    fmt, built = next(iter(load_dataset_info(dst)["formats"].items()))
+    rows = []
+    for i in range(rounds):
+        for way in ("fresh", "pooled"):
+            got = _in_blocks(built["paths"], fmt, augment == "train", size, batch, workers, images, way == "pooled")
+            row = {"bench": "loader-cost-blocks", "round": i, "way": way, "format": fmt, "augment": augment,
+                   "size": size, "batch": batch, "workers": workers, "images": got["images"],
+                   "workers_ms": round(got["workers_ms"], 4), "main_ms": round(got["main_ms"], 4)}
+            rows.append(row)
+            emit(json.dumps(row))
+    return rows
+
+
 def run(dst: str, augment: str = "eval", size: int = 224, batch: int = 256, workers: int = 1,
         images: int = 2048, rounds: int = 3, emit=print) -> list[dict]:
     from gpufeed.bench.cpuceiling import _read_samples
@@ -94,8 +153,10 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--images", type=int, default=2048, help="images timed per round and side")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--blocks", action="store_true",
+                   help="batches made in new shared-memory blocks against pooled ones, copied out as pinning does")
     args = p.parse_args(argv)
-    run(args.dst, args.augment, args.size, args.batch, args.workers, args.images, args.rounds)
+    (run_blocks if args.blocks else run)(args.dst, args.augment, args.size, args.batch, args.workers, args.images, args.rounds)
     return 0
 
 
