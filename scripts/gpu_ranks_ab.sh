@@ -13,6 +13,9 @@
 #
 #   device run (kind nvidia-h200-x4), carry .whl-decode and each .whl-NAME:  OUT=$OUT bash scripts/gpu_ranks_ab.sh
 #   SIDES="now now-nosample fresh before" ROUNDS=2 PROBE=0 ...
+#   TASK=infer DATA=/tmp/gpufeed-ranks-224q75 N=192000 DATASET_ARGS="--size 224x224 --center-crop --quality 75" \
+#     DECODES=cpu SIDES="now before11" PROBE=0 ...   # inference from another stored dataset (.whl-before11: d1a9b72,
+#                                                    # the CPU path before CpuBatch and the pooled blocks)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=$(realpath -m "${OUT:-$PWD/out}") N=${N:-96000} FORMATS=${FORMATS:-recordio} DECODES=${DECODES:-auto}
@@ -35,7 +38,8 @@ for round in $(seq "${ROUNDS:-3}"); do
     echo "=== round $round: $side"
     path=/tmp/site-$side:$NOW sample=1 ahead=
     case $side in now) path=$NOW ;; now-nosample) path=$NOW sample=0 ;; now-ahead*) path=$NOW ahead=${side#now-ahead} ;; esac
-    PYTHONPATH=$path GPU_SAMPLE=$sample RUN_AHEAD=$ahead RESULTS_NAME=gpu-ranks-ab-$side.jsonl RUNS="${RANKS:-4}:train" \
-      DATA=/tmp/gpufeed-ranks bash scripts/gpu_ranks.sh 2>&1 | grep -E "^(train|infer) |rc |building|error" || true
+    PYTHONPATH=$path GPU_SAMPLE=$sample RUN_AHEAD=$ahead RESULTS_NAME=gpu-ranks-ab-$side.jsonl \
+      RUNS="${RANKS:-4}:${TASK:-train}" DATA=${DATA:-/tmp/gpufeed-ranks} bash scripts/gpu_ranks.sh 2>&1 \
+      | grep -E "^(train|infer) |rc |building|error" || true
   done
 done
