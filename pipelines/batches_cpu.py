@@ -97,17 +97,17 @@ class CpuBatch:
     one N x size x size x 3 uint8 tensor, returned with an int64 tensor of their labels: the batch
     :class:`CpuDecode` and the default collate make, without copying each image into it afterwards. In a worker
     the tensor is made in shared memory, the one block that crosses to the loop's process, as the default
-    collate makes it; with ``pooled`` (the DataLoader pins its batches) in a block of the worker's
-    :class:`BatchPool`, the batch then crossing as a :class:`PooledBatch`."""
+    collate makes it; with a ``pool`` (where the DataLoader pins its batches) in one of its blocks, the batch
+    then crossing as a :class:`PooledBatch`."""
 
     decode: CpuDecode
-    pooled: bool = False
+    pool: BatchPool | None = None
 
     def __call__(self, count: int, samples):
         import torch
 
         size = self.decode.size
-        pixels, flag = batch_block((count, size, size, 3), self.pooled)
+        pixels, flag = batch_block((count, size, size, 3), self.pool)
         slots = pixels.numpy()
         labels = []
         for i, sample in enumerate(samples):
@@ -147,21 +147,31 @@ POOLED_BLOCKS = 3
 
 
 class BatchPool:
-    """A process's blocks of shared memory for its batches, each used again once the loop's process has copied
+    """A worker's blocks of shared memory for its batches, each used again once the loop's process has copied
     the batch out of it (the DataLoader's pin-memory step, :class:`PooledBatch`) and marked it free. A new block
     costs the worker the first touch of each of its pages: filling 77 MB (a batch of 512 crops of 224 x 224)
     took 47-53 ms in a new block against 11-12 ms in one used before, ~0.07 ms an image on the 2-core
     development machine. Up to :data:`POOLED_BLOCKS` blocks of each size; where none is free, a new one outside
-    the pool."""
+    the pool. Each process has blocks of its own: a pool crosses to a worker empty (pickled, or forked)."""
 
     def __init__(self, keep: int = POOLED_BLOCKS):
         import os
 
         self.keep, self.pid, self.blocks = keep, os.getpid(), {}
 
+    def __getstate__(self) -> dict:
+        return {"keep": self.keep}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["keep"])
+
     def take(self, nbytes: int):
         """``(block, flag)``: a uint8 tensor of ``nbytes`` in shared memory and the one-byte tensor after it,
         which whoever is done with the block sets to 1 (:meth:`PooledBatch.pin_memory`)."""
+        import os
+
+        if self.pid != os.getpid():  # a forked copy: the blocks are its parent's
+            self.__init__(self.keep)
         blocks = self.blocks.setdefault(nbytes, [])
         for block, flag in blocks:
             if flag.numpy()[0] == 1:
@@ -175,25 +185,12 @@ class BatchPool:
         return block, flag
 
 
-_POOL: BatchPool | None = None
-
-
-def worker_pool() -> BatchPool:
-    """This process's :class:`BatchPool` (a forked worker makes its own: its parent's blocks are the parent's)."""
-    import os
-
-    global _POOL
-    if _POOL is None or _POOL.pid != os.getpid():
-        _POOL = BatchPool()
-    return _POOL
-
-
-def batch_block(shape: tuple[int, ...], pooled: bool):
-    """``(tensor, flag)``: an uninitialised uint8 tensor of ``shape`` for a batch, from this process's
-    :class:`BatchPool` with the flag that frees it (``pooled``), else :func:`batch_tensor` and None."""
-    if not pooled:
+def batch_block(shape: tuple[int, ...], pool: BatchPool | None):
+    """``(tensor, flag)``: an uninitialised uint8 tensor of ``shape`` for a batch, from ``pool`` with the flag
+    that frees it, or without a pool :func:`batch_tensor` and None."""
+    if pool is None:
         return batch_tensor(shape), None
-    block, flag = worker_pool().take(_count(shape))
+    block, flag = pool.take(_count(shape))
     return block.view(shape), flag
 
 
@@ -393,8 +390,8 @@ class HybridSplit:
     else its bytes go to the engines. ``share`` is a shared ``multiprocessing`` value the main process sets; the
     workers, handed it when they start, see its changes."""
 
-    def __init__(self, cpu: CpuDecode, share, pooled: bool = False):
-        self.cpu, self.share, self.pooled = cpu, share, pooled
+    def __init__(self, cpu: CpuDecode, share, pool: BatchPool | None = None):
+        self.cpu, self.share, self.pool = cpu, share, pool
 
     def __call__(self, sample, out: np.ndarray | None = None):
         """``("px", pixels, label, index, seconds)`` (the pixels written into ``out`` where given) or ``("jpeg",
@@ -414,7 +411,7 @@ class HybridSplit:
         straight into one tensor (as :class:`CpuBatch` does, pooled likewise), packed as :func:`collate_hybrid`
         packs them."""
         size = self.cpu.size
-        pixels, flag = batch_block((count, size, size, 3), self.pooled)
+        pixels, flag = batch_block((count, size, size, 3), self.pool)
         slots = pixels.numpy()
         items, made = [], 0
         for sample in samples:

@@ -68,8 +68,8 @@ from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
 from gpufeed.machine import default_sigterm
-from gpufeed.pipelines.batches_cpu import (CifarCollate, CpuBatch, CpuDecode, EncodedBytes, HybridSplit, TokenWindow,
-                                           as_made, cifar_augment, collate_encoded, collate_tokens)
+from gpufeed.pipelines.batches_cpu import (BatchPool, CifarCollate, CpuBatch, CpuDecode, EncodedBytes, HybridSplit,
+                                           TokenWindow, as_made, cifar_augment, collate_encoded, collate_tokens)
 from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
                                            NvJpegDecoder, import_torch, decoded_batches, import_nvimgcodec,
                                            resolve_device)
@@ -488,6 +488,7 @@ class Loader:
         # The DataLoader pins the CPU paths' batches for a GPU; made in its workers' pooled blocks, which each
         # batch's pinning frees (batches_cpu.BatchPool).
         self._pins = self.device.type == "cuda" and decode in ("cpu", "hybrid")
+        pool = BatchPool() if self._pins else None
         batch_transform = None
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
@@ -499,7 +500,7 @@ class Loader:
             self._collate = CifarCollate(seed) if on_gpu else None
         elif decode == "cpu":  # each batch decoded straight into one tensor
             transform = CpuDecode(train, size, seed)
-            batch_transform, self._collate = CpuBatch(transform, pooled=self._pins), as_made
+            batch_transform, self._collate = CpuBatch(transform, pool), as_made
         elif decode == "hybrid":
             import multiprocessing
 
@@ -510,7 +511,7 @@ class Loader:
                                           self.workers * CPU_WORKER_RATE, HW_RATE)
             else:
                 self._share.value = split
-            transform = HybridSplit(CpuDecode(train, size, seed), self._share, pooled=self._pins)
+            transform = HybridSplit(CpuDecode(train, size, seed), self._share, pool)
             batch_transform, self._collate = transform.batch, as_made
         else:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded

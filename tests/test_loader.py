@@ -142,11 +142,15 @@ def test_pooled_batches_reuse_a_block_only_once_the_loop_has_copied_its_batch(da
     again, flag = pool.take(16)
     assert again.data_ptr() == a.data_ptr() and flag.numpy()[0] == 0  # taken again, and busy once more
     assert pool.take(16)[0].data_ptr() not in (a.data_ptr(), b.data_ptr())
+    # A pool crosses to a worker empty: the blocks are each process's own.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(pool)).blocks == {} and pool.blocks
 
     path = dataset["recordio"]["paths"][0]
     with get_format("recordio").reader(path) as reader:
         want = np.stack([C.CpuDecode(True, 224, seed=7).pixels(reader[k]) for k in range(N)])
-        make = C.CpuBatch(C.CpuDecode(True, 224, seed=7), pooled=True)
+        make = C.CpuBatch(C.CpuDecode(True, 224, seed=7), C.BatchPool())
         first = make(8, (reader[k] for k in range(8)))
         assert isinstance(first, C.PooledBatch)
         x, y = first.copied(torch.clone)
@@ -154,7 +158,7 @@ def test_pooled_batches_reuse_a_block_only_once_the_loop_has_copied_its_batch(da
         second = make(8, (reader[k] for k in range(8, 16)))
         assert second.parts[0].data_ptr() == first.parts[0].data_ptr()  # the freed block, made again
     # In DataLoader workers (forked: each makes its own pool), every batch copied out as it arrives.
-    data = MapDataset("recordio", [path], batch_transform=C.CpuBatch(C.CpuDecode(True, 224, seed=7), pooled=True))
+    data = MapDataset("recordio", [path], batch_transform=C.CpuBatch(C.CpuDecode(True, 224, seed=7), C.BatchPool()))
     data.close()
     batches = torch.utils.data.DataLoader(data, batch_size=8, num_workers=2, collate_fn=C.as_made,
                                           multiprocessing_context="fork")

@@ -75,9 +75,9 @@ def _in_blocks(paths: list[str], fmt: str, train: bool, size: int, batch: int, w
 
     from gpufeed.bench.results import cpu_seconds
     from gpufeed.formats.torch import MapDataset
-    from gpufeed.pipelines.batches_cpu import CpuBatch, CpuDecode, PooledBatch, as_made
+    from gpufeed.pipelines.batches_cpu import BatchPool, CpuBatch, CpuDecode, PooledBatch, as_made
 
-    data = MapDataset(fmt, paths, batch_transform=CpuBatch(CpuDecode(train, size), pooled=pooled))
+    data = MapDataset(fmt, paths, batch_transform=CpuBatch(CpuDecode(train, size), BatchPool() if pooled else None))
     data.close()
     made = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers,
                                        collate_fn=as_made, persistent_workers=True, prefetch_factor=2)
