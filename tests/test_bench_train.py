@@ -524,6 +524,12 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
             "the others counts as kernel time)): the loader's work beside the model slowed its steps (each of the 4 "
             "ranks waits in the gradients' all-reduce for whichever rank came late; --trace DIR records where), not "
             "the feeding;") in limit(ranked)["text"]
+    # A model run as one CUDA graph: the loop waits while the GPU runs, and the row says so beside the wait.
+    waited = {**row, "resources": {**row["resources"], "wait_share": 0.91}, "params": {"cuda_graph": True}}
+    assert limit(waited)["text"].startswith("the loop waited for its batches 91% of its time (the model ran as one "
+                                            "CUDA graph: the GPU ran while the loop waited, so not all of that was "
+                                            "lost); no resource at 90%")
+    assert "CUDA graph" not in limit({**waited, "params": {}})["text"]
     # Inference ranks never meet: nothing of an all-reduce in their rows.
     inferred = limit({**ranked, "params": {"gpus": 4, "task": "infer"}})["text"]
     assert "all-reduce waiting" not in inferred and "gradients" not in inferred
