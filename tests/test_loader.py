@@ -118,6 +118,13 @@ def test_cpu_batches_hold_each_samples_own_decode(dataset, augment):
         assert torch.cat(ys).dtype == torch.int64 and len(torch.cat(ys)) == N
         assert all(x.is_shared() for x in xs) == (workers > 0)
         ld.close()
+    if torch.cuda.is_available():  # pinned for the GPU: made in the workers' pooled blocks, freed by the pinning
+        for workers in (0, 2):
+            ld = gpufeed.loader([path], batch_size=8, decode="cpu", augment=augment, workers=workers,
+                                shuffle=False, seed=7, device="cuda")
+            for _ in range(2):  # the second epoch's batches in blocks used before
+                assert np.array_equal(torch.cat([x.cpu() for x, _ in ld]).numpy(), want)
+            ld.close()
     # A slot OpenCV would not write into (not contiguous) still ends up holding the crop.
     with get_format("recordio").reader(path) as reader:
         slot = np.zeros((224, 448, 3), np.uint8)[:, ::2]
