@@ -332,9 +332,9 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         model, task, gpu, tier, fmt = key
         by_n = {n: r for n, (r, _runs) in groups[key].items()}
         most, missed = _fed_up_to({n: figure(r, "au") for n, r in by_n.items()})
-        measured = ", ".join(f"{n}: {fmt_pct(figure(by_n[n], 'au'))} ("
-                             + "; ".join(filter(None, [str(params(by_n[n]).get('decode')), fmt_runs(groups[key][n][1])]))
-                             + ")" for n in sorted(by_n))
+        measured = ", ".join(f"{n}: {fmt_pct(figure(r, 'au'))} ("
+                             + "; ".join(filter(None, [str(params(r).get("decode")), fmt_runs(runs)])) + ")"
+                             for n, (r, runs) in sorted(groups[key].items()))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])
         counts = best[(model, task, gpu, tier)]

@@ -211,7 +211,8 @@ def fmt_runs(values: Sequence[float]) -> str:
     there is one)."""
     if len(values) < 2:
         return ""
-    shown = ", ".join(fmt_pct(v) for v in values) if len(values) <= 4 else f"{fmt_pct(values[0])} to {fmt_pct(values[-1])}"
+    shown = (", ".join(fmt_pct(v) for v in values) if len(values) <= 4
+             else f"{fmt_pct(values[0])} to {fmt_pct(values[-1])}")
     return f"median of {len(values)} runs: {shown}"
 
 

@@ -84,7 +84,8 @@ def cpu_seconds(own: bool = True) -> float:
 
     total = 0.0
     me = psutil.Process()
-    for p in [me, *me.children(recursive=True)][0 if own else 1:]:
+    under = me.children(recursive=True)
+    for p in [me, *under] if own else under:
         try:
             t = p.cpu_times()
             total += t.user + t.system

@@ -8,6 +8,7 @@ from ``(seed, index)``, so every path crops the same boxes. Used through :func:`
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 
@@ -124,13 +125,7 @@ def batch_tensor(shape: tuple[int, ...]):
 
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8)
-    return shared_uint8(_count(shape)).view(shape)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    import math
-
-    return math.prod(shape)
+    return shared_uint8(math.prod(shape)).view(shape)
 
 
 def shared_uint8(nbytes: int):
@@ -190,7 +185,7 @@ def batch_block(shape: tuple[int, ...], pool: BatchPool | None):
     that frees it, or without a pool :func:`batch_tensor` and None."""
     if pool is None:
         return batch_tensor(shape), None
-    block, flag = pool.take(_count(shape))
+    block, flag = pool.take(math.prod(shape))
     return block.view(shape), flag
 
 

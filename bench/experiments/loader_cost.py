@@ -37,43 +37,48 @@ def _decode_alone(samples: list, train: bool, size: int, images: int) -> float:
     return (time.process_time() - t0) / images
 
 
+def _per_image(batches, images: int, take=lambda batch: batch) -> dict:
+    """CPU seconds per image of the processes under this one (the DataLoader's workers) and of this one, and
+    images per second, over ``images`` images of ``batches`` (an iterable of ``(x, y)`` batches, taken anew at
+    each epoch's end) after one batch, which starts the workers; ``take(batch)`` is the loop's own work on each."""
+    from gpufeed.bench.results import cpu_seconds
+
+    it = iter(batches)
+    take(next(it))
+    seen = 0
+    w0, m0, t0 = cpu_seconds(own=False), time.process_time(), time.perf_counter()
+    while seen < images:
+        try:
+            x, _ = take(next(it))
+        except StopIteration:  # the next epoch's batches: the workers flow on into it
+            it = iter(batches)
+            continue
+        seen += len(x)
+    wall = time.perf_counter() - t0
+    workers_s, main_s = cpu_seconds(own=False) - w0, time.process_time() - m0
+    return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "img_per_s": seen / wall,
+            "images": seen}
+
+
 def _through_loader(paths: list[str], fmt: str, train: bool, size: int, batch: int, workers: int,
                     images: int) -> dict:
-    """CPU seconds per image of the loader's workers and of this process over ``images`` images (after one
-    batch, which starts the workers), and its images per second."""
-    from gpufeed.bench.results import cpu_seconds
+    """:func:`_per_image` of the loader's CPU path."""
     from gpufeed.pipelines.loader import Loader
 
     loader = Loader(paths, format=fmt, batch_size=batch, decode="cpu", augment="train" if train else "eval",
                     size=size, workers=workers, device="cpu")
     try:
-        it = iter(loader)
-        next(it)
-        seen = 0
-        w0, m0, t0 = cpu_seconds(own=False), time.process_time(), time.perf_counter()
-        while seen < images:
-            try:
-                x, _ = next(it)
-            except StopIteration:  # the next epoch's batches: the workers flow on into it
-                it = iter(loader)
-                continue
-            seen += len(x)
-        wall = time.perf_counter() - t0
-        workers_s, main_s = cpu_seconds(own=False) - w0, time.process_time() - m0
+        return _per_image(loader, images)
     finally:
         loader.close()
-    return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "img_per_s": seen / wall,
-            "images": seen}
 
 
 def _in_blocks(paths: list[str], fmt: str, train: bool, size: int, batch: int, workers: int, images: int,
                pooled: bool) -> dict:
-    """CPU seconds per image of DataLoader workers making CPU-path batches (the loader's CpuBatch) in new blocks
-    or pooled ones, and of this process copying each out as the pin step does (a pooled batch's copy frees its
-    block)."""
+    """:func:`_per_image` of DataLoader workers making CPU-path batches (the loader's CpuBatch) in new blocks or
+    pooled ones, this process copying each out as the pin step does (a pooled batch's copy frees its block)."""
     import torch
 
-    from gpufeed.bench.results import cpu_seconds
     from gpufeed.formats.torch import MapDataset
     from gpufeed.pipelines.batches_cpu import BatchPool, CpuBatch, CpuDecode, PooledBatch, as_made
 
@@ -85,20 +90,9 @@ def _in_blocks(paths: list[str], fmt: str, train: bool, size: int, batch: int, w
     def copied(b):
         return b.copied(torch.clone) if isinstance(b, PooledBatch) else tuple(t.clone() for t in b)
 
-    it = iter(made)
-    copied(next(it))
-    seen = 0
-    w0, m0 = cpu_seconds(own=False), time.process_time()
-    while seen < images:
-        try:
-            x, _ = copied(next(it))
-        except StopIteration:
-            it = iter(made)
-            continue
-        seen += len(x)
-    workers_s, main_s = cpu_seconds(own=False) - w0, time.process_time() - m0
-    del it, made
-    return {"workers_ms": workers_s / seen * 1e3, "main_ms": main_s / seen * 1e3, "images": seen}
+    got = _per_image(made, images, copied)
+    del made
+    return got
 
 
 def run_blocks(dst: str, augment: str = "eval", size: int = 224, batch: int = 256, workers: int = 1,
@@ -156,7 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--blocks", action="store_true",
                    help="batches made in new shared-memory blocks against pooled ones, copied out as pinning does")
     args = p.parse_args(argv)
-    (run_blocks if args.blocks else run)(args.dst, args.augment, args.size, args.batch, args.workers, args.images, args.rounds)
+    (run_blocks if args.blocks else run)(args.dst, args.augment, args.size, args.batch, args.workers, args.images,
+                                         args.rounds)
     return 0
 
 
