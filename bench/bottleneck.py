@@ -122,15 +122,22 @@ def limit(row: dict) -> dict | None:
     for name, used, top, text in checks:
         if used is not None and top:
             (found if used >= NEAR * top else seen).append((name, text()))
-    if found:
-        return {"resource": found[0][0], "text": "; ".join(t for _, t in found)}
-    what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
     # The AU a run lost is the loop's time waiting for batches plus its steps' time beyond the model's alone.
     wait = r.get("wait_share")
-    if wait is None:
-        return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
     ahead = (row.get("params") or {}).get("run_ahead")
     paced = _median(row, "paced_share")
+    if found:
+        text = "; ".join(t for _, t in found)
+        if wait is not None and 1.0 - au - wait > wait:
+            # A resource at its ceiling while the batches still came in time: the run is balanced on it, but most
+            # of its loss is in its steps (4 H200s training: the disk at its ceiling, the loop waiting 1%).
+            text += (f"; yet the batches came in time (the loop waited for them {wait:.0%} of its time"
+                     f"{_steps(row, r, ahead, paced)}): most of the AU went to steps slowed beside the loader's "
+                     f"work, so relieving the {found[0][0]} alone wins back at most the {wait:.0%} the loop waited")
+        return {"resource": found[0][0], "text": text}
+    what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
+    if wait is None:
+        return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
     if 1.0 - au - wait <= wait:
         if ahead is not None and paced is None:  # bench train before 2026-11-27 counted the pacing as waiting
             return {"resource": None, "text": f"the loop waited {wait:.0%} of its time for its batches or for its GPU "
@@ -142,23 +149,10 @@ def limit(row: dict) -> dict | None:
                  "lost)" if (row.get("params") or {}).get("cuda_graph") else "")
         return {"resource": None, "text": f"the loop waited for its batches {wait:.0%} of its time{graph}; {what}: "
                                           "the loader itself limits this run, not the disk"}
-    step, alone = _median(row, "step_ms"), row.get("compute_step_s")
-    steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
-             else "")
-    if paced:
-        steps += f"; the loader held it back for its GPU {paced:.0%} of its time (run_ahead {ahead})"
-    queued = r.get("main_thread_waited")
-    if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
-        steps += f"; its main thread waited for a core {queued:.0%} of its time"
-    gpu, gpu_alone = r.get("gpu_busy"), r.get("gpu_busy_alone")
+    steps = _steps(row, r, ahead, paced)
     params = row.get("params") or {}
     ranks = int(params.get("gpus") or 1)
-    # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
     reduced = ranks > 1 and params.get("task", "train") == "train"
-    if gpu is not None and gpu_alone is not None:  # less kernel time at the same step count: work came late
-        steps += f"; the GPU ran kernels {gpu:.0%} of the time against {gpu_alone:.0%} with the model alone"
-        if reduced:  # NCCL's kernels spin while they wait for the other ranks
-            steps += " (a rank's all-reduce waiting for the others counts as kernel time)"
     # With several training ranks each step lasts as long as its latest rank's (the all-reduce waits for it), so
     # one rank's late step is every rank's: traced on 4 H100s, a different rank came late each step.
     if reduced:
@@ -171,6 +165,27 @@ def limit(row: dict) -> dict | None:
     return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
                                         f"{steps}): the loader's work beside the model {slowed}, not the "
                                         f"feeding; {what}, so a faster disk would not help"}
+
+
+def _steps(row: dict, r: dict, ahead: int | None, paced: float | None) -> str:
+    """What a row's steps did beside the loop's wait, as :func:`limit` words it: each step's time against the
+    model's alone, the pacing, the main thread's wait for a core, the GPU's kernel time against the model alone's."""
+    step, alone = _median(row, "step_ms"), row.get("compute_step_s")
+    steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
+             else "")
+    if paced:
+        steps += f"; the loader held it back for its GPU {paced:.0%} of its time (run_ahead {ahead})"
+    queued = r.get("main_thread_waited")
+    if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
+        steps += f"; its main thread waited for a core {queued:.0%} of its time"
+    gpu, gpu_alone = r.get("gpu_busy"), r.get("gpu_busy_alone")
+    params = row.get("params") or {}
+    # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
+    if gpu is not None and gpu_alone is not None:  # less kernel time at the same step count: work came late
+        steps += f"; the GPU ran kernels {gpu:.0%} of the time against {gpu_alone:.0%} with the model alone"
+        if int(params.get("gpus") or 1) > 1 and params.get("task", "train") == "train":
+            steps += " (a rank's all-reduce waiting for the others counts as kernel time)"  # NCCL's kernels spin
+    return steps
 
 
 def row_limit(row: dict) -> dict | None:

@@ -328,6 +328,9 @@ def test_the_answer_says_what_limits_the_closest_configuration():
 @pytest.mark.parametrize("resources, au, expected", [
     ({"disk_read_mb_per_s": 1620.0, "disk_ceiling": {"mb_per_s": 1700.0}, "cpu_busy": 0.4, "cores": 64},
      0.7, ("disk", "disk: 1.62 of 1.70 GB/s")),
+    # The disk at its ceiling and the loop starved by it: the disk, said alone.
+    ({"disk_read_mb_per_s": 1620.0, "disk_ceiling": {"mb_per_s": 1700.0}, "cpu_busy": 0.4, "cores": 64,
+      "wait_share": 0.25}, 0.7, ("disk", "disk: 1.62 of 1.70 GB/s")),
     ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.97, "cores": 32},
      0.6, ("cpu", "CPU: 97% of 32 cores busy")),
     ({"disk_read_mb_per_s": 300.0, "disk_ceiling": {"mb_per_s": 5000.0}, "cpu_busy": 0.2, "cores": 32,
@@ -492,6 +495,26 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     assert parser.parse_args(["dst", "--results", "r", "--run-ahead", "off"]).run_ahead == "off"
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--run-ahead", "fast"])
+
+
+def test_a_resource_at_its_ceiling_while_the_batches_came_in_time_says_what_relieving_it_wins():
+    """4 H200s training (session 12): the disk read at its measured ceiling, yet each rank's loop waited 1% of its
+    time and its steps ran 63.5 ms against 56.6 alone: the row names the disk and says that a faster one wins back
+    at most the 1%, the rest being the steps'."""
+    from gpufeed.bench.bottleneck import limit
+
+    row = {"metrics": {"au": {"median": 0.888}, "step_ms": {"median": 63.5}}, "compute_step_s": 0.0566,
+           "params": {"gpus": 4, "task": "train"},
+           "resources": {"disk_read_mb_per_s": 1617.0, "disk_ceiling": {"mb_per_s": 1434.0}, "cpu_busy": 0.5,
+                         "cores": 64, "wait_share": 0.011}}
+    found = limit(row)
+    assert found["resource"] == "disk"
+    assert found["text"] == ("disk: 1.62 of 1.43 GB/s; yet the batches came in time (the loop waited for them 1% of "
+                             "its time, and each step took 63.5 ms against the model's 56.6 ms alone): most of the AU "
+                             "went to steps slowed beside the loader's work, so relieving the disk alone wins back at "
+                             "most the 1% the loop waited")
+    starved = {**row, "resources": {**row["resources"], "wait_share": 0.09}}
+    assert limit(starved)["text"] == "disk: 1.62 of 1.43 GB/s"
 
 
 def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_loader():

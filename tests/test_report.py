@@ -501,9 +501,10 @@ def test_the_gpus_fed_answer_counts_cold_runs_only_and_says_how_images_were_stor
     text = report.render_markdown(report.build_report(before), str(tmp_path / "r"), "r")
     answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
     assert ("| resnet50 | train | NVIDIA H100 80GB HBM3 | local | recordio | 2 | 1: 98.0% (cpu; median of 2 runs: 98.0%, "
-            "99.6%), 2: 94.1% (hybrid), 3: 87.0% (hybrid), 4: 92.3% (hybrid) | disk: 1.51 of 1.16 GB/s |") in answer
+            "99.6%), 2: 94.1% (hybrid), 3: 87.0% (hybrid), 4: 92.3% (hybrid) | disk: 1.51 of 1.16 GB/s; yet the batches came in time ") in answer
     assert ("| resnet50 | infer | NVIDIA H100 80GB HBM3 | local | recordio (--size 224x224 --center-crop) | 1 | "
-            "1: 91.3% (cpu), 4: 82.6% (cpu) | disk: 1.29 of 1.21 GB/s |") in answer
+            "1: 91.3% (cpu), 4: 82.6% (cpu) | disk: 1.29 of 1.21 GB/s; yet the batches came in time (the loop waited "
+            "for them 2% of its time") in answer
     assert "Left out: 6 runs with the data in the page cache by request (`--no-cold`)" in answer
     assert ("| train | 4 | recordio | local | cold | hybrid, read-ahead, CPU share 0.75 | 3,350 / 3,350 / 3,343 / "
             "3,360 |") in ranks
@@ -555,3 +556,4 @@ def test_gpus_fed_takes_each_configuration_at_its_runs_median_and_a_cuda_graph_a
             "NVIDIA H200 (model as a CUDA graph) running inference of resnet50") in fed
     # Training, paced by default (three runs) beside no limit (three runs): the paced runs' median.
     assert "| 0 | 4: 83.0% (hybrid; median of 3 runs: 61.6%, 83.0%, 88.3%) |" in fed
+
