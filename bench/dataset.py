@@ -136,8 +136,26 @@ def formats_of(info: dict, asked, dst: str) -> list[str]:
     missing = [f for f in formats if f not in info["formats"]]
     if missing:
         raise ConfigError(f"{dst} has no {', '.join(missing)} dataset (it holds {', '.join(info['formats'])}); "
-                          f"build it with `gpufeed bench dataset {dst} --formats {','.join(formats)}`")
+                          f"{_rebuild_advice(info, formats, missing, dst)}")
     return formats
+
+
+def _rebuild_advice(info: dict, formats: list[str], missing: list[str], dst: str) -> str:
+    """How to get the ``missing`` formats: a benchmark dataset is built again as it was (its samples, image kind,
+    storage and seed), with the formats it holds and those asked, replacing the files it lists (the command
+    refuses to replace them otherwise); a ``gpufeed convert`` output is the user's and is never replaced."""
+    if not os.path.exists(os.path.join(dst, MANIFEST)):
+        return (f"it is a `gpufeed convert` output: convert the same source with `--to {','.join(missing)}` into "
+                f"another destination and point at that, or leave {', '.join(missing)} out of --formats")
+    every = list(dict.fromkeys([*info["formats"], *formats]))
+    flags = [f"--formats {','.join(every)}", f"-n {info['n']}"]
+    if info.get("image", "imagenet") != "imagenet":
+        flags.append(f"--image {info['image']}")
+    if info.get("store"):
+        flags.append(info["store"])
+    if info.get("seed"):
+        flags.append(f"--seed {info['seed']}")
+    return f"build it again with them all: `gpufeed bench dataset {dst} {' '.join(flags)} --overwrite`"
 
 
 def dataset_fields(info: dict, fmt: str) -> dict:

@@ -151,6 +151,35 @@ def test_bench_read_runs_on_a_gpufeed_convert_output(tmp_path, ray_local):
                  "--repeats", "1", "--warmup", "0", "--host-seconds", "0.1", "--allow-invalid"]) == 0
     rows = load_results(str(results))
     assert {r["format"] for r in rows} == set(FORMATS) and all(r["n_samples"] == 12 for r in rows)
+    # A format it lacks: the user's conversion is never to be replaced, so no --overwrite in the advice.
+    from gpufeed.bench.dataset import formats_of
+
+    with pytest.raises(ConfigError, match=r"has no recordio dataset \(it holds lmdb\); it is a `gpufeed convert` "
+                                          r"output: convert the same source with `--to recordio` into another") as e:
+        formats_of({**info, "formats": {"lmdb": info["formats"]["lmdb"]}}, "recordio", str(out))
+    assert "--overwrite" not in str(e.value)
+
+
+def test_the_advice_for_a_format_a_dataset_lacks_works_when_followed(tmp_path):
+    """A benchmark dataset stored small (--size, --center-crop, --quality, one format): the command the error gives
+    builds it again as it was, keeping the format it held, with the one asked; followed as written, it runs (the
+    bare command would refuse: the folder holds a dataset made with other options)."""
+    import shlex
+
+    from gpufeed.bench.dataset import formats_of
+
+    out = str(tmp_path / "ds")
+    build_dataset(out, ["recordio"], n=6, workers=1, size=(64, 64), center_crop=True, quality=75, seed=3)
+    before = load_dataset_info(out)
+    with pytest.raises(ConfigError) as e:
+        formats_of(before, "lmdb", out)
+    command = str(e.value).split("`")[1]
+    assert command == (f"gpufeed bench dataset {out} --formats recordio,lmdb -n 6 --size 64x64 --center-crop "
+                       "--quality 75 --seed 3 --overwrite")
+    assert main(shlex.split(command)[1:] + ["--workers", "1"]) == 0
+    after = load_dataset_info(out)
+    assert formats_of(after, "lmdb", out) == ["lmdb"] and set(after["formats"]) == {"recordio", "lmdb"}
+    assert (after["n"], after["store"], after["seed"]) == (6, before["store"], 3)
 
 
 def test_every_benchmark_takes_the_formats_the_dataset_holds_unless_told(imagenet_like):
@@ -163,8 +192,8 @@ def test_every_benchmark_takes_the_formats_the_dataset_holds_unless_told(imagene
     assert formats_of(info, "lmdb,tfrecord", imagenet_like) == ["lmdb", "tfrecord"]
     assert formats_of(info, ["recordio", "recordio"], imagenet_like) == ["recordio"]
     partial = {**info, "formats": {"lmdb": info["formats"]["lmdb"]}}
-    with pytest.raises(ConfigError, match=r"has no recordio dataset \(it holds lmdb\); build it with "
-                                          r"`gpufeed bench dataset .* --formats recordio`"):
+    with pytest.raises(ConfigError, match=r"has no recordio dataset \(it holds lmdb\); build it again with them "
+                                          r"all: `gpufeed bench dataset .* --formats lmdb,recordio -n 24 --overwrite`"):
         formats_of(partial, "recordio", imagenet_like)
     with pytest.raises(ConfigError, match="unknown parquet"):
         formats_of(info, "parquet", imagenet_like)
