@@ -187,7 +187,8 @@ def _block_info(device: str) -> dict[str, Any]:
     disk = name if os.path.exists(f"{sys_dir}/queue") else os.path.basename(os.path.dirname(sys_dir))
     base = f"/sys/block/{disk}"
     size = _read_sys(f"{base}/size")
-    return {"disk": disk,
+    queue = _read_sys(f"{base}/queue/nr_requests")
+    return {"disk": disk, "queue_requests": int(queue) if queue and queue.isdigit() else None,
             "model": _read_sys(f"{base}/device/model"),
             "rotational": _read_sys(f"{base}/queue/rotational") == "1",
             "scheduler": _read_sys(f"{base}/queue/scheduler"),

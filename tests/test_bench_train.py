@@ -114,6 +114,8 @@ def test_read_ahead_on_and_off_are_rows_side_by_side(dataset, tmp_path):
     assert args._bench_module.run(args) == 0
     rows = [r for r in load_results(str(results)) if r["format"] == "lmdb"]
     assert [r["params"]["read_ahead"] for r in rows] == [True, False]
+    # Each beside the disk's ceiling at its own depth: a batch of 8 asked at once, one record at a time.
+    assert [r["resources"]["disk_ceiling"]["pattern"].rsplit("_", 1)[1] for r in rows] == ["qd8", "qd1"]
 
 
 def test_configuration_errors(dataset, tmp_path):
@@ -495,6 +497,24 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     assert parser.parse_args(["dst", "--results", "r", "--run-ahead", "off"]).run_ahead == "off"
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--run-ahead", "fast"])
+
+
+def test_the_disks_ceiling_is_measured_at_the_reads_the_loader_keeps_in_flight():
+    """A record per worker of every rank; reading ahead, each worker asks for its whole batch at once, so the
+    ceiling is measured as deep as the device queues (its nr_requests; 256 where it does not say, and at most),
+    never shallower than without read-ahead. Measured at 60 (15 workers x 4 ranks, reading ahead), 4 H200 ranks
+    read 1.62 GB/s from a disk whose ceiling said 1.43."""
+    from gpufeed.bench.results import disk_info
+    from gpufeed.bench.train import READ_AHEAD_DEPTH, TrainOptions, ceiling_depth
+
+    four = TrainOptions(workers=15, gpus=4)
+    assert ceiling_depth(four, "train", "off", 256) == ceiling_depth(four, "train", None, None) == 60
+    assert ceiling_depth(four, "train", "on", 256) == ceiling_depth(four, "infer", "on", None) == READ_AHEAD_DEPTH
+    assert ceiling_depth(four, "train", "on", 10_000) == READ_AHEAD_DEPTH
+    assert ceiling_depth(four, "train", "on", 32) == 60
+    assert ceiling_depth(TrainOptions(workers=1, batch_size=8), "train", "on", 256) == 8
+    queue = disk_info(os.getcwd()).get("queue_requests")
+    assert queue is None or queue >= 1
 
 
 def test_a_resource_at_its_ceiling_while_the_batches_came_in_time_says_what_relieving_it_wins():
