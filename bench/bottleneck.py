@@ -18,6 +18,9 @@ from __future__ import annotations
 MISSED = 0.90
 #: A resource limits a run when its use reaches this share of its ceiling.
 NEAR = 0.90
+#: A disk read faster than this share of its measured ceiling says the ceiling was measured shallower than the
+#: loader read (the ceiling then is no proof the disk was at its limit).
+OVER = 1.05
 #: A run marked cold counts as a cold measurement only where the block device read at least this share of the
 #: bytes of the records it consumed: below it, the records came from the page cache (batches read before the
 #: timed steps, or a dataset built in the same call that eviction did not reach).
@@ -107,10 +110,17 @@ def limit(row: dict) -> dict | None:
     hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
     busy, main = r.get("cpu_busy"), r.get("main_thread_busy")
     decoded, decode_top = r.get("node_cpu_decodes_per_s"), (r.get("cpu_decode_ceiling") or {}).get("img_per_s")
+    def over():  # a ceiling measured shallower than the loader read (rows before 2026-11-27's deeper ceilings)
+        pattern = (r.get("disk_ceiling") or {}).get("pattern")
+        if disk <= ceiling * OVER or not pattern:
+            return ""
+        return (f" (more than the ceiling measured at {pattern.rsplit('_', 1)[-1]}: the loader kept more reads in "
+                "flight, so the disk may read faster still)")
+
     # (resource, its use, its ceiling, what to print): a share of the cores, or the thread that takes the GPU's
     # batches and launches its kernels (the GPU starved while it was this busy: with the launch queue empty it
     # does not spin, so its time went to the loop's own host work).
-    checks = [("disk", disk, ceiling, lambda: f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s"),
+    checks = [("disk", disk, ceiling, lambda: f"disk: {disk / 1e3:.2f} of {ceiling / 1e3:.2f} GB/s" + over()),
               ("cpu", busy, 1.0, lambda: f"CPU: {busy:.0%} of {r.get('cores', '?')} cores busy"),
               # The cores' busy share under-states a CPU of hyper-threads: set their decodes beside what every
               # core decodes at once, measured.

@@ -535,6 +535,13 @@ def test_a_resource_at_its_ceiling_while_the_batches_came_in_time_says_what_reli
                              "most the 1% the loop waited")
     starved = {**row, "resources": {**row["resources"], "wait_share": 0.09}}
     assert limit(starved)["text"] == "disk: 1.62 of 1.43 GB/s"
+    # Read faster than a ceiling measured at a record per worker (rows before the deeper ceilings): said so.
+    shallow = {**starved["resources"], "disk_ceiling": {"mb_per_s": 1434.0, "pattern": "rand_116k_qd60"}}
+    assert limit({**starved, "resources": shallow})["text"] == (
+        "disk: 1.62 of 1.43 GB/s (more than the ceiling measured at qd60: the loader kept more reads in flight, so "
+        "the disk may read faster still)")
+    near = {**shallow, "disk_read_mb_per_s": 1480.0}
+    assert limit({**starved, "resources": near})["text"] == "disk: 1.48 of 1.43 GB/s"
 
 
 def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_loader():
