@@ -110,6 +110,7 @@ def limit(row: dict) -> dict | None:
     hw, engines = (r.get("decodes_per_s") or {}).get("hw"), r.get("engines_per_s")
     busy, main = r.get("cpu_busy"), r.get("main_thread_busy")
     decoded, decode_top = r.get("node_cpu_decodes_per_s"), (r.get("cpu_decode_ceiling") or {}).get("img_per_s")
+
     def over():  # a ceiling measured shallower than the loader read (rows before 2026-11-27's deeper ceilings)
         pattern = (r.get("disk_ceiling") or {}).get("pattern")
         if disk <= ceiling * OVER or not pattern:

@@ -601,7 +601,6 @@ def _disk_ceilings(dst: str, info: dict, formats: list[str], tiers: list, opts: 
     before the grid, so no measurement runs beside a timed one."""
     from gpufeed.bench.hostdisk import ceiling, random_pattern
     from gpufeed.bench.read import tier_dataset
-
     from gpufeed.bench.results import disk_info
 
     out = {}
