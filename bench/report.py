@@ -20,6 +20,7 @@ each takes the rows of :func:`gpufeed.bench.results.load_results`.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -176,7 +177,7 @@ def run(args) -> int:
 
     for path in args.results:
         if not os.path.exists(path):
-            raise ConfigError(f"{path}: results file not found; write one with `gpufeed bench ... --results {path}`")
+            raise ConfigError(f"{path}: results file not found; write one with `gpufeed bench ... --results {shlex.quote(path)}`")
     rows = load_results(args.results)
     out = write_report(rows, args.output, args.baseline, args.results, args.resize)
     print(f"wrote {out} from {len(rows)} rows")

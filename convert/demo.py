@@ -47,7 +47,7 @@ def run(args) -> int:
     options = command.options_from_args(parser.parse_args(argv))
     summary = convert(options, Progress(options.progress))
     print(format_summary(summary))
-    print(f"running: gpufeed verify {dst}")
+    print(f"running: gpufeed verify {shlex.quote(dst)}")
     print(verify(dst, workers=args.workers).text())
     print("outputs:")
     for fmt in options.formats:

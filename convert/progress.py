@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 
@@ -153,5 +154,5 @@ def format_summary(summary, max_skipped: int = 20) -> str:
         lines.append(f"no mean.binaryproto: {norm['mean_binaryproto_skipped']}")
     if summary.complete:
         lines.append(f"output: {summary.out} (manifest.json lists every file; check it with "
-                     f"`gpufeed verify {summary.out}`)")
+                     f"`gpufeed verify {shlex.quote(summary.out)}`)")
     return "\n".join(lines)

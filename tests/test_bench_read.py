@@ -168,13 +168,13 @@ def test_the_advice_for_a_format_a_dataset_lacks_works_when_followed(tmp_path):
 
     from gpufeed.bench.dataset import formats_of
 
-    out = str(tmp_path / "ds")
+    out = str(tmp_path / "a dataset")  # a space: the command quotes the path
     build_dataset(out, ["recordio"], n=6, workers=1, size=(64, 64), center_crop=True, quality=75, seed=3)
     before = load_dataset_info(out)
     with pytest.raises(ConfigError) as e:
         formats_of(before, "lmdb", out)
     command = str(e.value).split("`")[1]
-    assert command == (f"gpufeed bench dataset {out} --formats recordio,lmdb -n 6 --size 64x64 --center-crop "
+    assert command == (f"gpufeed bench dataset '{out}' --formats recordio,lmdb -n 6 --size 64x64 --center-crop "
                        "--quality 75 --seed 3 --overwrite")
     assert main(shlex.split(command)[1:] + ["--workers", "1"]) == 0
     after = load_dataset_info(out)

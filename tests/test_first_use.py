@@ -321,6 +321,22 @@ def test_text_datasets_count_records_and_dry_runs_say_what_they_would_do(tmp_pat
     assert "left out while listing (3), in no count above:" in text and "do not fill a window" in text
 
 
+def test_the_summarys_verify_command_works_as_printed_for_a_path_with_a_space(tmp_path, ray_local):
+    """The command a summary gives quotes the destination, so it runs pasted into a shell as it is."""
+    import shlex
+
+    from gpufeed.pipelines.synth import synth_ptb
+
+    ptb = str(tmp_path / "ptb")
+    synth_ptb(ptb, train_tokens=2000, seed=2)
+    out = str(tmp_path / "my outputs")
+    text = format_summary(convert(ConvertOptions(dataset="ptb", src=ptb, formats=("tfrecord",), out=out, workers=1,
+                                                 progress=False), Progress(False)))
+    command = text.split("check it with `")[1].split("`")[0]
+    assert command == f"gpufeed verify '{out}'"
+    assert main(shlex.split(command)[1:]) == 0
+
+
 def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
     """A log (not a terminal) gets a line per phase and per interval, no carriage returns; a terminal the bar."""
     import io

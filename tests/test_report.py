@@ -579,3 +579,11 @@ def test_gpus_fed_four_ranks_inference_from_stored_small_records(tmp_path):
             "than the ceiling measured at qd60: the loader kept more reads in flight, so the disk may read faster "
             "still); yet the batches came in time (the loop waited for them 1% of its time, and each step took 63.5 "
             "ms") in fed
+
+
+def test_a_missing_results_file_is_named_with_a_command_that_writes_it(tmp_path, capsys):
+    """The path in the advice is quoted, so the command pastes into a shell as it is."""
+    missing = str(tmp_path / "my results.jsonl")
+    assert main(["report", missing, "-o", str(tmp_path / "r.md")]) == 2
+    assert (f"{missing}: results file not found; write one with `gpufeed bench ... --results '{missing}'`"
+            in capsys.readouterr().err)
