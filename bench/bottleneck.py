@@ -135,15 +135,18 @@ def limit(row: dict) -> dict | None:
             (found if used >= NEAR * top else seen).append((name, text()))
     # The AU a run lost is the loop's time waiting for batches plus its steps' time beyond the model's alone.
     wait = r.get("wait_share")
-    ahead = (row.get("params") or {}).get("run_ahead")
-    paced = _median(row, "paced_share")
+    params = row.get("params") or {}
+    ahead, paced = params.get("run_ahead"), _median(row, "paced_share")
+    ranks = int(params.get("gpus") or 1)
+    # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
+    reduced = ranks > 1 and params.get("task", "train") == "train"
     if found:
         text = "; ".join(t for _, t in found)
         if wait is not None and 1.0 - au - wait > wait:
             # A resource at its ceiling while the batches still came in time: the run is balanced on it, but most
             # of its loss is in its steps (4 H200s training: the disk at its ceiling, the loop waiting 1%).
             text += (f"; yet the batches came in time (the loop waited for them {wait:.0%} of its time"
-                     f"{_steps(row, r, ahead, paced)}): most of the AU went to steps slowed beside the loader's "
+                     f"{_steps(row, r, ahead, paced, reduced)}): most of the AU went to steps slowed beside the loader's "
                      f"work, so relieving the {found[0][0]} alone wins back at most the {wait:.0%} the loop waited")
         return {"resource": found[0][0], "text": text}
     what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
@@ -157,13 +160,10 @@ def limit(row: dict) -> dict | None:
         # With the model as one CUDA graph the loop's thread launches a step in one call and then waits for the
         # next batch while the GPU runs it: part of that wait was never the GPU's loss.
         graph = (" (the model ran as one CUDA graph: the GPU ran while the loop waited, so not all of that was "
-                 "lost)" if (row.get("params") or {}).get("cuda_graph") else "")
+                 "lost)" if params.get("cuda_graph") else "")
         return {"resource": None, "text": f"the loop waited for its batches {wait:.0%} of its time{graph}; {what}: "
                                           "the loader itself limits this run, not the disk"}
-    steps = _steps(row, r, ahead, paced)
-    params = row.get("params") or {}
-    ranks = int(params.get("gpus") or 1)
-    reduced = ranks > 1 and params.get("task", "train") == "train"
+    steps = _steps(row, r, ahead, paced, reduced)
     # With several training ranks each step lasts as long as its latest rank's (the all-reduce waits for it), so
     # one rank's late step is every rank's: traced on 4 H100s, a different rank came late each step.
     if reduced:
@@ -178,9 +178,10 @@ def limit(row: dict) -> dict | None:
                                         f"feeding; {what}, so a faster disk would not help"}
 
 
-def _steps(row: dict, r: dict, ahead: int | None, paced: float | None) -> str:
+def _steps(row: dict, r: dict, ahead: int | None, paced: float | None, reduced: bool) -> str:
     """What a row's steps did beside the loop's wait, as :func:`limit` words it: each step's time against the
-    model's alone, the pacing, the main thread's wait for a core, the GPU's kernel time against the model alone's."""
+    model's alone, the pacing, the main thread's wait for a core, the GPU's kernel time against the model alone's
+    (``reduced``: training ranks, whose all-reduce's wait counts as kernel time)."""
     step, alone = _median(row, "step_ms"), row.get("compute_step_s")
     steps = (f", and each step took {step:.1f} ms against the model's {alone * 1e3:.1f} ms alone" if step and alone
              else "")
@@ -190,12 +191,10 @@ def _steps(row: dict, r: dict, ahead: int | None, paced: float | None) -> str:
     if queued is not None:  # the loop's own thread ready to launch the model's work but without a core
         steps += f"; its main thread waited for a core {queued:.0%} of its time"
     gpu, gpu_alone = r.get("gpu_busy"), r.get("gpu_busy_alone")
-    params = row.get("params") or {}
-    # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
     if gpu is not None and gpu_alone is not None:  # less kernel time at the same step count: work came late
         steps += f"; the GPU ran kernels {gpu:.0%} of the time against {gpu_alone:.0%} with the model alone"
-        if int(params.get("gpus") or 1) > 1 and params.get("task", "train") == "train":
-            steps += " (a rank's all-reduce waiting for the others counts as kernel time)"  # NCCL's kernels spin
+        if reduced:  # NCCL's kernels spin while they wait for the other ranks
+            steps += " (a rank's all-reduce waiting for the others counts as kernel time)"
     return steps
 
 
