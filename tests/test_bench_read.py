@@ -176,7 +176,12 @@ def test_the_advice_for_a_format_a_dataset_lacks_works_when_followed(tmp_path):
     command = str(e.value).split("`")[1]
     assert command == (f"gpufeed bench dataset '{out}' --formats recordio,lmdb -n 6 --size 64x64 --center-crop "
                        "--quality 75 --seed 3 --overwrite")
+    mine = os.path.join(out, "my notes.txt")  # a file gpufeed did not write: the advised --overwrite keeps it
+    with open(mine, "w") as fh:
+        fh.write("kept")
     assert main(shlex.split(command)[1:] + ["--workers", "1"]) == 0
+    with open(mine) as fh:
+        assert fh.read() == "kept"
     after = load_dataset_info(out)
     assert formats_of(after, "lmdb", out) == ["lmdb"] and set(after["formats"]) == {"recordio", "lmdb"}
     assert (after["n"], after["store"], after["seed"]) == (6, before["store"], 3)
