@@ -42,8 +42,8 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import (AUTO, DECODES, RATES, LoaderOptions, default_read_ahead, default_workers,
-                                      hybrid_split)
+from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_WORKERS, DECODES, RATES, LoaderOptions, default_read_ahead,
+                                      default_workers, hybrid_split)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``), or as the loader does by default (``auto``: on for
@@ -764,8 +764,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
     parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
                         help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks from the cores, "
-                             "the ranks and the GPU's JPEG engines: cpu for one GPU with 24 cores or more, else "
-                             "hybrid), "
+                             "the ranks and the GPU's JPEG engines: cpu where each rank gets "
+                             f"{CPU_ENOUGH_WORKERS} workers or more, else hybrid), "
                              "cpu (DataLoader workers), gpu (nvJPEG on the SMs), hw (the GPU's JPEG engines, "
                              "nvImageCodec), hybrid (CPU workers and engines)")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",

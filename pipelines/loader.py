@@ -20,12 +20,12 @@ Where the JPEGs are decoded (``decode``):
   (``BackendKind.HW_GPU_ONLY``), which leave the SMs to the model; images the engines do not take
   (progressive JPEGs, some subsamplings) fall back to nvImageCodec's CUDA decoder, one batch call each.
 * ``hybrid``: each batch split between the CPU workers and the engines: by default a fixed CPU share measured
-  best for the task (:data:`HYBRID_CPU_SHARE`; every image on the CPU where one rank has the workers for it), or
+  best for the task (:data:`HYBRID_CPU_SHARE`; every image on the CPU where a rank has the workers for it), or
   ``cpu_share="rates"``, the share from both sides' measured rates (the workers time each image they decode, the
   engines' batches are timed as they run beside the model). :func:`hybrid_split`, docs/loader.md.
-* ``auto`` (the default): ``cpu`` for a node's only GPU with 24 cores or more (enough for one H200 training
-  ResNet-50), or where no GPU has JPEG engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason``
-  says why).
+* ``auto`` (the default): ``cpu`` where each rank on the node gets 20 workers or more by default (enough to
+  feed an H200 training ResNet-50: one rank on 20 cores, up to 3 ranks on 64), or where no GPU has JPEG engines;
+  else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason`` says why).
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
   share of the usable cores (:func:`default_workers`), less one for its own process where ranks share the node.
 
@@ -99,9 +99,9 @@ HYBRID_CPU_SHARE = {"train": 0.75, "eval": 0.6}
 #: Below this many DataLoader workers per rank the fixed shares above were never measured: the measured-rate
 #: split, which follows what the workers decode, is used instead.
 FIXED_SHARE_MIN_WORKERS = 12
-#: The node's only rank with :data:`CPU_ENOUGH_CORES` workers or more: its CPU workers decode every image (the
-#: engines' part would only slow the model). One H100 on 32 cores, 32 workers, recordio, in one call: hybrid at
-#: this share 0.980, at 0.75 0.931, cpu 0.950 (results/gpu-ranks-h100x2.txt).
+#: A rank with :data:`CPU_ENOUGH_WORKERS` workers or more, each on a core of its own: its CPU workers decode every
+#: image (the engines' part would only slow the model). One H100 on 32 cores, 32 workers, recordio, in one call:
+#: hybrid at this share 0.980, at 0.75 0.931, cpu 0.950 (results/gpu-ranks-h100x2.txt).
 ALONE_CPU_SHARE = 1.0
 
 
@@ -152,15 +152,15 @@ def default_run_ahead(run_ahead, decode: str, ranks: int = 1) -> int | None:
     return 0 if ranks >= PACED_RANKS and decode in ("gpu", "hw", "hybrid") else None
 
 
-def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1):
+def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1, cores: int | None = None):
     """The hybrid path's split for a loader asked for ``cpu_share`` (a float, ``"rates"`` or None for the
-    default) with ``workers`` DataLoader workers in each of ``ranks`` ranks on the node: a fixed CPU share of
-    each batch, or :data:`RATES`. The default never feeds a rank worse than the better of ``cpu`` and ``hw``
-    alone where that was measured: all on the CPU where one rank has the workers to carry it
-    (:data:`ALONE_CPU_SHARE`), else the share measured best for the task."""
+    default) with ``workers`` DataLoader workers in each of ``ranks`` ranks on a node of ``cores`` usable cores
+    (None: this machine's): a fixed CPU share of each batch, or :data:`RATES`. The default never feeds a rank
+    worse than the better of ``cpu`` and ``hw`` alone where that was measured: all on the CPU where the rank's
+    workers carry it (:func:`cpu_carries`, :data:`ALONE_CPU_SHARE`), else the share measured best for the task."""
     if cpu_share is not None:
         return cpu_share
-    if augment in HYBRID_CPU_SHARE and ranks <= 1 and workers >= CPU_ENOUGH_CORES:
+    if augment in HYBRID_CPU_SHARE and cpu_carries(workers, ranks, cores):
         return ALONE_CPU_SHARE
     if workers >= FIXED_SHARE_MIN_WORKERS and augment in HYBRID_CPU_SHARE:
         return HYBRID_CPU_SHARE[augment]
@@ -221,27 +221,44 @@ def worker_cores(loop_cores: int, ranks: int = 1, says: str | None = None) -> fr
 
 #: GPUs with hardware JPEG decoders (NVJPG engines), as nvImageCodec's hardware backend drives them.
 ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "L4", "L40")
-#: Cores from which the CPU workers alone feed one GPU training ResNet-50 when it is the node's only rank (one
-#: H200 on 32 cores, 32 workers: AU 0.967 against 0.90 with the engines; results/gpu-ranks-h200x2.txt). Where
-#: ranks share a node, the engines take a share whatever the cores: 2 ranks on 64 cores fed from 31 CPU
-#: workers each got 0.82, from the engines 0.88 (results/gpu-ranks-h100x4.txt).
-CPU_ENOUGH_CORES = 24
+#: DataLoader workers per rank from which the CPU workers alone feed each GPU training ResNet-50, however many ranks
+#: share the node, where the node has a core for each (:func:`cpu_carries`). 4 H200s on 64 cores, recordio, cold,
+#: alternated in one call: 3 ranks x 20 workers, cpu 1.001 / 0.975 against hybrid (0.75) 0.883 / 0.888; 2 ranks x 31
+#: workers, cpu 0.984 / 0.972 against 0.917 / 0.833; 4 ranks x 15, cpu 0.723 against 0.875 (results/gpu-ranks-h200x4.txt,
+#: session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt). The CPU path
+#: of 2026-11-26 (before its DCT-domain decode and batch pool) fed 2 ranks x 31 on 4 H100s at 0.815 against the
+#: engines' 0.875, which is why ranks sharing a node took the engines whatever their cores until then.
+CPU_ENOUGH_WORKERS = 20
+
+
+def cpu_carries(workers: int, ranks: int = 1, cores: int | None = None) -> bool:
+    """Whether ``workers`` DataLoader workers in each of ``ranks`` ranks on a node of ``cores`` usable cores (None:
+    this machine's) decode every image on the CPU faster than the engines would help: :data:`CPU_ENOUGH_WORKERS`
+    workers or more, each with a core of the rank's share (more workers than cores do not decode faster)."""
+    from gpufeed.machine import usable_cores
+
+    ranks = max(1, ranks)
+    cores = usable_cores() if cores is None else cores
+    return min(workers, cores // ranks) >= CPU_ENOUGH_WORKERS
 
 
 def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
     """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, and how many ranks
-    share the node: ``cpu`` for the node's only rank with :data:`CPU_ENOUGH_CORES` cores or more (or without a
-    GPU); else ``hybrid`` (CPU workers and engines sharing each batch, :func:`hybrid_split`) on a GPU with
-    engines and nvImageCodec installed; else ``cpu``."""
+    share the node: ``cpu`` where each rank's default workers carry it alone (:func:`cpu_carries`: 20 or more,
+    e.g. up to 3 ranks on 64 cores), or without a GPU; else ``hybrid`` (CPU workers and engines sharing each
+    batch, :func:`hybrid_split`) on a GPU with engines and nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores
 
     torch = import_torch()
-    per_rank = usable_cores() // max(1, ranks)
+    ranks = max(1, ranks)
+    per_rank = usable_cores() // ranks
     device = resolve_device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return "cpu", "no CUDA GPU"
-    if ranks <= 1 and per_rank >= CPU_ENOUGH_CORES:
-        return "cpu", f"{per_rank} cores feed the node's one GPU from the CPU workers alone"
+    workers = default_workers(ranks)
+    if cpu_carries(workers, ranks):
+        each = "the node's one GPU" if ranks == 1 else f"each of the node's {ranks} ranks"
+        return "cpu", f"{per_rank} cores per rank: {workers} CPU workers feed {each} alone"
     name = torch.cuda.get_device_name(device)
     if not any(gpu in name for gpu in ENGINE_GPUS):
         return "cpu", f"{per_rank} cores per rank, and the {name} has no JPEG engines gpufeed drives"
@@ -326,8 +343,8 @@ class LoaderOptions:
     cpu_share: float | str | None = _flag(None, type=parse_cpu_share, help=(
         f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the split set from both "
         "sides' measured rates); with --decode auto, where auto picks hybrid (default: every image on the CPU for "
-        f"one rank with {CPU_ENOUGH_CORES} workers or more; else {HYBRID_CPU_SHARE['train']} training and "
-        f"{HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else {RATES})"))
+        f"a rank with {CPU_ENOUGH_WORKERS} workers or more, each with a core; else {HYBRID_CPU_SHARE['train']} "
+        f"training and {HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else {RATES})"))
     worker_nice: int = _flag(WORKER_NICE, metavar="N", type=int, help=(
         "niceness the DataLoader workers add to their own (0-19), so the training loop's process gets a core first "
         f"when it needs one (default: {WORKER_NICE})"))
@@ -417,7 +434,7 @@ class Loader:
     ``gpufeed bench train --read-ahead on,off``.
 
     ``cpu_share``: ``hybrid`` only, the share of each batch the CPU workers decode. By default
-    (:func:`hybrid_split`) every image where the node's only rank has :data:`CPU_ENOUGH_CORES` workers or more,
+    (:func:`hybrid_split`) every image where the rank's workers carry it alone (:func:`cpu_carries`),
     else a fixed share measured best for the task (:data:`HYBRID_CPU_SHARE`: the engines'
     work serialises with the model's, so a split that balances both sides' rates gives them too much), or, with
     fewer than :data:`FIXED_SHARE_MIN_WORKERS` workers, the split from both sides' measured rates

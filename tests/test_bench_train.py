@@ -447,19 +447,26 @@ def test_fitted_steps_leave_room_for_the_traced_steps():
         "10 warm-up and 36 timed steps, 4 traced (a larger dataset, `gpufeed bench dataset -n`, measures more)")
 
 
-def test_hybrid_rows_record_the_split_the_loader_held():
+def test_hybrid_rows_record_the_split_the_loader_held(monkeypatch):
     """A hybrid row says which split fed it: the loader's default fixed share for the task (or the one given)
-    as ``cpu_share_fixed``, nothing where the measured rates set it, as in every hybrid row before."""
+    as ``cpu_share_fixed``, nothing where the measured rates set it, as in every hybrid row before. On a node of
+    64 cores (the 4-GPU machine's), as the loader there would split."""
+    import gpufeed.machine
+
+    monkeypatch.setattr(gpufeed.machine, "usable_cores", lambda: 64)
+
     def fixed(task, **kw):
         return train.TrainOptions(**kw).params(task, "hybrid", {}).get("cpu_share_fixed")
 
     assert fixed("train", workers=15) == 0.75
-    assert fixed("infer", workers=31, gpus=2) == 0.6
+    assert fixed("infer", workers=15, gpus=4) == 0.6
     assert fixed("train", workers=15, cpu_share=0.8) == 0.8
     assert fixed("train", workers=15, cpu_share="rates") is None
     assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
-    assert fixed("train", workers=32) == fixed("infer", workers=24) == 1.0  # one rank whose workers carry it
-    assert fixed("train", workers=31, gpus=2) == 0.75
+    # A rank whose workers carry it, each on a core: one rank, or 2 and 3 sharing the 64 cores; not 4 x 15.
+    assert fixed("train", workers=32) == fixed("infer", workers=24) == 1.0
+    assert fixed("train", workers=31, gpus=2) == fixed("train", workers=20, gpus=3) == 1.0
+    assert fixed("train", workers=15, gpus=4) == 0.75
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
 
 

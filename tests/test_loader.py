@@ -719,6 +719,9 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
     assert L.default_workers() == max(1, min(L.MAX_DEFAULT_WORKERS, cores))
     assert L.default_workers(2) == max(1, min(L.MAX_DEFAULT_WORKERS, cores // 2 - 1))
     assert L.default_workers(cores * 4) == 1
+    # Where auto takes the CPU path on a GPU node: each rank's default workers carry it, on a core each.
+    assert [L.cpu_carries(64 // r - 1, r, cores=64) for r in (1, 2, 3, 4)] == [True, True, True, False]
+    assert L.cpu_carries(16, 1, cores=16) is False and L.cpu_carries(20, 1, cores=20) is True
 
 
 def test_loader_options_are_checked_once_for_every_caller():
@@ -742,16 +745,21 @@ def test_loader_options_are_checked_once_for_every_caller():
 def test_hybrid_split_default_is_the_measured_share_for_the_task():
     """The hybrid path holds the CPU share measured best for its task where a rank has the workers those
     measurements had; with fewer, or when asked for ("rates"), the split follows both sides' measured rates."""
-    assert L.hybrid_split(None, "train", 15) == L.HYBRID_CPU_SHARE["train"] == 0.75
-    assert L.hybrid_split(None, "eval", 31, ranks=2) == L.HYBRID_CPU_SHARE["eval"] == 0.6
-    assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1) == L.RATES
+    assert L.hybrid_split(None, "train", 15, cores=64) == L.HYBRID_CPU_SHARE["train"] == 0.75
+    assert L.hybrid_split(None, "eval", 15, ranks=4, cores=64) == L.HYBRID_CPU_SHARE["eval"] == 0.6
+    assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1, cores=64) == L.RATES
     assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
     assert L.hybrid_split(0.3, "eval", 2) == 0.3
-    # The node's only rank with the workers to carry every image: the CPU decodes them all; not so where
-    # ranks share the node, whatever the workers.
-    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_CORES) == L.ALONE_CPU_SHARE == 1.0
-    assert L.hybrid_split(None, "eval", 32, ranks=1) == 1.0
-    assert L.hybrid_split(None, "train", 31, ranks=2) == 0.75
+    # A rank with the workers to carry every image, each on a core of its own: the CPU decodes them all, however
+    # many ranks share the node (3 x 20 and 2 x 31 on 64 cores fed better so); not where the cores are too few
+    # for the workers asked, nor with fewer workers.
+    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS, cores=64) == L.ALONE_CPU_SHARE == 1.0
+    assert L.hybrid_split(None, "eval", 32, ranks=1, cores=32) == 1.0
+    assert L.hybrid_split(None, "train", 31, ranks=2, cores=64) == 1.0
+    assert L.hybrid_split(None, "train", 20, ranks=3, cores=64) == 1.0
+    assert L.hybrid_split(None, "train", 15, ranks=4, cores=64) == 0.75
+    assert L.hybrid_split(None, "train", 20, ranks=4, cores=64) == 0.75  # 80 workers on 64 cores
+    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS - 1, cores=64) == 0.75
     assert L.hybrid_split(0.5, "train", 32, ranks=1) == 0.5
 
 
