@@ -301,8 +301,9 @@ def _fed_up_to(au_by_count: dict[int, float]) -> tuple[int, int | None]:
 def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     """How many real GPUs of one node each disk fed, from `bench train` runs with 1, 2, ... ranks (``--gpus N``)
     of one model, task and GPU: per tier and format, the most ranks N such that the slowest rank reached 90% AU
-    with every count measured up to N (the best decode path for each count), every count measured with its
-    slowest rank's AU, and what limited the first count that missed. Nothing where no run used more than one
+    with every count measured up to N (the best configuration for each count, named with the loader settings that
+    tell it from the others: :func:`loader_label`), every count measured with its slowest rank's AU, and what
+    limited the first count that missed. Nothing where no run used more than one
     GPU: one GPU alone says nothing about the node."""
     train = [r for r in of_bench(rows, "train") if not is_synthetic(r) and not accelerator_emulated(r)
              and side_dataset(r) in (None, "ranks") and figure(r, "au") is not None]
@@ -333,7 +334,7 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         by_n = {n: r for n, (r, _runs) in groups[key].items()}
         most, missed = _fed_up_to({n: figure(r, "au") for n, r in by_n.items()})
         measured = ", ".join(f"{n}: {fmt_pct(figure(r, 'au'))} ("
-                             + "; ".join(filter(None, [str(params(r).get("decode")), fmt_runs(runs)])) + ")"
+                             + "; ".join(filter(None, [loader_label(r), fmt_runs(runs)])) + ")"
                              for n, (r, runs) in sorted(groups[key].items()))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])

@@ -501,7 +501,8 @@ def test_the_gpus_fed_answer_counts_cold_runs_only_and_says_how_images_were_stor
     text = report.render_markdown(report.build_report(before), str(tmp_path / "r"), "r")
     answer, ranks = text.split("## The answer")[1].split("\n## ")[0], text.split("## Several GPUs")[1]
     assert ("| resnet50 | train | NVIDIA H100 80GB HBM3 | local | recordio | 2 | 1: 98.0% (cpu; median of 2 runs: 98.0%, "
-            "99.6%), 2: 94.1% (hybrid), 3: 87.0% (hybrid), 4: 92.3% (hybrid) | disk: 1.51 of 1.16 GB/s (more than the "
+            "99.6%), 2: 94.1% (hybrid, read-ahead, CPU share 0.75), 3: 87.0% (hybrid), 4: 92.3% (hybrid, read-ahead, CPU "
+            "share 0.75) | disk: 1.51 of 1.16 GB/s (more than the "
             "ceiling measured at qd60: the loader kept more reads in flight, so the disk may read faster still); yet the "
             "batches came in time ") in answer
     assert ("| resnet50 | infer | NVIDIA H100 80GB HBM3 | local | recordio (--size 224x224 --center-crop) | 1 | "
@@ -528,15 +529,15 @@ def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     line = next(row for row in fed.splitlines() if row.startswith("| resnet50 | train | NVIDIA H200 | local | recordio |"))
     # 4 ranks: the configuration whose runs' median was best (three runs of the default), not the best single run
     # (0.944 with --loop-cores 1, whose other run gave 0.913).
-    assert line.startswith("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 99.0% (cpu), 2: 92.2% (hybrid), "
-                           "3: 88.0% (hybrid), 4: 92.3% (hybrid; median of 3 runs: 91.0%, 92.3%, 92.8%) | the batches "
-                           "came in time")
+    assert line.startswith("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 99.0% (cpu), 2: 92.2% (hybrid, "
+                           "read-ahead, CPU share 0.75), 3: 88.0% (hybrid, read-ahead, CPU share 0.75), 4: 92.3% (hybrid, "
+                           "read-ahead, CPU share 0.75; median of 3 runs: 91.0%, 92.3%, 92.8%) | the batches came in time")
     assert "essd-pl1* feeds **0** NVIDIA H200s training resnet50, measured with 1, 2, 3 GPUs" in fed
     # lmdb's 92.8%, measured with 4 GPUs only, does not make the disk's answer 4 where 3 missed from recordio.
     assert ("local feeds **2** NVIDIA H200s training resnet50 (from recordio), measured with 1, 2, 3 GPUs from recordio "
             "and 4 from lmdb; local feeds **0** NVIDIA H200s running inference of resnet50, measured with 1 GPU from "
             "recordio and 4 from recordio (--resize 160).") in fed
-    assert "| resnet50 | train | NVIDIA H200 | local | lmdb | 4 | 4: 92.8% (hybrid) | - |" in fed
+    assert "| resnet50 | train | NVIDIA H200 | local | lmdb | 4 | 4: 92.8% (hybrid, read-ahead, CPU share 0.75) | - |" in fed
 
 
 def test_gpus_fed_takes_each_configuration_at_its_runs_median_and_a_cuda_graph_apart(tmp_path):
@@ -552,14 +553,16 @@ def test_gpus_fed_takes_each_configuration_at_its_runs_median_and_a_cuda_graph_a
     lines = {row.split(" | ")[2] + " " + row.split(" | ")[1]: row for row in fed.splitlines()
              if row.startswith("| resnet50 | ") and "--quality 75" in row}
     # The plain setting's median (0.728) lost to the niced workers with a core kept per rank (0.749, 0.825).
-    assert "| 0 | 1: 88.3% (hybrid), 4: 74.9% (cpu; median of 2 runs: 74.9%, 82.5%) |" in lines["NVIDIA H200 infer"]
+    assert ("| 0 | 1: 88.3% (hybrid, CPU share 1.00), 4: 74.9% (cpu, read-ahead, workers at nice 10, 1 core(s) kept per "
+            "rank; median of 2 runs: 74.9%, 82.5%) |") in lines["NVIDIA H200 infer"]
     assert "92.2%" not in fed.split("Left out")[0]
     graph = lines["NVIDIA H200 (model as a CUDA graph) infer"]
-    assert "| 1 | 1: 98.1% (cpu), 4: 58.0% (hybrid) |" in graph
+    assert "| 1 | 1: 98.1% (cpu), 4: 58.0% (hybrid, read-ahead, CPU share 0.60, paced to its GPU) |" in graph
     assert ("local feeds **0** NVIDIA H200s running inference of resnet50, measured with 1, 4 GPUs; local feeds **1** "
             "NVIDIA H200 (model as a CUDA graph) running inference of resnet50") in fed
     # Training, paced by default (three runs) beside no limit (three runs): the paced runs' median.
-    assert "| 0 | 4: 83.0% (hybrid; median of 3 runs: 61.6%, 83.0%, 88.3%) |" in fed
+    assert ("| 0 | 4: 83.0% (hybrid, read-ahead, CPU share 0.75, paced to its GPU; median of 3 runs: 61.6%, 83.0%, "
+            "88.3%) |") in fed
 
 
 def test_gpus_fed_four_ranks_inference_from_stored_small_records(tmp_path):
@@ -574,11 +577,29 @@ def test_gpus_fed_four_ranks_inference_from_stored_small_records(tmp_path):
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "r"), "r").split("## The answer")[1]
     assert ("local feeds **4** NVIDIA H200s running inference of resnet50 (from recordio (--resize 160 --quality 75)), "
             "measured with 1, 4 GPUs") in fed
-    assert "| 4 | 4: 99.7% (cpu; median of 5 runs: 92.3% to 99.8%) |" in fed
-    assert ("| resnet50 | train | NVIDIA H200 | local | tfrecord | 0 | 4: 88.8% (hybrid) | disk: 1.62 of 1.43 GB/s (more "
+    assert "| 4 | 4: 99.7% (cpu, read-ahead; median of 5 runs: 92.3% to 99.8%) |" in fed
+    assert ("| resnet50 | train | NVIDIA H200 | local | tfrecord | 0 | 4: 88.8% (hybrid, read-ahead, CPU share 0.75, paced "
+            "to its GPU) | disk: 1.62 of 1.43 GB/s (more "
             "than the ceiling measured at qd60: the loader kept more reads in flight, so the disk may read faster "
             "still); yet the batches came in time (the loop waited for them 1% of its time, and each step took 63.5 "
             "ms") in fed
+
+
+def test_gpus_fed_names_each_counts_configuration(tmp_path):
+    """Session 13 on four H200s (results/gpu-ranks-h200x4.jsonl): 2 and 3 ranks fed from the CPU workers alone
+    (0.972-1.001) where the engines' share had given 0.83-0.92, so the disk now feeds 4 from recordio; each count
+    names the loader settings of the configuration that gave it, so a reader sees that the 4 ranks' 92.3% came
+    from runs without the pacing of today's default."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
+    fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    fed = fed.split("## The answer")[1]
+    line = next(row for row in fed.splitlines() if row.startswith("| resnet50 | train | NVIDIA H200 | local | recordio |"))
+    assert line.startswith("| resnet50 | train | NVIDIA H200 | local | recordio | 4 | 1: 99.0% (cpu), 2: 97.2% (cpu, "
+                           "read-ahead; median of 2 runs: 97.2%, 98.4%), 3: 97.5% (cpu, read-ahead; median of 2 runs: "
+                           "97.5%, 100.1%), 4: 92.3% (hybrid, read-ahead, CPU share 0.75; median of 3 runs: 91.0%, 92.3%, "
+                           "92.8%) | - |")
 
 
 def test_a_missing_results_file_is_named_with_a_command_that_writes_it(tmp_path, capsys):
