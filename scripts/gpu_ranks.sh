@@ -26,7 +26,7 @@
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/device_out.sh gpu-ranks-h200x2.jsonl
+source scripts/device_out.sh gpu-ranks-KIND.jsonl
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
 NOW=$(date +%s)
