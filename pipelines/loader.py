@@ -467,10 +467,11 @@ class Loader:
                              window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
                              worker_nice=worker_nice, loop_cores=loop_cores, run_ahead=run_ahead)
         torch = import_torch()
+        on_node = ranks_on_node(world_size)  # the ranks sharing this node's cores (torchrun's LOCAL_WORLD_SIZE)
         self.decode_reason = None
         if decode == AUTO:
             decode, self.decode_reason = (("cpu", "stored pixels and token ids need no JPEG decoding")
-                                          if augment in ("cifar", "tokens") else choose_decode(device, world_size or 1))
+                                          if augment in ("cifar", "tokens") else choose_decode(device, on_node))
             if decode != "cpu" and _first_record_kind(paths, format) != "encoded":
                 decode, self.decode_reason = "cpu", "raw pixel records need no JPEG decoding"
             if cpu_share is not None and decode != "hybrid":
@@ -488,7 +489,6 @@ class Loader:
         self._ranks = world_size or 1  # every rank of the process group, on this node or not (its threads)
         self.shuffle = augment in ("train", "cifar", "tokens") if shuffle is None else shuffle
         self.device = resolve_device(device)
-        on_node = ranks_on_node(world_size)
         # How far the loop may queue work ahead of its GPU (None: no limit); nothing to pace on a CPU device, which
         # runs each step as it is called.
         self.run_ahead = default_run_ahead(run_ahead, decode, on_node)
@@ -522,7 +522,7 @@ class Loader:
             import multiprocessing
 
             self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
-            split = hybrid_split(cpu_share, augment, self.workers, world_size or 1)
+            split = hybrid_split(cpu_share, augment, self.workers, on_node)
             if split == RATES:
                 self._rates = HybridRates(self._share, self.workers, decode_threads,
                                           self.workers * CPU_WORKER_RATE, HW_RATE)

@@ -724,6 +724,26 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
     assert L.cpu_carries(16, 1, cores=16) is False and L.cpu_carries(20, 1, cores=20) is True
 
 
+def test_decode_auto_and_the_hybrid_split_count_the_ranks_on_this_node(dataset, monkeypatch):
+    """The cores a rank gets are the node's over the ranks on the node (torchrun's LOCAL_WORLD_SIZE), not over
+    the whole process group: eight ranks on eight nodes each have a node's cores. Needs a CUDA GPU (elsewhere the
+    choice is the CPU path for want of one, checked above)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    paths = dataset["recordio"]["paths"]
+    for local in (1, 4):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        ld = gpufeed.loader(paths, batch_size=8, rank=0, world_size=8, device="cuda")
+        assert (ld.decode, ld.decode_reason) == L.choose_decode("cuda", local)
+    try:
+        L.import_nvimgcodec()
+    except (ConfigError, ImportError):
+        return
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    ld = gpufeed.loader(paths, batch_size=8, workers=20, decode="hybrid", rank=0, world_size=8, device="cuda")
+    assert ld._share.value == L.hybrid_split(None, "train", 20, 1)
+
+
 def test_loader_options_are_checked_once_for_every_caller():
     """The loader's rules live in LoaderOptions: gpufeed.loader and bench train both ask it, each in its own
     spelling; "auto" passes until the loader has chosen its path, then the rules hold for that path."""
