@@ -36,7 +36,9 @@ from gpufeed.pipelines.base import FileRef
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
-#: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle.
+#: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle. A wider window
+#: held fewer shards back but fed slower: 4 a worker gave 0.716 and 0.764 of the plain loop against 0.830 and 0.810
+#: with 2 (64 workers, 300,000 images, warm; results/convert-node-h200x4.txt, session 13).
 WINDOW_PER_WORKER = 2
 #: At most this many shards a split sink commits together (one disk flush for them: see SplitSink.commit_many).
 COMMIT_BATCH = 16
