@@ -221,11 +221,11 @@ def worker_cores(loop_cores: int, ranks: int = 1, says: str | None = None) -> fr
 
 #: GPUs with hardware JPEG decoders (NVJPG engines), as nvImageCodec's hardware backend drives them.
 ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "L4", "L40")
-#: DataLoader workers per rank from which the CPU workers alone feed each GPU training ResNet-50, however many ranks
-#: share the node, where the node has a core for each (:func:`cpu_carries`). 4 H200s on 64 cores, recordio, cold,
-#: alternated in one call: 3 ranks x 20 workers, cpu 1.001 / 0.975 against hybrid (0.75) 0.883 / 0.888; 2 ranks x 31
-#: workers, cpu 0.984 / 0.972 against 0.917 / 0.833; 4 ranks x 15, cpu 0.723 against 0.875 (results/gpu-ranks-h200x4.txt,
-#: session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt). The CPU path
+#: DataLoader workers per rank from which the CPU workers alone feed each GPU training ResNet-50, however many
+#: ranks share the node, where the node has a core for each (:func:`cpu_carries`). 4 H200s on 64 cores, recordio,
+#: cold, alternated in one call: 3 ranks x 20 workers, cpu 1.001 / 0.975 against hybrid (0.75) 0.883 / 0.888;
+#: 2 ranks x 31 workers, cpu 0.984 / 0.972 against 0.917 / 0.833; 4 ranks x 15, cpu 0.723 against 0.875
+#: (results/gpu-ranks-h200x4.txt, session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt). The CPU path
 #: of 2026-11-26 (before its DCT-domain decode and batch pool) fed 2 ranks x 31 on 4 H100s at 0.815 against the
 #: engines' 0.875, which is why ranks sharing a node took the engines whatever their cores until then.
 CPU_ENOUGH_WORKERS = 20
@@ -344,7 +344,8 @@ class LoaderOptions:
         f"hybrid: the share (0-1) of each batch decoded by the CPU workers, or {RATES} (the split set from both "
         "sides' measured rates); with --decode auto, where auto picks hybrid (default: every image on the CPU for "
         f"a rank with {CPU_ENOUGH_WORKERS} workers or more, each with a core; else {HYBRID_CPU_SHARE['train']} "
-        f"training and {HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else {RATES})"))
+        f"training and {HYBRID_CPU_SHARE['eval']} inference with {FIXED_SHARE_MIN_WORKERS} workers or more; else "
+        f"{RATES})"))
     worker_nice: int = _flag(WORKER_NICE, metavar="N", type=int, help=(
         "niceness the DataLoader workers add to their own (0-19), so the training loop's process gets a core first "
         f"when it needs one (default: {WORKER_NICE})"))
