@@ -25,7 +25,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # 192,000 records: 48,000 per rank of 4, 93 inference batches of 512, 30 of them held ahead by 15 workers.
 export OUT=${OUT:-$PWD/out} N=${N:-192000} FORMATS=${FORMATS:-recordio} INFER_STEPS=${INFER_STEPS:-30}
-export RESULTS_NAME=${RESULTS_NAME:-gpu-ranks-h200x4.jsonl}
 export DEADLINE_AT=$(( $(date +%s) + ${DEADLINE_S:-570} ))
 WHEELS=.whl-decode source scripts/device_setup.sh
 export INSTALL=0

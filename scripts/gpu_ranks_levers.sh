@@ -11,7 +11,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-96000} FORMATS=${FORMATS:-recordio} DECODES=${DECODES:-auto}
-export RESULTS_NAME=${RESULTS_NAME:-gpu-ranks-h200x4.jsonl}
 export DEADLINE_AT=$(( $(date +%s) + ${DEADLINE_S:-575} ))
 WHEELS=.whl-decode source scripts/device_setup.sh
 export INSTALL=0
