@@ -225,9 +225,10 @@ ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B
 #: ranks share the node, where the node has a core for each (:func:`cpu_carries`). 4 H200s on 64 cores, recordio,
 #: cold, alternated in one call: 3 ranks x 20 workers, cpu 1.001 / 0.975 against hybrid (0.75) 0.883 / 0.888;
 #: 2 ranks x 31 workers, cpu 0.984 / 0.972 against 0.917 / 0.833; 4 ranks x 15, cpu 0.723 against 0.875
-#: (results/gpu-ranks-h200x4.txt, session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt). The CPU path
-#: of 2026-11-26 (before its DCT-domain decode and batch pool) fed 2 ranks x 31 on 4 H100s at 0.815 against the
-#: engines' 0.875, which is why ranks sharing a node took the engines whatever their cores until then.
+#: (results/gpu-ranks-h200x4.txt, session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90
+#: (results/gpu-ranks-h200x2.txt). The CPU path of 2026-11-26 (before its DCT-domain decode and batch pool) fed
+#: 2 ranks x 31 on 4 H100s at 0.815 against the engines' 0.875, which is why ranks sharing a node took the engines
+#: whatever their cores until then.
 CPU_ENOUGH_WORKERS = 20
 
 
