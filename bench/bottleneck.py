@@ -25,6 +25,10 @@ OVER = 1.05
 #: bytes of the records it consumed: below it, the records came from the page cache (batches read before the
 #: timed steps, or a dataset built in the same call that eviction did not reach).
 COLD_DEVICE_SHARE = 0.5
+#: A run's loop took its batches faster than the loader's workers made them over the timed steps when it took
+#: more than this share over what they made: it ate into the batches they made before (two a worker), and its
+#: rate and AU are what the workers made (:class:`gpufeed.bench.train_loop.LoopRun`).
+BEHIND = 0.02
 #: :func:`limit`'s resource for a run whose loop got its batches in time and lost its AU in its own steps, which
 #: ran slower than the model alone beside the loader's work on the same node (its workers, its decoder threads and
 #: the GPU's JPEG engines; 4 H200s, results/gpu-ranks-h200x4.txt).
@@ -133,6 +137,12 @@ def limit(row: dict) -> dict | None:
     for name, used, top, text in checks:
         if used is not None and top:
             (found if used >= NEAR * top else seen).append((name, text()))
+    made, taken = _median(row, "made_per_s"), _median(row, "taken_per_s")
+    # The loop hardly waited because it ate the batches made before the timed steps: its waits and steps say
+    # nothing of what limits the rate the workers keep up.
+    behind = (f"the workers made {made:,.0f} img/s over the timed steps and the loop took {taken:,.0f}, the rest "
+              "from batches made before them" if made is not None and taken and taken > made * (1 + BEHIND)
+              else None)
     # The AU a run lost is the loop's time waiting for batches plus its steps' time beyond the model's alone.
     wait = r.get("wait_share")
     params = row.get("params") or {}
@@ -142,7 +152,9 @@ def limit(row: dict) -> dict | None:
     reduced = ranks > 1 and params.get("task", "train") == "train"
     if found:
         text = "; ".join(t for _, t in found)
-        if wait is not None and 1.0 - au - wait > wait:
+        if behind:
+            text += f" ({behind})"
+        elif wait is not None and 1.0 - au - wait > wait:
             # A resource at its ceiling while the batches still came in time: the run is balanced on it, but most
             # of its loss is in its steps (4 H200s training: the disk at its ceiling, the loop waiting 1%).
             text += (f"; yet the batches came in time (the loop waited for them {wait:.0%} of its time"
@@ -150,6 +162,8 @@ def limit(row: dict) -> dict | None:
                      f"work, so relieving the {found[0][0]} alone wins back at most the {wait:.0%} the loop waited")
         return {"resource": found[0][0], "text": text}
     what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
+    if behind:
+        return {"resource": None, "text": f"{behind}; {what}: the loader itself limits this run, not the disk"}
     if wait is None:
         return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
     if 1.0 - au - wait <= wait:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 
 from gpufeed.bench import MEMORY_TIER, SYNTHETIC
+from gpufeed.bench.bottleneck import BEHIND
 from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
@@ -65,7 +66,8 @@ _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
           "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction",
-          "gpu_busy": "fraction", "gpu_sm_mhz": "MHz", "paced_share": "fraction"}
+          "gpu_busy": "fraction", "gpu_sm_mhz": "MHz", "paced_share": "fraction", "made_per_s": "img/s",
+          "taken_per_s": "img/s", "au_taken": "fraction"}
 
 
 def _cycle(loader) -> Iterator:
@@ -301,7 +303,8 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
                              _warmup_s(accel), ranks.agree, epoch_batches=len(loader), data_path=paths[0],
                              gpu=_gpu(accel, opts), trace=opts.trace_of(label or f"{task}-{fmt}-{decode}", _i, ranks),
-                             paced=(lambda: loader.paced_s) if loader.paced_s is not None else None)
+                             paced=(lambda: loader.paced_s) if loader.paced_s is not None else None,
+                             made=lambda: loader.samples_made)
             return {"run": dataclasses.replace(run, cpu_share=loader.cpu_share)}
         finally:
             batches.close()
@@ -724,6 +727,7 @@ def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, 
 def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
     cores = m.get("cpu_cores", {}).get("median")
+    taken = m.get("taken_per_s", {}).get("median")
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
             + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
             + ("graph " if p.get("cuda_graph") else "")
@@ -735,6 +739,8 @@ def _one_line(row: dict) -> str:
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
             + (f"  {cores:.2f} cores" if cores is not None else "")
+            + (f"  (the loop took {taken:.1f} {row['unit']}, partly batches made before the timed steps)"
+               if taken is not None and taken > row["median"] * (1 + BEHIND) else "")
             + f"  ({p['accelerator_mode']} {p['accelerator']})"
             + (f"  limit: {row['limit']['text']}" if row.get("limit") else ""))
 

@@ -8,6 +8,7 @@ from ``(seed, index)``, so every path crops the same boxes. Used through :func:`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -432,3 +433,50 @@ def collate_hybrid(batch, pixels=None):
             torch.tensor([item[2] for item in batch], dtype=torch.int64), indices, crops,
             torch.tensor([sum(item[4] for item in batch if item[0] == "px")], dtype=torch.float64))
 
+
+
+class MadeCount:
+    """The samples a loader's DataLoader workers have made so far, each worker counting its own in one slot of
+    ``slots`` (a shared ``multiprocessing`` array of int64, one slot a worker: no two processes write one slot).
+    A sample counts once its transform is done. A loop that takes batches faster than the workers make them
+    first eats the batches they made ahead (a worker holds two): over a short timed window the batches it took
+    then overstate what the workers keep up; the samples they made over the same window do not (with the
+    workers ahead of the loop they make what it takes, each refilling the batch it took)."""
+
+    def __init__(self, slots):
+        self.slots = slots
+
+    @property
+    def total(self) -> int:
+        return sum(self.slots)
+
+    def _slot(self) -> int:
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+        return 0 if info is None else info.id % len(self.slots)
+
+    def counted(self, samples):
+        """``samples`` as they come, each counted when the next is asked for (its transform is then done)."""
+        slots, i = self.slots, self._slot()
+        for sample in samples:
+            yield sample
+            slots[i] += 1
+
+    def batches(self, batch_transform):
+        """``batch_transform(count, samples)`` counting each sample it makes."""
+        return functools.partial(_counted_batch, self, batch_transform)
+
+    def samples(self, transform):
+        """``transform(sample)`` counting each sample it makes."""
+        return functools.partial(_counted_sample, self, transform)
+
+
+def _counted_batch(made: MadeCount, batch_transform, count: int, samples):
+    return batch_transform(count, made.counted(samples))
+
+
+def _counted_sample(made: MadeCount, transform, sample):
+    out = transform(sample)
+    made.slots[made._slot()] += 1
+    return out

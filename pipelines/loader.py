@@ -58,6 +58,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import multiprocessing
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -69,7 +70,8 @@ from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
 from gpufeed.machine import default_sigterm
 from gpufeed.pipelines.batches_cpu import (BatchPool, CifarCollate, CpuBatch, CpuDecode, EncodedBytes, HybridSplit,
-                                           TokenWindow, as_made, cifar_augment, collate_encoded, collate_tokens)
+                                           MadeCount, TokenWindow, as_made, cifar_augment, collate_encoded,
+                                           collate_tokens)
 from gpufeed.pipelines.batches_gpu import (GPU_EXTRA, HwJpegDecoder, HybridDecoder, HybridRates,
                                            NvJpegDecoder, import_torch, decoded_batches, import_nvimgcodec,
                                            resolve_device)
@@ -521,8 +523,6 @@ class Loader:
             transform = CpuDecode(train, size, seed)
             batch_transform, self._collate = CpuBatch(transform, pool), as_made
         elif decode == "hybrid":
-            import multiprocessing
-
             self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
             split = hybrid_split(cpu_share, augment, self.workers, on_node)
             if split == RATES:
@@ -536,6 +536,13 @@ class Loader:
             transform, self._collate = EncodedBytes(train, seed), collate_encoded
         from gpufeed.formats.torch import MapDataset
 
+        # The samples this loader's workers have made (samples_made), for a measurement to set beside the ones
+        # its loop took.
+        self._made = MadeCount(multiprocessing.get_context(self._start_method()).RawArray("q", max(1, self.workers)))
+        if batch_transform is not None:
+            batch_transform = self._made.batches(batch_transform)
+        else:
+            transform = self._made.samples(transform)
         self.dataset = MapDataset(self.format, paths, transform=transform, rank=rank, world_size=world_size,
                                   even=True, read_ahead=read_ahead, batch_transform=batch_transform)
         self.dataset.close()  # workers open their own readers
@@ -570,6 +577,13 @@ class Loader:
         """Seconds this loader has held the loop back for its GPU so far (``run_ahead``); None where it does not
         pace the loop (no limit, or a CPU device)."""
         return self._pace.waited_s if self._pace is not None else None
+
+    @property
+    def samples_made(self) -> int:
+        """Samples this loader's workers have made so far (decoded, or read for the GPU to decode), every epoch's,
+        counted as each is done; where the loop takes batches faster than the workers make them, the count over a
+        window is what they keep up, the batches taken also those made before it (:class:`MadeCount`)."""
+        return self._made.total
 
     @property
     def batches_ahead(self) -> int:

@@ -74,6 +74,51 @@ def test_timed_loop_au_and_waits():
     assert np.median(starved.waits_s) >= accel.step_s * 0.9
 
 
+def test_a_loop_that_ate_batches_made_before_its_window_is_rated_at_what_the_workers_made():
+    """The loop took 8 samples a step; the workers made half as many over the same steps (the rest were batches
+    they had made before the window, two a worker): the run's rate and AU are what they made, the loop's kept
+    beside them. Where the workers kept up (made >= taken), the loop's rate stands."""
+    accel = train_models.EmulatedAccelerator("h200", "train", batch=8)
+    made = [0]
+
+    def batches():
+        while True:
+            made[0] += 4
+            yield None, None
+
+    run = train.timed_loop(batches(), accel.step, accel.synchronize, 8, steps=10, warmup=1, made=lambda: made[0])
+    f = run.figures(compute_step_s=accel.step_s)
+    assert run.made_per_s == pytest.approx(40 / run.wall_s) and run.taken_per_s == pytest.approx(80 / run.wall_s)
+    assert f["images_per_s"] == pytest.approx(run.made_per_s) and f["made_per_s"] == f["images_per_s"]
+    assert f["au"] == pytest.approx(f["au_taken"] / 2) and f["taken_per_s"] == pytest.approx(80 / run.wall_s)
+    kept_up = dataclasses.replace(run, made_per_s=run.taken_per_s * 1.3)
+    assert kept_up.images_per_s == pytest.approx(run.taken_per_s)
+    assert kept_up.figures(accel.step_s)["au"] == pytest.approx(f["au_taken"])
+    assert dataclasses.replace(run, made_per_s=None).images_per_s == run.taken_per_s
+
+
+def test_a_row_whose_loop_ate_batches_made_before_says_the_workers_limit_it():
+    """Two inference ranks on 64 cores: each loop took 15,769 img/s, hardly waiting, while the workers made 6,100:
+    no resource near its ceiling, the loader limits it (never "the batches came in time")."""
+    from gpufeed.bench.bottleneck import BESIDE, limit
+
+    row = {"params": {"gpus": 2, "task": "infer", "cold": True}, "record_bytes": 118_000, "total_per_s": 12_200,
+           "compute_step_s": 0.0325,
+           "metrics": {"au": {"median": 0.386}, "made_per_s": {"median": 6_100.0}, "taken_per_s": {"median": 15_769.0},
+                       "step_ms": {"median": 32.6}, "disk_read_mb_per_s": {"median": 1_300.0}},
+           "resources": {"disk_read_mb_per_s": 1_300.0, "disk_ceiling": {"mb_per_s": 1_513.0}, "cpu_busy": 0.63,
+                         "cores": 64, "wait_share": 0.046, "main_thread_busy": 0.5}}
+    found = limit(row)
+    assert found["resource"] is None and found["resource"] != BESIDE
+    assert found["text"].startswith("the workers made 6,100 img/s over the timed steps and the loop took 15,769, "
+                                    "the rest from batches made before them; no resource at 90%")
+    assert found["text"].endswith("the loader itself limits this run, not the disk")
+    # A resource at its ceiling is named, the workers' rate beside it.
+    row["resources"]["cpu_busy"] = 0.95
+    found = limit(row)
+    assert found["resource"] == "cpu" and found["text"].startswith("CPU: 95% of 64 cores busy (the workers made")
+
+
 def test_emulated_grid_writes_rows_for_every_format(dataset, tmp_path):
     from gpufeed.bench.results import REQUIRED, load_results
 

@@ -98,6 +98,25 @@ def test_loader_gives_the_same_batches_from_every_format(dataset, fmt):
     assert torch.equal(torch.cat(ys), torch.cat(ry)) and torch.equal(torch.cat(xs), torch.cat(rx))
 
 
+def test_the_loader_counts_the_samples_its_workers_made(dataset):
+    """samples_made: every sample a worker (or, without workers, the loop's process) made, counted as each is done,
+    on the CPU path (a batch made at once) and the engines' (each record read for them): what a measurement sets
+    beside the batches its loop took."""
+    paths = dataset["recordio"]["paths"]
+    ld = gpufeed.loader(paths, batch_size=8, decode="cpu", augment="eval", workers=0)
+    it = iter(ld)
+    next(it), next(it)
+    assert ld.samples_made == 16
+    ld = gpufeed.loader(paths, batch_size=8, decode="cpu", augment="eval", workers=2)
+    assert ld.samples_made == 0
+    taken = sum(len(y) for _, y in ld)
+    assert taken == N and N <= ld.samples_made <= N + 2 * 2 * 8  # and what the workers made ahead, 2 batches each
+    ld.close()
+    counted = C.MadeCount([0, 0])
+    assert counted.batches(lambda n, samples: list(samples))(3, iter("abc")) == ["a", "b", "c"]
+    assert counted.samples(str.upper)("d") == "D" and counted.total == 4
+
+
 @pytest.mark.parametrize("augment", ["train", "eval"])
 def test_cpu_batches_hold_each_samples_own_decode(dataset, augment):
     """The CPU path decodes each batch straight into one tensor (CpuBatch): the very pixels CpuDecode gives each
