@@ -15,7 +15,7 @@ from gpufeed.bench import AU_TARGET
 from gpufeed.bench.report_model import Block, GiB, MB, Section, Table, fmt_bytes, fmt_num, fmt_pct, fmt_ratio
 from gpufeed.bench.bottleneck import BESIDE, COLD_DEVICE_SHARE, device_share, row_limit, served_from_cache
 from gpufeed.bench.report_rows import (Demand, accelerator, accelerator_emulated, demands, describe_config, figure,
-                                       fmt_runs, is_synthetic, loader_label, of_bench, params, plain,
+                                       counts_made, fmt_runs, is_synthetic, loader_label, of_bench, params, plain,
                                        runs_of_each_config, side_dataset, stored, stored_at, stored_size, tier_label,
                                        train_rows_for, typical)
 from gpufeed.bench.report_tables import limit_text
@@ -298,6 +298,10 @@ def _fed_up_to(au_by_count: dict[int, float]) -> tuple[int, int | None]:
     return max((n for n in au_by_count if missed is None or n < missed), default=0), missed
 
 
+#: How the GPUs-fed table names a count's figure from a row that did not count what its workers made.
+LOOPS_RATE = "loop's rate"
+
+
 def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     """How many real GPUs of one node each disk fed, from `bench train` runs with 1, 2, ... ranks (``--gpus N``)
     of one model, task and GPU: per tier and format, the most ranks N such that the slowest rank reached 90% AU
@@ -314,13 +318,18 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     train = [r for r in train if params(r).get("cold") and not served_from_cache(r)]
     # Per model, task, GPU (a CUDA graph's apart: another demand), tier, format and GPU count: the configuration
     # (decode path and loader settings) whose runs' median was best, with every run's AU.
+    def where(r):
+        p, how = params(r), stored(r)
+        return (str(p.get("model")), str(p.get("task")), str(accelerator(r)), tier_label(r),
+                str(r.get("format")) + (f" ({how})" if how else "")), int(p.get("gpus") or 1)
+
+    # Where rows that counted what their workers made exist for a count, only they count: the others' rates may
+    # include batches made before their timed steps.
+    counted = {where(r) for r in train if counts_made(r)}
+    train = [r for r in train if counts_made(r) or where(r) not in counted]
     groups: dict[tuple, dict[int, tuple[dict, list[float]]]] = defaultdict(dict)
     for r, runs in runs_of_each_config(train):
-        p = params(r)
-        how = stored(r)
-        key = (str(p.get("model")), str(p.get("task")), str(accelerator(r)), tier_label(r),
-               str(r.get("format")) + (f" ({how})" if how else ""))
-        n = int(p.get("gpus") or 1)
+        key, n = where(r)
         if n not in groups[key] or figure(r, "au") > figure(groups[key][n][0], "au"):
             groups[key][n] = (r, runs)
     table = Table("GPUs fed, measured with real GPUs (bench train --gpus N: one DistributedDataParallel rank and "
@@ -334,7 +343,8 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         by_n = {n: r for n, (r, _runs) in groups[key].items()}
         most, missed = _fed_up_to({n: figure(r, "au") for n, r in by_n.items()})
         measured = ", ".join(f"{n}: {fmt_pct(figure(r, 'au'))} ("
-                             + "; ".join(filter(None, [loader_label(r), fmt_runs(runs)])) + ")"
+                             + "; ".join(filter(None, [loader_label(r), fmt_runs(runs),
+                                                       None if counts_made(r) else LOOPS_RATE])) + ")"
                              for n, (r, runs) in sorted(groups[key].items()))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])
@@ -360,6 +370,11 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
                          + (f" (from {counts[most][1]})" if most else "") + f", {measured}")
     blocks = ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
+    if any(not counts_made(r) for by_n in groups.values() for r, _runs in by_n.values()):
+        blocks.append(f"\"{LOOPS_RATE}\": a run written before `bench train` counted what the loader's workers made "
+                      "over the timed steps; its figure is the rate its loop took, which over a short window includes "
+                      "the batches they had made before it, so it may be higher than the workers keep up "
+                      "(docs/loader.md, 'What a run's rate counts').")
     if warm:
         blocks.append(f"Left out: {len(warm)} run{'s' if len(warm) > 1 else ''} marked cold whose disk read under "
                       f"{COLD_DEVICE_SHARE:.0%} of the bytes of the records consumed (served from the page cache: "

@@ -114,6 +114,14 @@ def loader_label(row: dict) -> str:
     return label
 
 
+def counts_made(row: dict) -> bool:
+    """Whether a train row's rate is the lesser of what its loop took and what its loader's workers made over the
+    timed steps (bench train from 2026-11-27 on). Before, it was what the loop took, which over a short window
+    includes the batches the workers had made before it: 2 inference ranks of 31 CPU workers each took 15,800
+    img/s while their workers made 3,300 (results/gpu-ranks-h200x4.txt, session 14)."""
+    return "made_per_s" in (row.get("metrics") or {})
+
+
 def side_dataset(row: dict) -> str | None:
     """``"ranks"`` for a run on several GPUs at once (``bench train --gpus N``), ``"cifar"`` for a row of the
     CIFAR benchmark (32x32 images, a CIFAR ResNet), ``"ptb"`` for the Penn Treebank language model, None for
