@@ -113,6 +113,12 @@ class TrainOptions:
     trace: str | None = None  # a folder for each timed window's profiler trace (gpufeed.bench.trace)
     trace_steps: int = 8
     gpu_sample: bool = True  # nvidia-smi samples each timed window's GPU (kernel-time share, SM clock)
+    auto_decodes: tuple[tuple[str, str], ...] = ()  # (task, decode path) that --decode auto chose for each task
+
+    def decodes_for(self, task: str) -> tuple[str, ...]:
+        """The decode paths a task's runs take: ``decodes`` with ``auto`` as chosen for the task (once each)."""
+        auto = dict(self.auto_decodes).get(task, AUTO)
+        return tuple(dict.fromkeys(auto if d == AUTO else d for d in self.decodes))
 
     def trace_of(self, label: str, run: int, ranks: "Ranks") -> tuple[str, int, dict] | None:
         """The trace of one timed window (``label``: what was measured), for :func:`timed_loop`."""
@@ -365,7 +371,8 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
             data_dir = tier_dataset(tier, dst)
             with tier_scope(tier, data_dir, opts.allow_invalid, shared=(shared or {}).get(t)) as validity:
                 for decode, read_ahead, augment_on, fmt in itertools.product(
-                        opts.decodes, opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",), formats):
+                        opts.decodes_for(task), opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",),
+                        formats):
                     label = "-".join([task, tier.name, fmt, decode, f"read-ahead-{read_ahead}"]
                                      + ([f"augment-{augment_on}"] if cifar_train else []))
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
@@ -465,15 +472,15 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
     from gpufeed.bench.dataset import dataset_fields, formats_of, load_dataset_info
 
     kind = resolve_accelerator(opts.accelerator, emulable=opts.dataset_image == "imagenet")
-    chosen = None
+    chosen: dict[str, tuple[str, str]] = {}  # task: (path, why) where --decode auto chose
     if AUTO in opts.decodes:
         from gpufeed.pipelines.loader import choose_decode
 
-        chosen = ("cpu", "the model reads no JPEGs") if opts.dataset_image != "imagenet" else (
-            choose_decode("cuda" if kind == "cuda" else "cpu", opts.gpus))
-        log(f"decode auto: {chosen[0]} ({chosen[1]})")
-        opts = dataclasses.replace(opts, decodes=tuple(dict.fromkeys(chosen[0] if d == AUTO else d
-                                                                     for d in opts.decodes)))
+        for task in opts.tasks:
+            chosen[task] = ("cpu", "the model reads no JPEGs") if opts.dataset_image != "imagenet" else (
+                choose_decode("cuda" if kind == "cuda" else "cpu", opts.gpus, augment_of(task)))
+            log(f"decode auto{f' ({task})' if len(opts.tasks) > 1 else ''}: {chosen[task][0]} ({chosen[task][1]})")
+        opts = dataclasses.replace(opts, auto_decodes=tuple((t, d) for t, (d, _why) in chosen.items()))
     if "gpu" in opts.decodes and kind != "cuda":
         raise ConfigError("--decode gpu needs a CUDA GPU with torchvision (nvJPEG); on this machine use "
                           "--decode cpu (the accelerator is emulated here)")
@@ -523,7 +530,8 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
         else:
             head = {**tiers[first.tier].row_fields(), "format": first.fmt,
                     "params": {**opts.params(first.task, first.decode, first.described, first.read_ahead),
-                               **({"decode_auto": chosen[1]} if chosen and chosen[0] == first.decode else {}),
+                               **({"decode_auto": chosen[first.task][1]}
+                                  if chosen.get(first.task, ("",))[0] == first.decode else {}),
                                "resize": info.get("resize"),
                                "store": info.get("store"),
                                **({"augment_on": first.augment_on} if first.augment_on else {})},
@@ -769,9 +777,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "DST holds)")
     parser.add_argument("--task", type=_csv(TASKS), default=",".join(TASKS), help="train, infer or both")
     parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
-                        help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks from the cores, "
-                             "the ranks and the GPU's JPEG engines: cpu where each rank gets "
-                             f"{CPU_ENOUGH_WORKERS} workers or more, else hybrid), "
+                        help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks for each task "
+                             "from the cores, the ranks and the GPU's JPEG engines: cpu for training where each rank "
+                             f"gets {CPU_ENOUGH_WORKERS} workers or more, else hybrid), "
                              "cpu (DataLoader workers), gpu (nvJPEG on the SMs), hw (the GPU's JPEG engines, "
                              "nvImageCodec), hybrid (CPU workers and engines)")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",

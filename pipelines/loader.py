@@ -23,9 +23,10 @@ Where the JPEGs are decoded (``decode``):
   best for the task (:data:`HYBRID_CPU_SHARE`; every image on the CPU where a rank has the workers for it), or
   ``cpu_share="rates"``, the share from both sides' measured rates (the workers time each image they decode, the
   engines' batches are timed as they run beside the model). :func:`hybrid_split`, docs/loader.md.
-* ``auto`` (the default): ``cpu`` where each rank on the node gets 20 workers or more by default (enough to
-  feed an H200 training ResNet-50: one rank on 20 cores, up to 3 ranks on 64), or where no GPU has JPEG engines;
-  else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason`` says why).
+* ``auto`` (the default): ``cpu`` for training where each rank on the node gets 28 workers or more by default
+  (enough to feed an H200 training ResNet-50: one rank on 28 cores, 2 ranks on 64), or where no GPU has JPEG
+  engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason`` says why), inference always (its
+  demand outruns the CPU workers).
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
   share of the usable cores (:func:`default_workers`), less one for its own process where ranks share the node.
 
@@ -162,7 +163,7 @@ def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1, cores: i
     workers carry it (:func:`cpu_carries`, :data:`ALONE_CPU_SHARE`), else the share measured best for the task."""
     if cpu_share is not None:
         return cpu_share
-    if augment in HYBRID_CPU_SHARE and cpu_carries(workers, ranks, cores):
+    if augment in HYBRID_CPU_SHARE and cpu_carries(workers, ranks, cores, augment):
         return ALONE_CPU_SHARE
     if workers >= FIXED_SHARE_MIN_WORKERS and augment in HYBRID_CPU_SHARE:
         return HYBRID_CPU_SHARE[augment]
@@ -225,31 +226,38 @@ def worker_cores(loop_cores: int, ranks: int = 1, says: str | None = None) -> fr
 ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B100", "B200", "GB200", "L4", "L40")
 #: DataLoader workers per rank from which the CPU workers alone feed each GPU training ResNet-50, however many
 #: ranks share the node, where the node has a core for each (:func:`cpu_carries`). 4 H200s on 64 cores, recordio,
-#: cold, alternated in one call: 3 ranks x 20 workers, cpu 1.001 / 0.975 against hybrid (0.75) 0.883 / 0.888;
-#: 2 ranks x 31 workers, cpu 0.984 / 0.972 against 0.917 / 0.833; 4 ranks x 15, cpu 0.723 against 0.875
-#: (results/gpu-ranks-h200x4.txt, session 13). One H200 on 32 cores, 32 workers: 0.967 against 0.90
-#: (results/gpu-ranks-h200x2.txt). The CPU path of 2026-11-26 (before its DCT-domain decode and batch pool) fed
-#: 2 ranks x 31 on 4 H100s at 0.815 against the engines' 0.875, which is why ranks sharing a node took the engines
-#: whatever their cores until then.
-CPU_ENOUGH_WORKERS = 20
+#: cold, the rate the workers made counted (session 14, results/gpu-ranks-h200x4.txt): 2 ranks x 31 workers, cpu
+#: 0.967 against hybrid (0.75) 0.802; 3 ranks x 20, cpu 0.536 and 0.736 against 0.721, the workers making 122-167
+#: img/s each, which puts an H200's 4,500 img/s at 27-37 workers. (Session 13's 3 x 20 at cpu 1.001 / 0.975, which
+#: had set 20, counted only what the loop took: over its 30 timed steps it ate the 40 batches made before them.)
+#: One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt, the loop's rate).
+CPU_ENOUGH_WORKERS = 28
+#: The loader's augmentations whose demand the CPU workers alone may carry (:func:`cpu_carries`). Inference
+#: takes 3.5 times training's images a step: one H200 rank with 32 CPU workers made 5,507 img/s against the
+#: model's 15,800 (the engines alone 6,564), 2 ranks of 31 workers 3,341 each against hybrid's 5,654 (session 14).
+CPU_CARRIES = ("train",)
 
 
-def cpu_carries(workers: int, ranks: int = 1, cores: int | None = None) -> bool:
+def cpu_carries(workers: int, ranks: int = 1, cores: int | None = None, augment: str = "train") -> bool:
     """Whether ``workers`` DataLoader workers in each of ``ranks`` ranks on a node of ``cores`` usable cores (None:
-    this machine's) decode every image on the CPU faster than the engines would help: :data:`CPU_ENOUGH_WORKERS`
-    workers or more, each with a core of the rank's share (more workers than cores do not decode faster)."""
+    this machine's) decode every image of ``augment``'s batches on the CPU faster than the engines would help:
+    training only (:data:`CPU_CARRIES`), with :data:`CPU_ENOUGH_WORKERS` workers or more, each with a core of the
+    rank's share (more workers than cores do not decode faster)."""
     from gpufeed.machine import usable_cores
 
+    if augment not in CPU_CARRIES:
+        return False
     ranks = max(1, ranks)
     cores = usable_cores() if cores is None else cores
     return min(workers, cores // ranks) >= CPU_ENOUGH_WORKERS
 
 
-def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
-    """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, and how many ranks
-    share the node: ``cpu`` where each rank's default workers carry it alone (:func:`cpu_carries`: 20 or more,
-    e.g. up to 3 ranks on 64 cores), or without a GPU; else ``hybrid`` (CPU workers and engines sharing each
-    batch, :func:`hybrid_split`) on a GPU with engines and nvImageCodec installed; else ``cpu``."""
+def choose_decode(device=None, ranks: int = 1, augment: str = "train") -> tuple[str, str]:
+    """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, how many ranks share
+    the node and the augmentation (the task): ``cpu`` where each rank's default workers carry it alone
+    (:func:`cpu_carries`: training, 28 workers or more, e.g. 1 or 2 ranks on 64 cores), or without a GPU; else
+    ``hybrid`` (CPU workers and engines sharing each batch, :func:`hybrid_split`) on a GPU with engines and
+    nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores
 
     torch = import_torch()
@@ -259,7 +267,7 @@ def choose_decode(device=None, ranks: int = 1) -> tuple[str, str]:
     if device.type != "cuda" or not torch.cuda.is_available():
         return "cpu", "no CUDA GPU"
     workers = default_workers(ranks)
-    if cpu_carries(workers, ranks):
+    if cpu_carries(workers, ranks, augment=augment):
         each = "the node's one GPU" if ranks == 1 else f"each of the node's {ranks} ranks"
         return "cpu", f"{per_rank} cores per rank: {workers} CPU workers feed {each} alone"
     name = torch.cuda.get_device_name(device)
@@ -474,8 +482,9 @@ class Loader:
         on_node = ranks_on_node(world_size)  # the ranks sharing this node's cores (torchrun's LOCAL_WORLD_SIZE)
         self.decode_reason = None
         if decode == AUTO:
-            decode, self.decode_reason = (("cpu", "stored pixels and token ids need no JPEG decoding")
-                                          if augment in ("cifar", "tokens") else choose_decode(device, on_node))
+            decode, self.decode_reason = (
+                ("cpu", "stored pixels and token ids need no JPEG decoding") if augment in ("cifar", "tokens")
+                else choose_decode(device, on_node, augment))
             if decode != "cpu" and _first_record_kind(paths, format) != "encoded":
                 decode, self.decode_reason = "cpu", "raw pixel records need no JPEG decoding"
             if cpu_share is not None and decode != "hybrid":

@@ -508,11 +508,20 @@ def test_hybrid_rows_record_the_split_the_loader_held(monkeypatch):
     assert fixed("train", workers=15, cpu_share=0.8) == 0.8
     assert fixed("train", workers=15, cpu_share="rates") is None
     assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
-    # A rank whose workers carry it, each on a core: one rank, or 2 and 3 sharing the 64 cores; not 4 x 15.
-    assert fixed("train", workers=32) == fixed("infer", workers=24) == 1.0
-    assert fixed("train", workers=31, gpus=2) == fixed("train", workers=20, gpus=3) == 1.0
-    assert fixed("train", workers=15, gpus=4) == 0.75
+    # A training rank whose workers carry it, each on a core: one rank, or 2 sharing the 64 cores; not 3 x 20 or
+    # 4 x 15, and never inference.
+    assert fixed("train", workers=32) == fixed("train", workers=31, gpus=2) == 1.0
+    assert fixed("train", workers=20, gpus=3) == fixed("train", workers=15, gpus=4) == 0.75
+    assert fixed("infer", workers=32) == fixed("infer", workers=31, gpus=2) == 0.6
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
+
+
+def test_decode_auto_is_chosen_for_each_task():
+    """--decode auto runs each task on the path the loader would choose for it (training may take the CPU path where
+    inference takes the engines too), each path once."""
+    opts = train.TrainOptions(decodes=("auto", "hw", "cpu"), auto_decodes=(("train", "cpu"), ("infer", "hybrid")))
+    assert opts.decodes_for("train") == ("cpu", "hw") and opts.decodes_for("infer") == ("hybrid", "hw", "cpu")
+    assert train.TrainOptions(decodes=("hw",)).decodes_for("train") == ("hw",)
 
 
 def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():

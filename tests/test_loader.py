@@ -738,9 +738,13 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
     assert L.default_workers() == max(1, min(L.MAX_DEFAULT_WORKERS, cores))
     assert L.default_workers(2) == max(1, min(L.MAX_DEFAULT_WORKERS, cores // 2 - 1))
     assert L.default_workers(cores * 4) == 1
-    # Where auto takes the CPU path on a GPU node: each rank's default workers carry it, on a core each.
-    assert [L.cpu_carries(64 // r - 1, r, cores=64) for r in (1, 2, 3, 4)] == [True, True, True, False]
-    assert L.cpu_carries(16, 1, cores=16) is False and L.cpu_carries(20, 1, cores=20) is True
+    # Where auto takes the CPU path on a GPU node: training, each rank's default workers carrying it on a core
+    # each (1 or 2 ranks of 64 cores' 32 and 31 workers; 3 ranks' 20 made too few, counted); never inference,
+    # whose demand outruns the workers.
+    assert [L.cpu_carries(min(32, 64 // r - 1), r, cores=64) for r in (1, 2, 3, 4)] == [True, True, False, False]
+    assert L.cpu_carries(16, 1, cores=16) is False and L.cpu_carries(28, 1, cores=28) is True
+    assert L.cpu_carries(32, 1, cores=64, augment="eval") is False
+    assert L.cpu_carries(32, 1, cores=64, augment="train") is True
 
 
 def test_decode_auto_and_the_hybrid_split_count_the_ranks_on_this_node(dataset, monkeypatch):
@@ -754,13 +758,15 @@ def test_decode_auto_and_the_hybrid_split_count_the_ranks_on_this_node(dataset, 
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
         ld = gpufeed.loader(paths, batch_size=8, rank=0, world_size=8, device="cuda")
         assert (ld.decode, ld.decode_reason) == L.choose_decode("cuda", local)
+        ld = gpufeed.loader(paths, batch_size=8, augment="eval", rank=0, world_size=8, device="cuda")
+        assert (ld.decode, ld.decode_reason) == L.choose_decode("cuda", local, "eval")
     try:
         L.import_nvimgcodec()
     except (ConfigError, ImportError):
         return
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    ld = gpufeed.loader(paths, batch_size=8, workers=20, decode="hybrid", rank=0, world_size=8, device="cuda")
-    assert ld._share.value == L.hybrid_split(None, "train", 20, 1)
+    ld = gpufeed.loader(paths, batch_size=8, workers=28, decode="hybrid", rank=0, world_size=8, device="cuda")
+    assert ld._share.value == L.hybrid_split(None, "train", 28, 1)
 
 
 def test_loader_options_are_checked_once_for_every_caller():
@@ -789,13 +795,13 @@ def test_hybrid_split_default_is_the_measured_share_for_the_task():
     assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1, cores=64) == L.RATES
     assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
     assert L.hybrid_split(0.3, "eval", 2) == 0.3
-    # A rank with the workers to carry every image, each on a core of its own: the CPU decodes them all, however
-    # many ranks share the node (3 x 20 and 2 x 31 on 64 cores fed better so); not where the cores are too few
-    # for the workers asked, nor with fewer workers.
+    # A training rank with the workers to carry every image, each on a core of its own: the CPU decodes them all,
+    # however many ranks share the node (2 x 31 on 64 cores fed better so); not where the cores are too few for
+    # the workers asked, nor with fewer workers (3 x 20), nor for inference.
     assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS, cores=64) == L.ALONE_CPU_SHARE == 1.0
-    assert L.hybrid_split(None, "eval", 32, ranks=1, cores=32) == 1.0
+    assert L.hybrid_split(None, "eval", 32, ranks=1, cores=32) == 0.6
     assert L.hybrid_split(None, "train", 31, ranks=2, cores=64) == 1.0
-    assert L.hybrid_split(None, "train", 20, ranks=3, cores=64) == 1.0
+    assert L.hybrid_split(None, "train", 20, ranks=3, cores=64) == 0.75
     assert L.hybrid_split(None, "train", 15, ranks=4, cores=64) == 0.75
     assert L.hybrid_split(None, "train", 20, ranks=4, cores=64) == 0.75  # 80 workers on 64 cores
     assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS - 1, cores=64) == 0.75
