@@ -99,7 +99,8 @@ class _Clock:
         self.t0 = time.perf_counter()
         self.epoch = time.time()
         self.marks = {}
-        self.busy = {"commit": 0.0, "finish": 0.0}
+        # commit_sync: the part of commit spent waiting for the sinks' output to reach the disk (SplitSink.sync_s)
+        self.busy = {"commit": 0.0, "commit_sync": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
@@ -111,8 +112,11 @@ class _Clock:
         try:
             yield
         finally:
-            with self._lock:  # the sinks' commit threads add to it side by side
-                self.busy[what] += time.perf_counter() - start
+            self.add(what, time.perf_counter() - start)
+
+    def add(self, what: str, seconds: float) -> None:
+        with self._lock:  # the sinks' commit threads add to it side by side
+            self.busy[what] += seconds
 
     def timeline(self, first_started: float | None) -> dict:
         out = dict(self.marks)
@@ -735,8 +739,11 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
             if not batch:
                 break
             st.taken[sink_name] = i
+            synced = sink.sync_s
             with clock.timed("commit") if clock else contextlib.nullcontext():
                 committed = sink.commit_many(batch)
+            if clock:
+                clock.add("commit_sync", sink.sync_s - synced)
             first = st.next[sink_name]
             journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
                                   **fields} for k, fields in enumerate(committed)])

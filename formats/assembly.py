@@ -27,6 +27,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 
 from gpufeed import io
 from gpufeed.errors import ConfigError, OutputError
@@ -159,6 +160,9 @@ class SplitSink:
 
     def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
         self.state_dir, self.out, self.split, self.float_dtype = state_dir, out, split, float_dtype
+        #: Seconds :meth:`commit_many` has waited for its output to reach the disk, where it waits apart from
+        #: writing (RecordIO's fsync of each batch); the rest of a commit is the writing.
+        self.sync_s = 0.0
 
     @staticmethod
     def spool_writer(fmt, path: str):
@@ -439,7 +443,9 @@ class RecordIOSink(SplitSink):
                 start = rec.tell()
                 fields.append(self._append(spool, files, rec))
                 start_writeback(rec, start, rec.tell() - start)
+            synced = time.perf_counter()
             fsync_together(self._files.values())
+            self.sync_s += time.perf_counter() - synced
         except OSError as e:
             raise output_error(self.partial[".rec"], e) from e
         return fields
