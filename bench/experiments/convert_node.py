@@ -780,6 +780,9 @@ def table(rows: list[dict]) -> str:
                           "(median / p90 / longest)")
             if line.get("held_by_commit_window_s"):
                 split += f"; shards held back by the commits for {line['held_by_commit_window_s']} s"
+            if "driver_commit_sync_s" in line:
+                split += (f"; the driver committed {line['driver_commit_s']} s, {line['driver_commit_sync_s']} s of it "
+                          "waiting for fsyncs")
             waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
                      for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
             if waits:
