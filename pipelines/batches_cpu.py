@@ -434,7 +434,6 @@ def collate_hybrid(batch, pixels=None):
             torch.tensor([sum(item[4] for item in batch if item[0] == "px")], dtype=torch.float64))
 
 
-
 class MadeCount:
     """The samples a loader's DataLoader workers have made so far, each worker counting its own in one slot of
     ``slots`` (a shared ``multiprocessing`` array of int64, one slot a worker: no two processes write one slot).
@@ -450,7 +449,8 @@ class MadeCount:
     def total(self) -> int:
         return sum(self.slots)
 
-    def _slot(self) -> int:
+    def slot(self) -> int:
+        """This process's slot: its DataLoader worker's id (0 in the loop's own process)."""
         import torch.utils.data
 
         info = torch.utils.data.get_worker_info()
@@ -458,7 +458,7 @@ class MadeCount:
 
     def counted(self, samples):
         """``samples`` as they come, each counted when the next is asked for (its transform is then done)."""
-        slots, i = self.slots, self._slot()
+        slots, i = self.slots, self.slot()
         for sample in samples:
             yield sample
             slots[i] += 1
@@ -478,5 +478,5 @@ def _counted_batch(made: MadeCount, batch_transform, count: int, samples):
 
 def _counted_sample(made: MadeCount, transform, sample):
     out = transform(sample)
-    made.slots[made._slot()] += 1
+    made.slots[made.slot()] += 1
     return out
