@@ -48,7 +48,15 @@ if [ "${WARM:-0}" = 1 ]; then
 fi
 for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   gpus=${run%%:*} task=${run#*:}
-  steps=${TRAIN_STEPS:-30}; [ "$task" = infer ] && steps=${INFER_STEPS:-20}
+  # Timed steps: TRAIN_STEPS / INFER_STEPS (with WARMUP_STEPS, default 10) where given, else bench train's own
+  # (10 warm-up and 50 timed, or as many as each rank's cold share of the dataset holds beyond the batches its
+  # workers make ahead): a longer window leaves less to the batches made before it.
+  steps=${TRAIN_STEPS:-}; [ "$task" = infer ] && steps=${INFER_STEPS:-}
+  if [ -n "$steps" ] || [ -n "${WARMUP_STEPS:-}" ]; then
+    steps_args=(--steps "${steps:-50}" --warmup-steps "${WARMUP_STEPS:-10}")
+  else
+    steps_args=()
+  fi
   left=$(( DEADLINE_AT - $(date +%s) ))
   if [ "$left" -lt 60 ]; then stamp "skipped: --gpus $gpus $task ($left s left)"; continue; fi
   limit=$(( left < ${STEP_S:-240} ? left : ${STEP_S:-240} ))
@@ -57,7 +65,7 @@ for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
     ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} \
     ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} ${LOOP_CORES:+--loop-cores "$LOOP_CORES"} ${RUN_AHEAD:+--run-ahead "$RUN_AHEAD"} $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) \
-    ${TRACE:+--trace "$TRACE"} $([ "${GPU_SAMPLE:-1}" = 0 ] && echo --no-gpu-sample) --steps "$steps" --warmup-steps "${WARMUP_STEPS:-10}" --repeats "${REPEATS:-1}" --accelerator cuda \
+    ${TRACE:+--trace "$TRACE"} $([ "${GPU_SAMPLE:-1}" = 0 ] && echo --no-gpu-sample) "${steps_args[@]}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
 done
 stamp "done: $(wc -l < "$RESULTS" 2>/dev/null || echo 0) rows in $RESULTS"
