@@ -52,6 +52,13 @@ def device_share(row: dict) -> float | None:
     return read * 1e6 / (rate * row["record_bytes"])
 
 
+def ate_ahead(row: dict) -> tuple[float, float] | None:
+    """``(made, taken)``, img/s over the timed steps, for a row whose loop took its batches faster than its
+    loader's workers made them (by more than :data:`BEHIND`); None otherwise, or where the row does not say."""
+    made, taken = _median(row, "made_per_s"), _median(row, "taken_per_s")
+    return (made, taken) if made is not None and taken and taken > made * (1 + BEHIND) else None
+
+
 def served_from_cache(row: dict) -> bool:
     """A row marked cold whose records came from the page cache instead (:data:`COLD_DEVICE_SHARE`)."""
     share = device_share(row)
@@ -137,12 +144,11 @@ def limit(row: dict) -> dict | None:
     for name, used, top, text in checks:
         if used is not None and top:
             (found if used >= NEAR * top else seen).append((name, text()))
-    made, taken = _median(row, "made_per_s"), _median(row, "taken_per_s")
     # The loop hardly waited because it ate the batches made before the timed steps: its waits and steps say
     # nothing of what limits the rate the workers keep up.
-    behind = (f"the workers made {made:,.0f} img/s over the timed steps and the loop took {taken:,.0f}, the rest "
-              "from batches made before them" if made is not None and taken and taken > made * (1 + BEHIND)
-              else None)
+    ate = ate_ahead(row)
+    behind = (f"the workers made {ate[0]:,.0f} img/s over the timed steps and the loop took {ate[1]:,.0f}, the rest "
+              "from batches made before them" if ate else None)
     # The AU a run lost is the loop's time waiting for batches plus its steps' time beyond the model's alone.
     wait = r.get("wait_share")
     params = row.get("params") or {}

@@ -156,7 +156,8 @@ def _rebuild_advice(info: dict, formats: list[str], missing: list[str], dst: str
         flags.append(info["store"])
     if info.get("seed"):
         flags.append(f"--seed {info['seed']}")
-    return f"build it again with them all: `gpufeed bench dataset {shlex.quote(dst)} {' '.join(flags)} --overwrite`"
+    return (f"build it again with them all: `gpufeed bench dataset {shlex.quote(dst)} {' '.join(flags)} "
+            "--overwrite`")
 
 
 def dataset_fields(info: dict, fmt: str) -> dict:

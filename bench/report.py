@@ -177,7 +177,8 @@ def run(args) -> int:
 
     for path in args.results:
         if not os.path.exists(path):
-            raise ConfigError(f"{path}: results file not found; write one with `gpufeed bench ... --results {shlex.quote(path)}`")
+            raise ConfigError(f"{path}: results file not found; write one with `gpufeed bench ... --results "
+                              f"{shlex.quote(path)}`")
     rows = load_results(args.results)
     out = write_report(rows, args.output, args.baseline, args.results, args.resize)
     print(f"wrote {out} from {len(rows)} rows")

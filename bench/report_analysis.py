@@ -316,8 +316,6 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     warm = [r for r in train if served_from_cache(r)]
     asked_warm = [r for r in train if not params(r).get("cold")]  # --no-cold: the page cache, by request
     train = [r for r in train if params(r).get("cold") and not served_from_cache(r)]
-    # Per model, task, GPU (a CUDA graph's apart: another demand), tier, format and GPU count: the configuration
-    # (decode path and loader settings) whose runs' median was best, with every run's AU.
     def where(r):
         p, how = params(r), stored(r)
         return (str(p.get("model")), str(p.get("task")), str(accelerator(r)), tier_label(r),
@@ -327,6 +325,8 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
     # include batches made before their timed steps.
     counted = {where(r) for r in train if counts_made(r)}
     train = [r for r in train if counts_made(r) or where(r) not in counted]
+    # Per model, task, GPU (a CUDA graph's apart: another demand), tier, format and GPU count: the configuration
+    # (decode path and loader settings) whose runs' median was best, with every run's AU.
     groups: dict[tuple, dict[int, tuple[dict, list[float]]]] = defaultdict(dict)
     for r, runs in runs_of_each_config(train):
         key, n = where(r)

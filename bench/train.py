@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 
 
 from gpufeed.bench import MEMORY_TIER, SYNTHETIC
-from gpufeed.bench.bottleneck import BEHIND
+from gpufeed.bench.bottleneck import ate_ahead
 from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
@@ -735,7 +735,7 @@ def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, 
 def _one_line(row: dict) -> str:
     p, m = row["params"], row["metrics"]
     cores = m.get("cpu_cores", {}).get("median")
-    taken = m.get("taken_per_s", {}).get("median")
+    ate = ate_ahead(row)
     return (f"{p['task']:5s} {row['format']:9s} {row['tier']:8s} decode={p['decode'] or '-':3s} "
             + (f"read-ahead={'on' if p['read_ahead'] else 'off'} " if "read_ahead" in p else "")
             + ("graph " if p.get("cuda_graph") else "")
@@ -747,8 +747,8 @@ def _one_line(row: dict) -> str:
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
             + (f"  {cores:.2f} cores" if cores is not None else "")
-            + (f"  (the loop took {taken:.1f} {row['unit']}, partly batches made before the timed steps)"
-               if taken is not None and taken > row["median"] * (1 + BEHIND) else "")
+            + (f"  (the loop took {ate[1]:.1f} {row['unit']}, partly batches made before the timed steps)"
+               if ate else "")
             + f"  ({p['accelerator_mode']} {p['accelerator']})"
             + (f"  limit: {row['limit']['text']}" if row.get("limit") else ""))
 

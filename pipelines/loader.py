@@ -163,7 +163,7 @@ def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1, cores: i
     workers carry it (:func:`cpu_carries`, :data:`ALONE_CPU_SHARE`), else the share measured best for the task."""
     if cpu_share is not None:
         return cpu_share
-    if augment in HYBRID_CPU_SHARE and cpu_carries(workers, ranks, cores, augment):
+    if cpu_carries(workers, ranks, cores, augment):
         return ALONE_CPU_SHARE
     if workers >= FIXED_SHARE_MIN_WORKERS and augment in HYBRID_CPU_SHARE:
         return HYBRID_CPU_SHARE[augment]
@@ -520,6 +520,7 @@ class Loader:
         self._pins = self.device.type == "cuda" and decode in ("cpu", "hybrid")
         pool = BatchPool() if self._pins else None
         batch_transform = None
+        shared = multiprocessing.get_context(self._start_method())  # how its workers will start: their shared values
         self._share = None
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
         if augment == "tokens":
@@ -532,7 +533,7 @@ class Loader:
             transform = CpuDecode(train, size, seed)
             batch_transform, self._collate = CpuBatch(transform, pool), as_made
         elif decode == "hybrid":
-            self._share = multiprocessing.get_context(self._start_method()).Value("d", 0.0, lock=False)
+            self._share = shared.Value("d", 0.0, lock=False)
             split = hybrid_split(cpu_share, augment, self.workers, on_node)
             if split == RATES:
                 self._rates = HybridRates(self._share, self.workers, decode_threads,
@@ -547,7 +548,7 @@ class Loader:
 
         # The samples this loader's workers have made (samples_made), for a measurement to set beside the ones
         # its loop took.
-        self._made = MadeCount(multiprocessing.get_context(self._start_method()).RawArray("q", max(1, self.workers)))
+        self._made = MadeCount(shared.RawArray("q", max(1, self.workers)))
         if batch_transform is not None:
             batch_transform = self._made.batches(batch_transform)
         else:
