@@ -44,7 +44,7 @@ from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
 from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_WORKERS, DECODES, RATES, LoaderOptions, default_read_ahead,
-                                      default_workers, hybrid_split)
+                                      default_workers, hybrid_split, region_decode_on)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``), or as the loader does by default (``auto``: on for
@@ -107,6 +107,7 @@ class TrainOptions:
     worker_nice: int | None = None  # the DataLoader workers' added niceness (None: the loader's default)
     loop_cores: int | None = None  # physical cores each rank keeps from every worker (None: the loader's default)
     run_ahead: int | str | None = None  # steps the loop may queue ahead of its GPU ("off": no limit; None: default)
+    region_decode: bool | None = None  # the CPU workers decode only each crop's box (None: where nvImageCodec is)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -144,6 +145,13 @@ class TrainOptions:
     def batch(self, task: str) -> int:
         return self.batch_size or (PTB_BATCH if self.ptb else DEFAULT_BATCH)[task]
 
+    def _region_decode(self, task: str, decode: str | None) -> dict:
+        """``region_decode``: whether a row's CPU workers decoded only each crop's box of a JPEG (rows from before
+        it existed decoded whole images); nothing where no JPEG is decoded on the CPU."""
+        if decode not in ("cpu", "hybrid") or self.cifar or self.ptb:
+            return {}
+        return {"region_decode": region_decode_on(self.region_decode, "--region-decode on")}
+
     def _hybrid_split(self, task: str, decode: str | None) -> dict:
         """A hybrid row's split: ``cpu_share_fixed`` where the loader held the CPU share fixed (given, or its
         default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
@@ -166,6 +174,7 @@ class TrainOptions:
                 **({"gpus": self.gpus} if self.gpus > 1 else {}),
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **({"worker_nice": self.nice} if decode else {}),
+                **self._region_decode(task, decode),
                 **({"loop_cores": self.kept} if decode and self.kept else {}),
                 **self._run_ahead(decode, described),
                 **described}
@@ -248,7 +257,8 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     decode_priority=opts.decode_priority,
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
-                    worker_nice=opts.nice, loop_cores=opts.kept, run_ahead=opts.run_ahead)
+                    worker_nice=opts.nice, loop_cores=opts.kept, run_ahead=opts.run_ahead,
+                    region_decode=opts.region_decode)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -599,7 +609,8 @@ def _cpu_decode_ceilings(dst: str, info: dict, formats: list[str], opts: TrainOp
     out = {}
     for task in opts.tasks:
         found = decode_ceiling(fmt, described["paths"][0], task == "train", opts.image_size,
-                               record_bytes=described.get("record_bytes"))
+                               record_bytes=described.get("record_bytes"),
+                               region=region_decode_on(opts.region_decode, "--region-decode on"))
         if found:
             out[task] = {**found, "source": "measured on this machine, every core decoding at once"}
     return out
@@ -742,7 +753,8 @@ def _one_line(row: dict) -> str:
             + (f"augment={p['augment_on']} " if p.get("augment_on") else "")
             + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "")
             + (f"loop-cores={p['loop_cores']} " if p.get("loop_cores") else "")
-            + (f"run-ahead={p['run_ahead']} " if p.get("run_ahead") is not None else "") +
+            + (f"run-ahead={p['run_ahead']} " if p.get("run_ahead") is not None else "")
+            + (f"region={'on' if p['region_decode'] else 'off'} " if "region_decode" in p else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -893,7 +905,8 @@ def options_from_args(args) -> TrainOptions:
                           "augmentation runs on the GPU with --decode gpu, hw or hybrid")
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice),
-                               ("loop_cores", args.loop_cores), ("run_ahead", args.run_ahead)) if v is not None}
+                               ("loop_cores", args.loop_cores), ("run_ahead", args.run_ahead),
+                               ("region_decode", args.region_decode)) if v is not None}
     if args.workers is None:
         from gpufeed.pipelines.loader import LOOP_CORES
 
@@ -917,7 +930,8 @@ def options_from_args(args) -> TrainOptions:
                         decode_priority=args.decode_priority, gpus=args.gpus,
                         read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph,
                         cpu_share=args.cpu_share, worker_nice=args.worker_nice, loop_cores=args.loop_cores,
-                        run_ahead=args.run_ahead, fit_steps=fit_steps, trace=args.trace, trace_steps=args.trace_steps,
+                        run_ahead=args.run_ahead, region_decode=args.region_decode, fit_steps=fit_steps,
+                        trace=args.trace, trace_steps=args.trace_steps,
                         gpu_sample=args.gpu_sample)
 
 

@@ -50,6 +50,7 @@ class CpuDecode:
     augment: bool = True
     with_index: bool = False
     reduce: bool = True  # JPEGs decode at a DCT scale-down where the crop allows (transforms.decode_crop)
+    region: bool = True  # else only the crop's box of a JPEG, where nvImageCodec is installed (the same pixels)
 
     def __call__(self, sample):
         if self.with_index:
@@ -77,7 +78,7 @@ class CpuDecode:
         choose = (random_resized_crop_choice(np.random.default_rng((self.seed, sample.index))) if self.train
                   else self._centre)
         if sample.kind != "raw":
-            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce, out)
+            return decode_crop(sample.payload, sample.key, self.size, choose, self.reduce, out, self.region)
         img = np.asarray(sample.payload)
         if img.ndim == 2 or img.shape[2] == 1:
             img = cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -284,15 +283,15 @@ def set_image_pool(device, keep_bytes: int | None = None, internal_dependencies:
 
 
 def import_nvimgcodec():
-    # nvImageCodec's own log lines (ANSI-coloured, on stderr): a failure to load the JPEG 2000 and TIFF
-    # extensions the wheel does not ship, and a warning per image the engines hand back undecoded, which the
-    # loader decodes another way and counts (HwJpegDecoder.fallbacks). Quiet unless the user asks for them.
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    try:
-        from nvidia import nvimgcodec
-    except ImportError:
+    """nvImageCodec, imported quietly (:func:`~gpufeed.pipelines.imageio.nvimgcodec_module`: its notices of the JPEG
+    2000 and TIFF libraries the wheel does not ship, and its warning per image the engines hand back undecoded,
+    which the loader decodes another way and counts in :attr:`HwJpegDecoder.fallbacks`)."""
+    from gpufeed.pipelines.imageio import nvimgcodec_module
+
+    nvimgcodec = nvimgcodec_module()
+    if nvimgcodec is None:
         raise ConfigError(f"decode='hw' needs NVIDIA nvImageCodec: {GPU_EXTRA} (adds nvidia-nvimgcodec-cu13), or "
-                          "decode='cpu'") from None
+                          "decode='cpu'")
     return nvimgcodec
 
 

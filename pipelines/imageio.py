@@ -5,6 +5,8 @@ file name; dimensions; JPEG components and EXIF orientation) and checks that the
 pixel-count limit is enforced there, so a decompression bomb is refused before a single pixel buffer is
 allocated. :func:`decode` then decodes once, in OpenCV's BGR order (what its JPEG/PNG encoders take,
 so the conversion fast path never swaps channels), optionally with libjpeg's DCT-domain downscaling.
+:func:`decode_region` decodes only a box of a JPEG (nvImageCodec's libjpeg-turbo backend, where installed): the
+same pixels as decoding the whole image and cutting the box out, for less work.
 
 Outcomes for the known bad inputs are tabulated in ``docs/transforms.md``.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import struct
+import sys
 
 import numpy as np
 
@@ -384,3 +388,101 @@ def decode_image(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS)
 
     info = probe(data, origin, max_pixels)
     return cv2.cvtColor(decode(data, info, origin), cv2.COLOR_BGR2RGB)
+
+
+def nvimgcodec_module():
+    """NVIDIA nvImageCodec (``nvidia.nvimgcodec``), or None where it is not installed. Imported with its load-time
+    notices silenced: on import it writes (from C++, to stderr) a few lines for each codec library it did not
+    find, the JPEG 2000 and TIFF ones the ``gpu`` extra does not install, and it would write them again in every
+    DataLoader worker that decodes with it. Its own log stays quiet unless ``PYNVIMGCODEC_VERBOSITY`` asks for it.
+    While it imports, this process's stdout and stderr go nowhere."""
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+    if "nvidia.nvimgcodec" in sys.modules:
+        return sys.modules["nvidia.nvimgcodec"]
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    libc.fflush(None)
+    saved = [os.dup(fd) for fd in (1, 2)]
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+        try:
+            from nvidia import nvimgcodec
+        except ImportError:
+            return None
+        finally:
+            libc.fflush(None)  # what it wrote leaves C's buffers while they still lead nowhere
+            for fd, was in zip((1, 2), saved):
+                os.dup2(was, fd)
+    finally:
+        for was in saved:
+            os.close(was)
+    return nvimgcodec
+
+
+class RegionDecoder:
+    """Decodes a box of a JPEG alone on the CPU with nvImageCodec's libjpeg-turbo backend (one thread, in the
+    calling process): the rows above the box are entropy-decoded and skipped, those below never read, the columns
+    outside it not transformed. The pixels are the ones libjpeg-turbo gives for the whole image (OpenCV's decode,
+    upsampled the same way) cut to the box, bit for bit. A random-resized crop of a 500x375 photo costs ~18% less
+    than decoding it whole on one core (1.17 against 1.43 ms)."""
+
+    def __init__(self, nvimgcodec):
+        self.nv = nvimgcodec
+        self.decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                                          backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+        self.params = nvimgcodec.DecodeParams(color_spec=nvimgcodec.ColorSpec.SRGB,
+                                              sample_format=nvimgcodec.SampleFormat.I_RGB)
+
+    def rgb(self, data: bytes, box: tuple[int, int, int, int]) -> np.ndarray | None:
+        """``box`` = ``(top, left, h, w)`` of ``data`` as stored, as h x w x 3 uint8 RGB; None where nvImageCodec
+        did not decode it (a corrupt or unusual stream: decode the whole image instead, which says what is
+        wrong)."""
+        top, left, h, w = box
+        try:
+            stream = self.nv.CodeStream(np.frombuffer(data, np.uint8))
+            if (top, left, h, w) != (0, 0, stream.height, stream.width):
+                stream = stream.get_sub_code_stream(region=self.nv.Region(top, left, top + h, left + w))
+            image = self.decoder.decode(stream, params=self.params)
+        except RuntimeError:
+            return None
+        if image is None:
+            return None
+        out = np.asarray(image.cpu())
+        return out if out.shape == (h, w, 3) else None
+
+
+_REGIONS: dict = {}
+
+
+def region_decoder() -> RegionDecoder | None:
+    """This process's :class:`RegionDecoder` (made on first use; a forked child makes its own), or None where
+    nvImageCodec is not installed."""
+    pid = os.getpid()
+    if pid not in _REGIONS:
+        _REGIONS.clear()
+        nv = nvimgcodec_module()
+        _REGIONS[pid] = RegionDecoder(nv) if nv is not None else None
+    return _REGIONS[pid]
+
+
+def region_decodable(info: ImageInfo) -> bool:
+    """Whether :func:`decode_region` applies to an image of this header: a JPEG stored upright (its box
+    is then in stored coordinates) of 1 or 3 components (gray or YCbCr; CMYK takes OpenCV's Adobe handling)."""
+    return info.format == "JPEG" and info.orientation == 1 and info.channels in (1, 3)
+
+
+def decode_region(data: bytes, info: ImageInfo, box: tuple[int, int, int, int]) -> np.ndarray | None:
+    """``box`` (``(top, left, h, w)``) of the image, decoded alone as RGB (:class:`RegionDecoder`), or None where
+    that does not apply (:func:`region_decodable`), nvImageCodec is not installed or did not decode it: the
+    caller then decodes the whole image (:func:`decode`), which gives the same pixels."""
+    if not region_decodable(info):
+        return None
+    decoder = region_decoder()
+    return decoder.rgb(data, box) if decoder is not None else None

@@ -2,7 +2,9 @@
 # The configurations whose figures so far were the rate the loop took, measured again with what the loader's
 # workers made counted (bench train from 2026-11-27, session 14: docs/loader.md, "What a run's rate counts"),
 # in one call: recordio, 96,000 captured records, cold, each step a scripts/gpu_ranks.sh invocation against one
-# deadline. STEPS is a list of RANKS:TASK:DECODES[:RUN_AHEAD] (RUN_AHEAD "-" or left out: the loader's default).
+# deadline. STEPS is a list of RANKS:TASK:DECODES[:RUN_AHEAD[:REGION]] (RUN_AHEAD, REGION "-" or left out: the
+# loader's default; REGION on or off: the CPU workers decode each crop's box alone, or whole JPEGs). CEILINGS=1 first
+# measures what every core decodes at once, whole JPEGs and boxes alone, from the dataset's records.
 #
 #   device run (kind nvidia-h200-x4), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks_counted.sh
 #     default STEPS: one rank training from the CPU path and hybrid (its 32 workers), four ranks training by
@@ -10,14 +12,23 @@
 #   device run (kind nvidia-h200-x2), carry .whl-decode:
 #     STEPS="2:train:auto 2:train:auto:0 1:train:cpu,hybrid" OUT=$OUT bash scripts/gpu_ranks_counted.sh
 #     (two ranks of 15 workers by default and paced to their GPUs, then one rank of 32)
+#   CEILINGS=1 STEPS="2:train:cpu:-:off 2:train:cpu:-:on 2:train:auto" N=40000 OUT=$OUT bash scripts/gpu_ranks_counted.sh
+#     (kind nvidia-h200-x2: the CPU path with and without region decode, then the default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-96000} FORMATS=${FORMATS:-recordio}
 export DEADLINE_AT=${DEADLINE_AT:-$(( $(date +%s) + ${DEADLINE_S:-570} ))}
 WHEELS=.whl-decode source scripts/device_setup.sh
 export INSTALL=0
+DATA=${DATA:-/tmp/gpufeed-ranks}
+if [ "${CEILINGS:-0}" = 1 ]; then
+  [ -f "$DATA/bench_dataset.json" ] || python3 -m gpufeed bench dataset "$DATA" -n "$N" --formats "$FORMATS" \
+    --workers "$(nproc)"
+  (cd /tmp && python3 -m gpufeed.bench.cpuceiling "$DATA" --format "${FORMATS%%,*}" --results "$OUT/cpu-ceilings.jsonl")
+fi
 for step in ${STEPS:-1:train:cpu,hybrid 4:train:auto 1:infer:hybrid,hw}; do
-  IFS=: read -r ranks task decodes ahead <<< "$step"
+  IFS=: read -r ranks task decodes ahead region <<< "$step"
   if [ -n "${ahead:-}" ] && [ "$ahead" != - ]; then export RUN_AHEAD=$ahead; else unset RUN_AHEAD; fi
+  if [ -n "${region:-}" ] && [ "$region" != - ]; then export REGION_DECODE=$region; else unset REGION_DECODE; fi
   RUNS="$ranks:$task" DECODES=$decodes bash scripts/gpu_ranks.sh
 done

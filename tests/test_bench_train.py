@@ -532,8 +532,8 @@ def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
 
 
 def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options():
-    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice, --loop-cores and
-    --run-ahead come from LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
+    """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice, --loop-cores,
+    --run-ahead and --region-decode come from LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
     import dataclasses
 
     from gpufeed.pipelines.loader import RATES, LoaderOptions
@@ -543,7 +543,7 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     flags = {a.dest for a in parser._actions}
     declared = [f.name for f in dataclasses.fields(LoaderOptions) if "cli" in f.metadata]
     assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice", "loop_cores",
-                             "run_ahead"}
+                             "run_ahead", "region_decode"}
     assert set(declared) <= flags
     args = parser.parse_args(["dst", "--results", "r", "--workers", "7", "--decode-threads", "3", "--decode-priority", "-1",
                               "--cpu-share", RATES, "--worker-nice", "5", "--loop-cores", "1", "--run-ahead", "0"])
@@ -558,6 +558,11 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     assert parser.parse_args(["dst", "--results", "r", "--run-ahead", "off"]).run_ahead == "off"
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--run-ahead", "fast"])
+    assert defaults.region_decode is None
+    assert [parser.parse_args(["dst", "--results", "r", "--region-decode", v]).region_decode
+            for v in ("on", "off", "auto")] == [True, False, None]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["dst", "--results", "r", "--region-decode", "yes"])
 
 
 def test_the_disks_ceiling_is_measured_at_the_reads_the_loader_keeps_in_flight():
