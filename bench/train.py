@@ -157,7 +157,7 @@ class TrainOptions:
         default for the task), nothing where the measured rates set it (as every hybrid row before 2026-11-26)."""
         if decode != "hybrid":
             return {}
-        split = hybrid_split(self.cpu_share, augment_of(task), self.workers, self.gpus)
+        split = hybrid_split(self.cpu_share, augment_of(task), self.workers, self.gpus, region=self.region_decode)
         return {} if split == RATES else {"cpu_share_fixed": split}
 
     def params(self, task: str, decode: str | None, described: dict, read_ahead: str | None = None) -> dict:
@@ -488,7 +488,7 @@ def run_benchmark(dst: str, formats: list[str] | str | None, tiers: list, opts: 
 
         for task in opts.tasks:
             chosen[task] = ("cpu", "the model reads no JPEGs") if opts.dataset_image != "imagenet" else (
-                choose_decode("cuda" if kind == "cuda" else "cpu", opts.gpus, augment_of(task)))
+                choose_decode("cuda" if kind == "cuda" else "cpu", opts.gpus, augment_of(task), opts.region_decode))
             log(f"decode auto{f' ({task})' if len(opts.tasks) > 1 else ''}: {chosen[task][0]} ({chosen[task][1]})")
         opts = dataclasses.replace(opts, auto_decodes=tuple((t, d) for t, (d, _why) in chosen.items()))
     if "gpu" in opts.decodes and kind != "cuda":

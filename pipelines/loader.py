@@ -181,15 +181,17 @@ def default_run_ahead(run_ahead, decode: str, ranks: int = 1) -> int | None:
     return 0 if ranks >= PACED_RANKS and decode in ("gpu", "hw", "hybrid") else None
 
 
-def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1, cores: int | None = None):
+def hybrid_split(cpu_share, augment: str, workers: int, ranks: int = 1, cores: int | None = None,
+                 region: bool | None = None):
     """The hybrid path's split for a loader asked for ``cpu_share`` (a float, ``"rates"`` or None for the
     default) with ``workers`` DataLoader workers in each of ``ranks`` ranks on a node of ``cores`` usable cores
     (None: this machine's): a fixed CPU share of each batch, or :data:`RATES`. The default never feeds a rank
     worse than the better of ``cpu`` and ``hw`` alone where that was measured: all on the CPU where the rank's
-    workers carry it (:func:`cpu_carries`, :data:`ALONE_CPU_SHARE`), else the share measured best for the task."""
+    workers carry it (:func:`cpu_carries`, decoding boxes alone as ``region`` says; :data:`ALONE_CPU_SHARE`), else
+    the share measured best for the task."""
     if cpu_share is not None:
         return cpu_share
-    if cpu_carries(workers, ranks, cores, augment):
+    if cpu_carries(workers, ranks, cores, augment, region):
         return ALONE_CPU_SHARE
     if workers >= FIXED_SHARE_MIN_WORKERS and augment in HYBRID_CPU_SHARE:
         return HYBRID_CPU_SHARE[augment]
@@ -258,30 +260,45 @@ ENGINE_GPUS = ("A100", "A800", "A30", "H100", "H800", "H200", "H20", "GH200", "B
 #: had set 20, counted only what the loop took: over its 30 timed steps it ate the 40 batches made before them.)
 #: One H200 on 32 cores, 32 workers: 0.967 against 0.90 (results/gpu-ranks-h200x2.txt, the loop's rate).
 CPU_ENOUGH_WORKERS = 28
+#: Where the workers decode only each crop's box (:func:`region_decode_on`) and at most
+#: :data:`REGION_CARRIES_RANKS` ranks share the node, this many workers a rank carry its training alone. 2 H200s on
+#: 32 cores, 15 workers a rank, cold, counted, on two hosts in one session each (results/gpu-ranks-h200x2.txt,
+#: session 15): cpu with boxes alone 1.000 and 0.945 (tfrecord 0.930, lmdb 0.911), whole JPEGs 0.990 and 0.918,
+#: against hybrid's 0.895 and 0.893. Three and four ranks on 64 cores were measured only with whole JPEGs, the
+#: workers making half as much each there (122-167 img/s against 286-304): they keep :data:`CPU_ENOUGH_WORKERS`.
+CPU_ENOUGH_WORKERS_REGION = 15
+REGION_CARRIES_RANKS = 2
 #: The loader's augmentations whose demand the CPU workers alone may carry (:func:`cpu_carries`). Inference
 #: takes 3.5 times training's images a step: one H200 rank with 32 CPU workers made 5,507 img/s against the
 #: model's 15,800 (the engines alone 6,564), 2 ranks of 31 workers 3,341 each against hybrid's 5,654 (session 14).
 CPU_CARRIES = ("train",)
 
 
-def cpu_carries(workers: int, ranks: int = 1, cores: int | None = None, augment: str = "train") -> bool:
+def cpu_carries(workers: int, ranks: int = 1, cores: int | None = None, augment: str = "train",
+                region: bool | None = None) -> bool:
     """Whether ``workers`` DataLoader workers in each of ``ranks`` ranks on a node of ``cores`` usable cores (None:
     this machine's) decode every image of ``augment``'s batches on the CPU faster than the engines would help:
     training only (:data:`CPU_CARRIES`), with :data:`CPU_ENOUGH_WORKERS` workers or more, each with a core of the
-    rank's share (more workers than cores do not decode faster)."""
+    rank's share (more workers than cores do not decode faster); :data:`CPU_ENOUGH_WORKERS_REGION` where they
+    decode each crop's box alone (``region``, the loader's ``region_decode``: None where nvImageCodec is installed)
+    and at most :data:`REGION_CARRIES_RANKS` ranks share the node."""
     from gpufeed.machine import usable_cores
 
     if augment not in CPU_CARRIES:
         return False
     ranks = max(1, ranks)
     cores = usable_cores() if cores is None else cores
-    return min(workers, cores // ranks) >= CPU_ENOUGH_WORKERS
+    enough = CPU_ENOUGH_WORKERS
+    if ranks <= REGION_CARRIES_RANKS and region_decode_on(region):
+        enough = CPU_ENOUGH_WORKERS_REGION
+    return min(workers, cores // ranks) >= enough
 
 
-def choose_decode(device=None, ranks: int = 1, augment: str = "train") -> tuple[str, str]:
+def choose_decode(device=None, ranks: int = 1, augment: str = "train", region: bool | None = None) -> tuple[str, str]:
     """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, how many ranks share
     the node and the augmentation (the task): ``cpu`` where each rank's default workers carry it alone
-    (:func:`cpu_carries`: training, 28 workers or more, e.g. 1 or 2 ranks on 64 cores), or without a GPU; else
+    (:func:`cpu_carries`: training, 28 workers or more, e.g. 1 or 2 ranks on 64 cores, or 15 with ``region``
+    decoding for 1 or 2 ranks, e.g. 2 on 32 cores), or without a GPU; else
     ``hybrid`` (CPU workers and engines sharing each batch, :func:`hybrid_split`) on a GPU with engines and
     nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores
@@ -293,7 +310,7 @@ def choose_decode(device=None, ranks: int = 1, augment: str = "train") -> tuple[
     if device.type != "cuda" or not torch.cuda.is_available():
         return "cpu", "no CUDA GPU"
     workers = default_workers(ranks)
-    if cpu_carries(workers, ranks, augment=augment):
+    if cpu_carries(workers, ranks, augment=augment, region=region):
         each = "the node's one GPU" if ranks == 1 else f"each of the node's {ranks} ranks"
         return "cpu", f"{per_rank} cores per rank: {workers} CPU workers feed {each} alone"
     name = torch.cuda.get_device_name(device)
@@ -457,7 +474,8 @@ class LoaderOptions:
             raise ConfigError(f"{self._says('run_ahead')}: 0 (each batch after the loop's queued work is done) or "
                               f"more steps, or {off} (no limit)")
         if self.region_decode not in (None, True, False):
-            on = "on, off or auto" if self.spelling == "cli" else "True, False or None (where nvImageCodec is installed)"
+            on = ("on, off or auto" if self.spelling == "cli"
+                  else "True, False or None (where nvImageCodec is installed)")
             raise ConfigError(f"{self._says('region_decode')}: {on}")
         if self.normalize and augment == "tokens":
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
@@ -518,7 +536,7 @@ class Loader:
         if decode == AUTO:
             decode, self.decode_reason = (
                 ("cpu", "stored pixels and token ids need no JPEG decoding") if augment in ("cifar", "tokens")
-                else choose_decode(device, on_node, augment))
+                else choose_decode(device, on_node, augment, region_decode))
             if decode != "cpu" and _first_record_kind(paths, format) != "encoded":
                 decode, self.decode_reason = "cpu", "raw pixel records need no JPEG decoding"
             if cpu_share is not None and decode != "hybrid":
@@ -572,7 +590,7 @@ class Loader:
             batch_transform, self._collate = CpuBatch(transform, pool), as_made
         elif decode == "hybrid":
             self._share = shared.Value("d", 0.0, lock=False)
-            split = hybrid_split(cpu_share, augment, self.workers, on_node)
+            split = hybrid_split(cpu_share, augment, self.workers, on_node, region=self.region_decode)
             if split == RATES:
                 self._rates = HybridRates(self._share, self.workers, decode_threads,
                                           self.workers * CPU_WORKER_RATE, HW_RATE)

@@ -20,6 +20,7 @@ from gpufeed.bench import train, train_models
 from gpufeed.bench.accelerator import PROFILES, get_profile
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
+from gpufeed.pipelines.loader import region_decode_on
 
 N = 48
 
@@ -503,7 +504,8 @@ def test_hybrid_rows_record_the_split_the_loader_held(monkeypatch):
     def fixed(task, **kw):
         return train.TrainOptions(**kw).params(task, "hybrid", {}).get("cpu_share_fixed")
 
-    assert fixed("train", workers=15) == 0.75
+    assert fixed("train", workers=15, region_decode=False) == 0.75
+    assert fixed("train", workers=15, gpus=4) == 0.75
     assert fixed("infer", workers=15, gpus=4) == 0.6
     assert fixed("train", workers=15, cpu_share=0.8) == 0.8
     assert fixed("train", workers=15, cpu_share="rates") is None
@@ -512,6 +514,9 @@ def test_hybrid_rows_record_the_split_the_loader_held(monkeypatch):
     # 4 x 15, and never inference.
     assert fixed("train", workers=32) == fixed("train", workers=31, gpus=2) == 1.0
     assert fixed("train", workers=20, gpus=3) == fixed("train", workers=15, gpus=4) == 0.75
+    # Decoding each crop's box alone (where nvImageCodec is installed), 15 workers carry 1 or 2 ranks' training.
+    if region_decode_on(None):
+        assert fixed("train", workers=15) == fixed("train", workers=15, gpus=2) == 1.0
     assert fixed("infer", workers=32) == fixed("infer", workers=31, gpus=2) == 0.6
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
 

@@ -741,10 +741,21 @@ def test_decode_auto_and_workers_per_rank_come_from_the_node():
     # Where auto takes the CPU path on a GPU node: training, each rank's default workers carrying it on a core
     # each (1 or 2 ranks of 64 cores' 32 and 31 workers; 3 ranks' 20 made too few, counted); never inference,
     # whose demand outruns the workers.
-    assert [L.cpu_carries(min(32, 64 // r - 1), r, cores=64) for r in (1, 2, 3, 4)] == [True, True, False, False]
-    assert L.cpu_carries(16, 1, cores=16) is False and L.cpu_carries(28, 1, cores=28) is True
-    assert L.cpu_carries(32, 1, cores=64, augment="eval") is False
-    assert L.cpu_carries(32, 1, cores=64, augment="train") is True
+    for region in (False, True):
+        assert [L.cpu_carries(min(32, 64 // r - 1), r, cores=64, region=region)
+                for r in (1, 2, 3, 4)] == [True, True, False, False]
+        assert L.cpu_carries(28, 1, cores=28, region=region) is True
+        assert L.cpu_carries(32, 1, cores=64, augment="eval", region=region) is False
+    assert L.cpu_carries(16, 1, cores=16, region=False) is False
+    # Decoding each crop's box alone, 15 workers a rank carry one or two ranks' training (2 H200s on 32 cores),
+    # never three or more (measured only with whole JPEGs, where their workers made half as much).
+    assert L.cpu_carries(15, 2, cores=32, region=False) is False
+    if L.region_decode_on(None):
+        assert L.cpu_carries(15, 2, cores=32) is True and L.cpu_carries(15, 2, cores=32, region=True) is True
+        assert L.cpu_carries(15, 1, cores=16) is True
+        assert L.cpu_carries(15, 3, cores=48) is False and L.cpu_carries(14, 2, cores=30) is False
+        assert L.hybrid_split(None, "train", 15, 2, cores=32) == L.ALONE_CPU_SHARE
+        assert L.hybrid_split(None, "train", 15, 2, cores=32, region=False) == L.HYBRID_CPU_SHARE["train"]
 
 
 def test_decode_auto_and_the_hybrid_split_count_the_ranks_on_this_node(dataset, monkeypatch):
@@ -790,7 +801,7 @@ def test_loader_options_are_checked_once_for_every_caller():
 def test_hybrid_split_default_is_the_measured_share_for_the_task():
     """The hybrid path holds the CPU share measured best for its task where a rank has the workers those
     measurements had; with fewer, or when asked for ("rates"), the split follows both sides' measured rates."""
-    assert L.hybrid_split(None, "train", 15, cores=64) == L.HYBRID_CPU_SHARE["train"] == 0.75
+    assert L.hybrid_split(None, "train", 15, cores=64, region=False) == L.HYBRID_CPU_SHARE["train"] == 0.75
     assert L.hybrid_split(None, "eval", 15, ranks=4, cores=64) == L.HYBRID_CPU_SHARE["eval"] == 0.6
     assert L.hybrid_split(None, "train", L.FIXED_SHARE_MIN_WORKERS - 1, cores=64) == L.RATES
     assert L.hybrid_split(L.RATES, "train", 32) == L.RATES
@@ -804,7 +815,7 @@ def test_hybrid_split_default_is_the_measured_share_for_the_task():
     assert L.hybrid_split(None, "train", 20, ranks=3, cores=64) == 0.75
     assert L.hybrid_split(None, "train", 15, ranks=4, cores=64) == 0.75
     assert L.hybrid_split(None, "train", 20, ranks=4, cores=64) == 0.75  # 80 workers on 64 cores
-    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS - 1, cores=64) == 0.75
+    assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS - 1, cores=64, region=False) == 0.75
     assert L.hybrid_split(0.5, "train", 32, ranks=1) == 0.5
 
 
