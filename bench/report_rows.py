@@ -95,12 +95,15 @@ def accelerator(row: dict) -> str | None:
 def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
     read-ahead, a fixed hybrid CPU share, the workers' niceness, the cores each rank kept from the workers, the
-    steps each rank's loop could queue ahead of its GPU (rows before 2026-11-27 have no limit), and the
-    child-process loader measured on 2026-11-25 (since taken out of gpufeed)."""
+    steps each rank's loop could queue ahead of its GPU (rows before 2026-11-27 have no limit), the CPU workers
+    decoding each crop's box alone (region decode; rows before it decoded whole JPEGs), and the child-process
+    loader measured on 2026-11-25 (since taken out of gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
     if p.get("read_ahead"):
         label += ", read-ahead"
+    if p.get("region_decode"):
+        label += ", region decode"
     if p.get("feed") == "process":
         label += ", child process"
     if p.get("cpu_share_fixed") is not None:

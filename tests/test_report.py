@@ -370,7 +370,8 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
             "with hw decoding, slowest rank at AU 86.1%, 7,289 img/s in all; below 90%: not fed.") in ranks
     assert "| train | 2 | lmdb | local | cold | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 | - |" in ranks
     # The answer's first lines: how many real GPUs each disk fed, from the runs with 1 and 2 ranks.
-    rows = [r for r in rows if "session 14" not in r.get("call", "")]  # before the workers' samples were counted
+    # Before the workers' samples were counted (session 14) and before they decoded boxes alone (session 15).
+    rows = [r for r in rows if not any(s in r.get("call", "") for s in ("session 14", "session 15"))]
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "f"), "f").split("## The answer")[1]
     # (The one-GPU inference runs of that call read 10-47% of their records from the disk, the rest from the page
     # cache: not cold measurements, so not counted.)
@@ -609,6 +610,20 @@ def test_gpus_fed_names_each_counts_configuration(tmp_path):
                            "made 3,291 img/s over the timed steps and the loop took 3,396, the rest from batches made "
                            "before them; no resource at 90% of its ceiling")
     assert "local feeds **2** NVIDIA H200s training resnet50 (from recordio)" in fed
+
+
+def test_two_h200s_fed_from_the_cpu_workers_decoding_boxes_alone(tmp_path):
+    """Two H200s on 32 cores (results/gpu-ranks-h200x2.jsonl, every session): since session 15 the default sends
+    both ranks' training to the CPU workers, which decode each crop's box alone; the answer for recordio is then 2
+    GPUs, each count's figure naming that setting, and two runs of one configuration count at the lower."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x2.jsonl")
+    fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    fed = fed.split("## The answer")[1]
+    assert ("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 100.1% (cpu, region decode), 2: 98.3% (cpu, "
+            "read-ahead, region decode; median of 2 runs: 98.3%, 100.1%) | - |") in fed
+    assert "local feeds **2** NVIDIA H200s training resnet50" in fed
 
 
 def test_a_missing_results_file_is_named_with_a_command_that_writes_it(tmp_path, capsys):
