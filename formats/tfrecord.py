@@ -222,7 +222,7 @@ class TFRecordFormat(Format):
             return CorruptRecordError(path, record_index, byte_offset, reason)
 
         try:
-            ex = example_pb2.Example.FromString(bytes(value))
+            ex = example_pb2.Example.FromString(value if isinstance(value, bytes) else bytes(value))
             feat = ex.features.feature
             if "tokens" in feat:
                 ids = np.asarray(feat["tokens"].int64_list.value, dtype=np.int64)
@@ -275,15 +275,17 @@ class TFRecordFormat(Format):
 
 
 def _one_bytes(feat, name, bad) -> bytes:
-    if name not in feat or feat[name].WhichOneof("kind") != "bytes_list" or len(feat[name].bytes_list.value) != 1:
+    one = feat[name] if name in feat else None
+    if one is None or one.WhichOneof("kind") != "bytes_list" or len(values := one.bytes_list.value) != 1:
         raise bad(f"feature {name!r} is missing or not one bytes value")
-    return feat[name].bytes_list.value[0]
+    return values[0]
 
 
 def _one_int(feat, name, bad) -> int:
-    if name not in feat or feat[name].WhichOneof("kind") != "int64_list" or len(feat[name].int64_list.value) != 1:
+    one = feat[name] if name in feat else None
+    if one is None or one.WhichOneof("kind") != "int64_list" or len(values := one.int64_list.value) != 1:
         raise bad(f"feature {name!r} is missing or not one int64 value")
-    return feat[name].int64_list.value[0]
+    return values[0]
 
 
 def _labels(feat, name, offset, bad):
