@@ -312,7 +312,8 @@ def choose_decode(device=None, ranks: int = 1, augment: str = "train", region: b
     workers = default_workers(ranks)
     if cpu_carries(workers, ranks, augment=augment, region=region):
         each = "the node's one GPU" if ranks == 1 else f"each of the node's {ranks} ranks"
-        return "cpu", f"{per_rank} cores per rank: {workers} CPU workers feed {each} alone"
+        boxes = ", decoding only each crop's box" if min(workers, per_rank) < CPU_ENOUGH_WORKERS else ""
+        return "cpu", f"{per_rank} cores per rank: {workers} CPU workers feed {each} alone{boxes}"
     name = torch.cuda.get_device_name(device)
     if not any(gpu in name for gpu in ENGINE_GPUS):
         return "cpu", f"{per_rank} cores per rank, and the {name} has no JPEG engines gpufeed drives"

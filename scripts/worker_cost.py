@@ -101,7 +101,7 @@ def main() -> None:
         prof = cProfile.Profile()
         prof.runcall(run)
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(int(os.environ.get("PROFILE_ROWS", 14)))
         print(f"--- profile: {name} ({args.n} images)\n" + text.getvalue().split("\n\n", 1)[-1].strip(), flush=True)
 
 
