@@ -439,6 +439,27 @@ def test_the_cores_decode_ceiling_is_measured_once_per_task_and_kept(dataset, tm
     assert decode_ceiling("recordio", path, True, seconds=0.5, processes=2) == train_ceiling  # kept
     assert decode_ceiling("recordio", path, False, seconds=0.5, processes=2)["measured"]
     assert len(json.load(open(tmp_path / "cache" / "gpufeed" / CEILINGS_FILE))) == 2
+    # The workers decoding each crop's box alone have a ceiling of their own, kept beside the other.
+    if region_decode_on(None):
+        boxes = decode_ceiling("recordio", path, True, seconds=0.5, processes=2, region=True)
+        assert boxes["region_decode"] is True and boxes != train_ceiling
+        assert len(json.load(open(tmp_path / "cache" / "gpufeed" / CEILINGS_FILE))) == 3
+
+
+def test_the_cores_decode_ceilings_side_by_side_from_the_command_line(dataset, tmp_path, monkeypatch, capsys):
+    """``python -m gpufeed.bench.cpuceiling DST`` measures anew (never a kept figure) each task, whole JPEGs and,
+    where nvImageCodec is installed, boxes alone; each figure printed and appended to --results."""
+    from gpufeed.bench import cpuceiling
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    results = tmp_path / "out" / "ceilings.jsonl"
+    assert cpuceiling.main([dataset, "--seconds", "0.3", "--processes", "2", "--results", str(results)]) == 0
+    rows = [json.loads(line) for line in open(results)]
+    settings = (False, True) if region_decode_on(None) else (False,)
+    assert [(r["task"], r["region_decode"]) for r in rows] == [(t, s) for t in ("train", "eval") for s in settings]
+    assert all(r["img_per_s"] > 0 and r["processes"] == 2 for r in rows)
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == len(rows) and printed[0].startswith("train whole JPEG")
 
 
 def test_a_cold_row_served_from_the_page_cache_says_so_instead_of_naming_a_limit():
