@@ -18,6 +18,7 @@ import io
 import os
 import struct
 import sys
+import threading
 
 import numpy as np
 
@@ -458,18 +459,25 @@ class RegionDecoder:
         return out if out.shape == (h, w, 3) else None
 
 
-_REGIONS: dict = {}
+class _ThreadDecoders(threading.local):
+    """Each thread's ``(pid, RegionDecoder or None)``: one nvImageCodec decoder never serves two threads at once
+    (two threads decoding through one aborted the process), and a forked child makes its own."""
+
+    made: tuple | None = None
+
+
+_REGIONS = _ThreadDecoders()
 
 
 def region_decoder() -> RegionDecoder | None:
-    """This process's :class:`RegionDecoder` (made on first use; a forked child makes its own), or None where
-    nvImageCodec is not installed."""
+    """The calling thread's :class:`RegionDecoder` (made on first use; each thread, and each forked child, makes its
+    own), or None where nvImageCodec is not installed."""
     pid = os.getpid()
-    if pid not in _REGIONS:
-        _REGIONS.clear()
+    made = _REGIONS.made
+    if made is None or made[0] != pid:
         nv = nvimgcodec_module()
-        _REGIONS[pid] = RegionDecoder(nv) if nv is not None else None
-    return _REGIONS[pid]
+        made = _REGIONS.made = (pid, RegionDecoder(nv) if nv is not None else None)
+    return made[1]
 
 
 def region_decodable(info: ImageInfo) -> bool:

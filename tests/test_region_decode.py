@@ -154,6 +154,34 @@ def test_a_damaged_jpeg_fares_as_it_did_before():
                               CpuDecode(train, 224, region=False).pixels(ended))
 
 
+@needs_nvimgcodec
+def test_threads_and_forked_children_decode_regions_each_with_their_own_decoder():
+    """CPU decoders as threads of one process (bench.experiments.step_beside_load runs them so) and children forked
+    from a process that has decoded: each gets the pixels it would alone. (Two threads sharing one nvImageCodec
+    decoder aborted the process.)"""
+    import concurrent.futures
+    import multiprocessing
+
+    data = [JPEGS[k]() for k in ("baseline 4:2:0", "4:2:2", "progressive", "gray")]
+    infos = [probe(d, "t") for d in data]
+    rng = np.random.default_rng(1)
+    jobs = [(i % len(data), random_resized_crop_params(infos[i % len(data)].height, infos[i % len(data)].width, rng))
+            for i in range(64)]
+    want = [whole_then_cut(data[k], box) for k, box in jobs]
+
+    args = [(data[k], box) for k, box in jobs]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert all(np.array_equal(g, w) for g, w in zip(pool.map(_region_of, args), want))
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        assert all(np.array_equal(g, w) for g, w in zip(pool.map(_region_of, args[:8]), want[:8]))
+
+
+def _region_of(args):
+    data, box = args
+    return decode_region(data, probe(data, "t"), box)
+
+
 def _without_nvimgcodec(code: str) -> subprocess.CompletedProcess:
     """``code`` run in a fresh interpreter where ``from nvidia import nvimgcodec`` fails, as where it is not
     installed."""
