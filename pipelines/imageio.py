@@ -391,15 +391,31 @@ def decode_image(data: bytes, origin: str, max_pixels: int = DEFAULT_MAX_PIXELS)
     return cv2.cvtColor(decode(data, info, origin), cv2.COLOR_BGR2RGB)
 
 
+#: Held while nvImageCodec is imported: the standard streams are pointed elsewhere meanwhile, and a second thread
+#: doing the same would save the null device as the stream to restore.
+_IMPORT_LOCK = threading.Lock()
+_NOT_INSTALLED = False
+
+
 def nvimgcodec_module():
     """NVIDIA nvImageCodec (``nvidia.nvimgcodec``), or None where it is not installed. Imported with its load-time
     notices silenced: on import it writes (from C++, to stderr) a few lines for each codec library it did not
     find, the JPEG 2000 and TIFF ones the ``gpu`` extra does not install, and it would write them again in every
     DataLoader worker that decodes with it. Its own log stays quiet unless ``PYNVIMGCODEC_VERBOSITY`` asks for it.
-    While it imports, this process's stdout and stderr go nowhere."""
+    While it imports (once a process, one thread at a time), this process's stdout and stderr go nowhere."""
+    global _NOT_INSTALLED
     os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-    if "nvidia.nvimgcodec" in sys.modules:
-        return sys.modules["nvidia.nvimgcodec"]
+    with _IMPORT_LOCK:
+        if "nvidia.nvimgcodec" in sys.modules:
+            return sys.modules["nvidia.nvimgcodec"]
+        if _NOT_INSTALLED:  # looked for once: not looked for again on each call
+            return None
+        module = _import_quietly()
+        _NOT_INSTALLED = module is None
+        return module
+
+
+def _import_quietly():
     import ctypes
 
     libc = ctypes.CDLL(None)

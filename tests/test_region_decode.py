@@ -208,12 +208,16 @@ def test_without_nvimgcodec_images_are_decoded_whole_and_asking_for_region_decod
 def test_nvimgcodec_imports_without_its_notices():
     """On import nvImageCodec writes a few lines to stderr for each codec library it lacks (here at least JPEG 2000
     and TIFF, which the gpu extra does not install); a DataLoader worker importing it says nothing."""
-    code = ("from gpufeed.pipelines.imageio import region_decoder\n"
+    code = ("import sys, threading\n"
+            "from gpufeed.pipelines.imageio import region_decoder\n"
+            "threads = [threading.Thread(target=region_decoder) for _ in range(8)]\n"  # importing at once
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
             "assert region_decoder() is not None\n"
-            "print('done')\n")
+            "print('done'); print('still here', file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "done\n" and done.stderr == ""
+    # Nothing of nvImageCodec's, and both streams lead where they did before the import.
+    assert done.stdout == "done\n" and done.stderr == "still here\n"
 
 
 @needs_nvimgcodec
