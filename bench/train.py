@@ -150,7 +150,7 @@ class TrainOptions:
         it existed decoded whole images); nothing where no JPEG is decoded on the CPU."""
         if decode not in ("cpu", "hybrid") or self.cifar or self.ptb:
             return {}
-        return {"region_decode": region_decode_on(self.region_decode, "--region-decode on")}
+        return {"region_decode": region_decode_on(self.region_decode)}
 
     def _hybrid_split(self, task: str, decode: str | None) -> dict:
         """A hybrid row's split: ``cpu_share_fixed`` where the loader held the CPU share fixed (given, or its
@@ -610,7 +610,7 @@ def _cpu_decode_ceilings(dst: str, info: dict, formats: list[str], opts: TrainOp
     for task in opts.tasks:
         found = decode_ceiling(fmt, described["paths"][0], task == "train", opts.image_size,
                                record_bytes=described.get("record_bytes"),
-                               region=region_decode_on(opts.region_decode, "--region-decode on"))
+                               region=region_decode_on(opts.region_decode))
         if found:
             out[task] = {**found, "source": "measured on this machine, every core decoding at once"}
     return out

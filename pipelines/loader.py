@@ -478,6 +478,8 @@ class LoaderOptions:
             on = ("on, off or auto" if self.spelling == "cli"
                   else "True, False or None (where nvImageCodec is installed)")
             raise ConfigError(f"{self._says('region_decode')}: {on}")
+        if self.region_decode:  # asked for: nvImageCodec must be there, said as the caller spelt it
+            region_decode_on(True, self._says("region_decode", "on" if self.spelling == "cli" else True))
         if self.normalize and augment == "tokens":
             raise ConfigError("normalize=True scales image pixels; token ids (augment='tokens') are not normalised")
 
@@ -583,8 +585,7 @@ class Loader:
         self._rates = None  # hybrid with the split from measured rates: its HybridRates
         # The CPU workers decode only each crop's box of a JPEG where they can (the same pixels, less work).
         self.region_decode = (augment not in ("cifar", "tokens") and decode in ("cpu", "hybrid")
-                              and region_decode_on(region_decode, opts._says(
-                                  "region_decode", "on" if opts.spelling == "cli" else True)))
+                              and region_decode_on(region_decode))  # asked for and missing: refused above
         if augment == "tokens":
             transform, self._collate = TokenWindow(window, vocab), collate_tokens
         elif augment == "cifar":
