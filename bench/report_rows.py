@@ -114,7 +114,25 @@ def loader_label(row: dict) -> str:
         label += f", {p['loop_cores']} core(s) kept per rank"
     if p.get("run_ahead") is not None:
         label += f", paced ({p['run_ahead']} step(s) ahead)" if p["run_ahead"] else ", paced to its GPU"
+    if p.get("workers") is not None and default_workers_of(row) not in (None, p["workers"]):
+        label += f", {p['workers']} workers"
     return label
+
+
+def default_workers_of(row: dict) -> int | None:
+    """The DataLoader workers a rank of a train row's run gets by default on the row's machine
+    (:func:`gpufeed.pipelines.loader.default_workers`: the rank's share of the usable cores, less one for the
+    rank's own process where ranks share the node, at most 32), None where the row does not say its cores or kept
+    cores from the workers, or from before 2026-11-27's counted rows (:func:`counts_made`; the default was 16
+    workers a rank before). A row whose workers differ was asked for them, and its label says how many."""
+    from gpufeed.pipelines.loader import MAX_DEFAULT_WORKERS
+
+    p = params(row)
+    cores = (row.get("machine") or {}).get("usable_cores")
+    if not cores or p.get("loop_cores") or not counts_made(row):
+        return None
+    ranks = max(1, p.get("gpus") or 1)
+    return max(1, min(MAX_DEFAULT_WORKERS, cores // ranks - (1 if ranks > 1 else 0)))
 
 
 def counts_made(row: dict) -> bool:
