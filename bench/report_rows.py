@@ -96,7 +96,8 @@ def loader_label(row: dict) -> str:
     """Where a train row decoded, with the loader's variants that rows of one decode path differ by: batch
     read-ahead, a fixed hybrid CPU share, the workers' niceness, the cores each rank kept from the workers, the
     steps each rank's loop could queue ahead of its GPU (rows before 2026-11-27 have no limit), the CPU workers
-    decoding each crop's box alone (region decode; rows before it decoded whole JPEGs), and the child-process
+    decoding each crop's box alone (region decode; rows before it decoded whole JPEGs), batches handed out as each
+    is made (out of order), workers other than the default, and the child-process
     loader measured on 2026-11-25 (since taken out of gpufeed)."""
     p = params(row)
     label = str(p.get("decode") or "-")
@@ -104,6 +105,8 @@ def loader_label(row: dict) -> str:
         label += ", read-ahead"
     if p.get("region_decode"):
         label += ", region decode"
+    if p.get("in_order") is False:
+        label += ", out of order"
     if p.get("feed") == "process":
         label += ", child process"
     if p.get("cpu_share_fixed") is not None:

@@ -108,6 +108,7 @@ class TrainOptions:
     loop_cores: int | None = None  # physical cores each rank keeps from every worker (None: the loader's default)
     run_ahead: int | str | None = None  # steps the loop may queue ahead of its GPU ("off": no limit; None: default)
     region_decode: bool | None = None  # the CPU workers decode only each crop's box (None: where nvImageCodec is)
+    in_order: bool | None = None  # the DataLoader hands out batches in order (False: each as soon as it is made)
     vocab: int | None = None  # language models: the dataset's vocabulary and window length (from its manifest)
     seq_len: int | None = None
     gpus: int = 1  # ranks of DistributedDataParallel, one GPU each
@@ -175,6 +176,7 @@ class TrainOptions:
                 **({"read_ahead": read_ahead == "on"} if read_ahead else {}),
                 **({"worker_nice": self.nice} if decode else {}),
                 **self._region_decode(task, decode),
+                **({"in_order": False} if decode and self.in_order is False and self.workers else {}),
                 **({"loop_cores": self.kept} if decode and self.kept else {}),
                 **self._run_ahead(decode, described),
                 **described}
@@ -258,7 +260,7 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     window=opts.seq_len + 1 if opts.ptb and opts.seq_len else None, vocab=opts.vocab,
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
                     worker_nice=opts.nice, loop_cores=opts.kept, run_ahead=opts.run_ahead,
-                    region_decode=opts.region_decode)
+                    region_decode=opts.region_decode, in_order=opts.in_order)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
@@ -754,7 +756,8 @@ def _one_line(row: dict) -> str:
             + (f"nice={p['worker_nice']} " if p.get("worker_nice") else "")
             + (f"loop-cores={p['loop_cores']} " if p.get("loop_cores") else "")
             + (f"run-ahead={p['run_ahead']} " if p.get("run_ahead") is not None else "")
-            + (f"region={'on' if p['region_decode'] else 'off'} " if "region_decode" in p else "") +
+            + (f"region={'on' if p['region_decode'] else 'off'} " if "region_decode" in p else "")
+            + ("in-order=off " if p.get("in_order") is False else "") +
             f"workers={p.get('workers')} "
             f"{row['median']:9.1f} {row['unit']}  AU {m['au']['median']:.3f}  "
             f"wait p50 {m['data_wait_p50_ms']['median']:.1f} ms p99 {m['data_wait_p99_ms']['median']:.1f} ms"
@@ -906,7 +909,8 @@ def options_from_args(args) -> TrainOptions:
     # The loader's own rules, spelled as this command's flags: --cpu-share applies to the hybrid rows.
     given = {k: v for k, v in (("batch_size", args.batch_size), ("worker_nice", args.worker_nice),
                                ("loop_cores", args.loop_cores), ("run_ahead", args.run_ahead),
-                               ("region_decode", args.region_decode)) if v is not None}
+                               ("region_decode", args.region_decode), ("in_order", args.in_order))
+             if v is not None}
     if args.workers is None:
         from gpufeed.pipelines.loader import LOOP_CORES
 
@@ -930,7 +934,8 @@ def options_from_args(args) -> TrainOptions:
                         decode_priority=args.decode_priority, gpus=args.gpus,
                         read_aheads=_read_aheads(args.read_ahead, args.gpus), cuda_graph=args.cuda_graph,
                         cpu_share=args.cpu_share, worker_nice=args.worker_nice, loop_cores=args.loop_cores,
-                        run_ahead=args.run_ahead, region_decode=args.region_decode, fit_steps=fit_steps,
+                        run_ahead=args.run_ahead, region_decode=args.region_decode, in_order=args.in_order,
+                        fit_steps=fit_steps,
                         trace=args.trace, trace_steps=args.trace_steps,
                         gpu_sample=args.gpu_sample)
 

@@ -419,6 +419,10 @@ class LoaderOptions:
         "CPU decoding: decode only each crop's box of a JPEG (NVIDIA nvImageCodec's libjpeg-turbo backend: the same "
         "pixels as decoding the whole image, ~15%% less CPU time for a random-resized crop of a 500x375 photo); "
         "default (auto): wherever nvImageCodec is installed (the gpu extra)"))
+    in_order: bool | None = _flag(None, metavar="on|off|auto", type=parse_switch, help=(
+        "DataLoader workers: hand out the batches in the order they were drawn (on), or each as soon as a worker has "
+        "made it (off: a late batch holds no other back, and every worker that is done gets its next one); default "
+        "(auto): in order"))
     spelling: str = dataclasses.field(default="python", compare=False, repr=False)
 
     @classmethod
@@ -480,6 +484,9 @@ class LoaderOptions:
             on = ("on, off or auto" if self.spelling == "cli"
                   else "True, False or None (where nvImageCodec is installed)")
             raise ConfigError(f"{self._says('region_decode')}: {on}")
+        if self.in_order not in (None, True, False):
+            raise ConfigError(f"{self._says('in_order')}: "
+                              + ("on, off or auto" if self.spelling == "cli" else "True, False or None (in order)"))
         if self.region_decode:  # asked for: nvImageCodec must be there, said as the caller spelt it
             region_decode_on(True, self._says("region_decode", "on" if self.spelling == "cli" else True))
         if self.normalize and augment == "tokens":
@@ -518,6 +525,13 @@ class Loader:
     images a second from a 2x H200 host's cores); by default (None) wherever nvImageCodec is installed,
     ``False`` never, ``True`` refuses to run without it. ``Loader.region_decode`` says what the workers do.
 
+    ``in_order``: with DataLoader workers, False hands out each batch as soon as a worker has made it (the
+    DataLoader's ``in_order=False``): a batch that comes late holds back neither the loop nor the workers that
+    are done (in order, a worker gets its next batch only as the loop takes one, so while the loop waits for a late
+    batch the others stop). Every batch is still handed out once, in the same stream of epochs, but near a late
+    batch in another order, which a run's seed no longer fixes, and up to ``workers`` x 2 batches of one epoch may
+    come in the pass of the next. None (default) and True: in order.
+
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
     ``decode_priority`` their streams' CUDA priority (:class:`GpuCrop`). ``augment="tokens"``: ``window`` is
@@ -531,7 +545,7 @@ class Loader:
                  augment_on: str = "cpu", window: int | None = None, vocab: int | None = None,
                  read_ahead: bool | None = None, cpu_share: float | str | None = None,
                  worker_nice: int = WORKER_NICE, loop_cores: int = LOOP_CORES, run_ahead: int | str | None = None,
-                 split: str | None = None, region_decode: bool | None = None):
+                 split: str | None = None, region_decode: bool | None = None, in_order: bool | None = None):
         paths, format = data_paths(paths, format, split)
         read_ahead = default_read_ahead(world_size or 1) if read_ahead is None else read_ahead
         opts = LoaderOptions(batch_size=batch_size, decode=decode, augment=augment, size=size, workers=workers,
@@ -539,7 +553,7 @@ class Loader:
                              decode_threads=decode_threads, decode_priority=decode_priority, augment_on=augment_on,
                              window=window, vocab=vocab, read_ahead=read_ahead, cpu_share=cpu_share,
                              worker_nice=worker_nice, loop_cores=loop_cores, run_ahead=run_ahead,
-                             region_decode=region_decode)
+                             region_decode=region_decode, in_order=in_order)
         torch = import_torch()
         on_node = ranks_on_node(world_size)  # the ranks sharing this node's cores (torchrun's LOCAL_WORLD_SIZE)
         self.decode_reason = None
@@ -576,6 +590,7 @@ class Loader:
         # The cores this rank's workers may run on: all, or those no rank on the node keeps for its own process.
         self.worker_cpus = worker_cores(loop_cores, on_node, opts._says("loop_cores")) if loop_cores else None
         self.workers = default_workers(on_node, loop_cores, cores=self.worker_cpus) if workers is None else workers
+        self.in_order = in_order is not False or not self.workers  # without workers, the loop makes them in order
         train = augment == "train"
         # The DataLoader pins the CPU paths' batches for a GPU; made in its workers' pooled blocks, which each
         # batch's pinning frees (batches_cpu.BatchPool).
@@ -699,6 +714,7 @@ class Loader:
                 prefetch_factor=PREFETCH_FACTOR if self.workers else None,
                 pin_memory=self._pins,
                 persistent_workers=self.workers > 0,
+                **({} if self.in_order else {"in_order": False}),
                 worker_init_fn=functools.partial(_init_worker, nice=self.worker_nice, tier=self._tier,
                                                  cpus=self.worker_cpus),
                 multiprocessing_context=self._start_method() if self.workers else None)

@@ -23,6 +23,7 @@
 #   GPU_SAMPLE=0 ...           # no nvidia-smi beside the timed windows (--no-gpu-sample)
 #   RUN_AHEAD=0 ...            # steps each rank's loop may queue ahead of its GPU (--run-ahead)
 #   REGION_DECODE=off ...      # the CPU workers decode whole JPEGs, not each crop's box (--region-decode)
+#   IN_ORDER=off ...           # each batch handed out as soon as a worker has made it (--in-order)
 #   GRAPH=1 ...                # inference: the model's step as one CUDA graph (--cuda-graph; the baseline too)
 # A step that could not finish inside the call's DEADLINE_S (seconds from the start) is skipped and said so.
 set -euo pipefail
@@ -65,7 +66,7 @@ for run in ${RUNS:-2:train 2:infer 1:train 1:infer}; do
   timeout -k 10 "$limit" python3 -m gpufeed bench train "$DATA" --tier "local=$DATA" ${EMULATED:+--tier "$EMULATED"} --gpus "$gpus" --task "$task" "$COLD" \
     --decode "${DECODES:-auto,hw,cpu}" --formats "${FORMATS:-tfrecord,recordio,lmdb}" ${WORKERS:+--workers "$WORKERS"} \
     ${DECODE_THREADS:+--decode-threads "$DECODE_THREADS"} ${CPU_SHARE:+--cpu-share "$CPU_SHARE"} ${READ_AHEAD:+--read-ahead "$READ_AHEAD"} \
-    ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} ${LOOP_CORES:+--loop-cores "$LOOP_CORES"} ${RUN_AHEAD:+--run-ahead "$RUN_AHEAD"} ${REGION_DECODE:+--region-decode "$REGION_DECODE"} $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) \
+    ${WORKER_NICE:+--worker-nice "$WORKER_NICE"} ${LOOP_CORES:+--loop-cores "$LOOP_CORES"} ${RUN_AHEAD:+--run-ahead "$RUN_AHEAD"} ${REGION_DECODE:+--region-decode "$REGION_DECODE"} ${IN_ORDER:+--in-order "$IN_ORDER"} $([ "${GRAPH:-0}" = 1 ] && echo --cuda-graph) \
     ${TRACE:+--trace "$TRACE"} $([ "${GPU_SAMPLE:-1}" = 0 ] && echo --no-gpu-sample) "${steps_args[@]}" --repeats "${REPEATS:-1}" --accelerator cuda \
     --results "$RESULTS" 2>&1 | grep -v "UserWarning\|warnings.warn" || stamp "step ended with rc $?"
 done

@@ -2,9 +2,10 @@
 # The configurations whose figures so far were the rate the loop took, measured again with what the loader's
 # workers made counted (bench train from 2026-11-27, session 14: docs/loader.md, "What a run's rate counts"),
 # in one call: recordio, 96,000 captured records, cold, each step a scripts/gpu_ranks.sh invocation against one
-# deadline. STEPS is a list of RANKS:TASK:DECODES[:RUN_AHEAD[:REGION[:FORMATS]]] (RUN_AHEAD, REGION "-" or left out:
-# the loader's default; REGION on or off: the CPU workers decode each crop's box alone, or whole JPEGs; FORMATS
-# separated by "+", of those FORMATS built, default all of them). CEILINGS=1 first
+# deadline. STEPS is a list of RANKS:TASK:DECODES[:RUN_AHEAD[:REGION[:FORMATS[:IN_ORDER]]]] (RUN_AHEAD, REGION,
+# IN_ORDER "-" or left out: the loader's default; REGION on or off: the CPU workers decode each crop's box alone, or
+# whole JPEGs; FORMATS separated by "+", of those FORMATS built, default all of them; IN_ORDER off: each batch
+# handed out as soon as a worker has made it). CEILINGS=1 first
 # measures what every core decodes at once, whole JPEGs and boxes alone, from the dataset's records.
 #
 #   device run (kind nvidia-h200-x4), carry .whl-decode:  OUT=$OUT bash scripts/gpu_ranks_counted.sh
@@ -29,9 +30,10 @@ if [ "${CEILINGS:-0}" = 1 ]; then
   (cd /tmp && python3 -m gpufeed.bench.cpuceiling "$DATA" --format "${FORMATS%%,*}" --results "$OUT/cpu-ceilings.jsonl")
 fi
 for step in ${STEPS:-1:train:cpu,hybrid 4:train:auto 1:infer:hybrid,hw}; do
-  IFS=: read -r ranks task decodes ahead region formats <<< "$step"
+  IFS=: read -r ranks task decodes ahead region formats in_order <<< "$step"
   if [ -n "${ahead:-}" ] && [ "$ahead" != - ]; then export RUN_AHEAD=$ahead; else unset RUN_AHEAD; fi
   if [ -n "${region:-}" ] && [ "$region" != - ]; then export REGION_DECODE=$region; else unset REGION_DECODE; fi
-  step_formats=${formats:-$FORMATS}
+  if [ -n "${in_order:-}" ] && [ "$in_order" != - ]; then export IN_ORDER=$in_order; else unset IN_ORDER; fi
+  step_formats=${formats:-$FORMATS}; [ "$step_formats" = - ] && step_formats=$FORMATS
   RUNS="$ranks:$task" DECODES=$decodes FORMATS=${step_formats//+/,} bash scripts/gpu_ranks.sh
 done

@@ -560,7 +560,8 @@ def test_read_ahead_auto_is_the_loaders_default_for_the_ranks():
 
 def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options():
     """bench train's --workers, --decode-threads, --decode-priority, --cpu-share, --worker-nice, --loop-cores,
-    --run-ahead and --region-decode come from LoaderOptions' fields (one declaration: a new such setting is a new flag), and parse into its values."""
+    --run-ahead, --region-decode and --in-order come from LoaderOptions' fields (one declaration: a new such setting
+    is a new flag), and parse into its values."""
     import dataclasses
 
     from gpufeed.pipelines.loader import RATES, LoaderOptions
@@ -570,7 +571,7 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
     flags = {a.dest for a in parser._actions}
     declared = [f.name for f in dataclasses.fields(LoaderOptions) if "cli" in f.metadata]
     assert set(declared) == {"workers", "decode_threads", "decode_priority", "cpu_share", "worker_nice", "loop_cores",
-                             "run_ahead", "region_decode"}
+                             "run_ahead", "region_decode", "in_order"}
     assert set(declared) <= flags
     args = parser.parse_args(["dst", "--results", "r", "--workers", "7", "--decode-threads", "3", "--decode-priority", "-1",
                               "--cpu-share", RATES, "--worker-nice", "5", "--loop-cores", "1", "--run-ahead", "0"])
@@ -590,6 +591,22 @@ def test_the_loaders_settings_are_flags_of_bench_train_made_from_loader_options(
             for v in ("on", "off", "auto")] == [True, False, None]
     with pytest.raises(SystemExit):
         parser.parse_args(["dst", "--results", "r", "--region-decode", "yes"])
+    assert defaults.in_order is None
+    assert [parser.parse_args(["dst", "--results", "r", "--in-order", v]).in_order
+            for v in ("on", "off", "auto")] == [True, False, None]
+
+
+def test_a_row_says_where_its_batches_were_handed_out_as_made():
+    """--in-order off: the row's params say in_order False and its label "out of order"; in order (the default,
+    and every row before the setting) says nothing, so earlier rows keep their configurations."""
+    from gpufeed.bench.report_rows import loader_label
+
+    off = train.TrainOptions(workers=15, in_order=False).params("train", "cpu", {})
+    assert off["in_order"] is False and loader_label({"params": off}).startswith("cpu, ")
+    assert "out of order" in loader_label({"params": off})
+    for opts in (train.TrainOptions(workers=15), train.TrainOptions(workers=15, in_order=True)):
+        assert "in_order" not in opts.params("train", "cpu", {})
+    assert "in_order" not in train.TrainOptions(workers=0, in_order=False).params("train", "cpu", {})  # no workers
 
 
 def test_the_disks_ceiling_is_measured_at_the_reads_the_loader_keeps_in_flight():

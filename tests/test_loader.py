@@ -302,6 +302,41 @@ def test_the_workers_go_on_into_the_next_epoch_and_each_pass_delivers_its_epochs
     ld.close()
 
 
+def test_out_of_order_hands_out_every_batch_once_in_the_stream_of_epochs(dataset):
+    """in_order=False: the DataLoader hands out each batch as a worker makes it. Every pass still has its length,
+    every batch comes once, and one drawn for an epoch comes within that epoch's pass or the next (at most
+    workers x 2 batches in flight), so over three passes the batches are those of epochs 0-3, epochs 0 and 1 whole;
+    in order (the default) is unchanged."""
+    from collections import Counter
+
+    paths = dataset["tfrecord"]["paths"]
+
+    def batches(ld, passes):
+        return [tuple(y.tolist()) for _ in range(passes) for _, y in ld]
+
+    ld = gpufeed.loader(paths, batch_size=4, workers=2, augment="eval", in_order=False)
+    assert ld.in_order is False and ld._batches is None
+    got = batches(ld, 3)
+    assert ld._batches.in_order is False and len(got) == 3 * len(ld) and ld.epoch == 3
+    ld.close()
+    ordered = gpufeed.loader(paths, batch_size=4, workers=2, augment="eval")
+    assert ordered.in_order is True
+    epochs = [batches(ordered, 1) for _ in range(4)]
+    assert ordered._batches.in_order is True
+    ordered.close()
+    assert not Counter(got) - Counter(sum(epochs, []))  # nothing else, nothing twice
+    assert not Counter(epochs[0] + epochs[1]) - Counter(got)  # the first two epochs whole
+    # Without workers the loop makes each batch itself, in order.
+    assert gpufeed.loader(paths, batch_size=4, workers=0, augment="eval", in_order=False).in_order is True
+
+
+def test_in_order_is_checked_in_the_callers_spelling():
+    with pytest.raises(ConfigError, match=r"in_order='no': True, False or None"):
+        L.LoaderOptions(in_order="no")
+    with pytest.raises(ConfigError, match=r"--in-order maybe: on, off or auto"):
+        L.LoaderOptions(in_order="maybe", spelling="cli")
+
+
 def test_forked_workers_start_after_the_parents_opencv_pool_ran(dataset):
     """The workers run one OpenCV thread each; setting that inside a worker forked after the parent's pool
     ran hangs the worker, so the loader sets it around the fork and restores the parent's count."""
