@@ -23,10 +23,11 @@ export DEADLINE_AT=${DEADLINE_AT:-$(( $(date +%s) + ${DEADLINE_S:-570} ))}
 WHEELS=.whl-decode source scripts/device_setup.sh
 export INSTALL=0
 DATA=${DATA:-/tmp/gpufeed-ranks}
+# Every format of FORMATS built once, before the steps (a step naming fewer would otherwise build only those). From
+# /tmp: the checkout's gpufeed/ would shadow the installed package.
+[ -f "$DATA/bench_dataset.json" ] || (cd /tmp && python3 -m gpufeed bench dataset "$DATA" -n "$N" \
+  --formats "$FORMATS" --workers "$(nproc)")
 if [ "${CEILINGS:-0}" = 1 ]; then
-  # From /tmp: the checkout's gpufeed/ would shadow the installed package.
-  [ -f "$DATA/bench_dataset.json" ] || (cd /tmp && python3 -m gpufeed bench dataset "$DATA" -n "$N" \
-    --formats "$FORMATS" --workers "$(nproc)")
   (cd /tmp && python3 -m gpufeed.bench.cpuceiling "$DATA" --format "${FORMATS%%,*}" --results "$OUT/cpu-ceilings.jsonl")
 fi
 for step in ${STEPS:-1:train:cpu,hybrid 4:train:auto 1:infer:hybrid,hw}; do
