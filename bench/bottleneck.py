@@ -6,9 +6,10 @@ A row of ``gpufeed bench train`` carries ``resources`` (:func:`resources`): the 
 against the disk's measured cold ceiling for the records' size at the loader's queue depth,
 :func:`gpufeed.bench.hostdisk.ceiling`, or an emulated tier's own limit), the share of every core busy, the JPEG
 decodes per second on each path (CPU workers, the GPU's engines) against the engines' rate and, on the CPU,
-against what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), and the slowest
+against what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), the slowest
 rank's share of time waiting for data and of its main thread's time running (the thread that takes each batch and
-launches the model's kernels). :func:`limit` names the resource that limited a run that missed
+launches the model's kernels), and for several training ranks the share of the time some rank waited for its batch
+(step by step the longest wait: every rank waits for it in the gradients' all-reduce). :func:`limit` names the resource that limited a run that missed
 :data:`MISSED` AU, in words a report prints as they are; :func:`row_limit` is what a report shows for a row.
 """
 
@@ -102,7 +103,7 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
            "main_thread_busy": median("main_thread_busy"), "main_thread_waited": median("main_thread_waited"),
            "gpu_busy": median("gpu_busy"), "gpu_sm_mhz": median("gpu_sm_mhz"),
            "gpu_busy_alone": gpu_busy_alone if median("gpu_busy") is not None else None,
-           "wait_share": median("data_wait_share")}
+           "wait_share": median("data_wait_share"), "any_rank_wait_share": median("any_rank_wait_share")}
     return {k: v for k, v in out.items() if v not in (None, {})}
 
 
@@ -156,23 +157,32 @@ def limit(row: dict) -> dict | None:
     ranks = int(params.get("gpus") or 1)
     # Training ranks meet in the gradients' all-reduce every step; inference ranks never meet.
     reduced = ranks > 1 and params.get("task", "train") == "train"
+    # So a training rank loses each step the longest of every rank's waits for its batch, not its own alone.
+    late = r.get("any_rank_wait_share") if reduced and wait is not None else None
+    late = late if late is not None and late > wait else None
+    held = late if late is not None else wait
+    # How the loop's wait is said, with the other ranks' where they held it longer.
+    waited = (f"{wait:.0%} of its time" + (f", and some rank waited for its batch {late:.0%} of the time (each "
+                                           f"step's all-reduce waits for the latest rank)" if late is not None else "")
+              if wait is not None else "")
     if found:
         text = "; ".join(t for _, t in found)
         if behind:
             text += f" ({behind})"
-        elif wait is not None and 1.0 - au - wait > wait:
+        elif wait is not None and 1.0 - au - held > held:
             # A resource at its ceiling while the batches still came in time: the run is balanced on it, but most
             # of its loss is in its steps (4 H200s training: the disk at its ceiling, the loop waiting 1%).
-            text += (f"; yet the batches came in time (the loop waited for them {wait:.0%} of its time"
+            text += (f"; yet the batches came in time (the loop waited for them {waited}"
                      f"{_steps(row, r, ahead, paced, reduced)}): most of the AU went to steps slowed beside the loader's "
-                     f"work, so relieving the {found[0][0]} alone wins back at most the {wait:.0%} the loop waited")
+                     f"work, so relieving the {found[0][0]} alone wins back at most the {held:.0%} "
+                     + ("the ranks waited" if late is not None else "the loop waited"))
         return {"resource": found[0][0], "text": text}
     what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
     if behind:
         return {"resource": None, "text": f"{behind}; {what}: the loader itself limits this run, not the disk"}
     if wait is None:
         return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
-    if 1.0 - au - wait <= wait:
+    if 1.0 - au - held <= held:
         if ahead is not None and paced is None:  # bench train before 2026-11-27 counted the pacing as waiting
             return {"resource": None, "text": f"the loop waited {wait:.0%} of its time for its batches or for its GPU "
                                               f"(the loader paced it, run_ahead {ahead}, and this row does not tell "
@@ -181,7 +191,7 @@ def limit(row: dict) -> dict | None:
         # next batch while the GPU runs it: part of that wait was never the GPU's loss.
         graph = (" (the model ran as one CUDA graph: the GPU ran while the loop waited, so not all of that was "
                  "lost)" if params.get("cuda_graph") else "")
-        return {"resource": None, "text": f"the loop waited for its batches {wait:.0%} of its time{graph}; {what}: "
+        return {"resource": None, "text": f"the loop waited for its batches {waited}{graph}; {what}: "
                                           "the loader itself limits this run, not the disk"}
     steps = _steps(row, r, ahead, paced, reduced)
     # With several training ranks each step lasts as long as its latest rank's (the all-reduce waits for it), so
@@ -193,7 +203,7 @@ def limit(row: dict) -> dict | None:
         slowed = f"slowed its steps (each of the {ranks} ranks runs its own steps: inference has no all-reduce)"
     else:
         slowed = "slowed its steps"
-    return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {wait:.0%} of its time"
+    return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {waited}"
                                         f"{steps}): the loader's work beside the model {slowed}, not the "
                                         f"feeding; {what}, so a faster disk would not help"}
 

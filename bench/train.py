@@ -666,10 +666,30 @@ def rank_summary(cells: list, unit: str) -> dict:
     out = summarize_runs(worst.runs, worst.compute_s, unit)
     if len(cells) > 1:
         per_rank = [{"rank": rank, "per_s": statistics.median(r.images_per_s for r in c.runs),
-                     "au": statistics.median(r.figures(c.compute_s)["au"] for r in c.runs)}
+                     "au": statistics.median(r.figures(c.compute_s)["au"] for r in c.runs),
+                     "wait_share": statistics.median(sum(r.waits_s) / r.wall_s for r in c.runs)}
                     for rank, c in enumerate(cells)]
         out.update(ranks=per_rank, total_per_s=sum(r["per_s"] for r in per_rank))
+        late = late_shares(cells, worst)
+        if late:
+            from gpufeed.bench.results import stat
+
+            out["metrics"]["any_rank_wait_share"] = {"unit": "fraction", **stat(late)}
     return out
+
+
+def late_shares(cells: list, worst) -> list[float]:
+    """Each run's share of the slowest rank's timed steps that some rank spent waiting for its batch: step by
+    step, the longest of the ranks' waits. Training ranks meet in the gradients' all-reduce every step, so each
+    step lasts at least as long as its latest rank's wait, whichever rank that was: one rank's own waits
+    (``data_wait_share``) count only its own late batches. Empty where the ranks' runs do not line up (another
+    number of runs or steps)."""
+    runs = [c.runs for c in cells]
+    if len({len(r) for r in runs}) != 1 or any(len({len(c.runs[i].waits_s) for c in cells}) != 1
+                                               for i in range(len(runs[0]))):
+        return []
+    return [sum(map(max, zip(*(c.runs[i].waits_s for c in cells)))) / worst.runs[i].wall_s
+            for i in range(len(runs[0]))]
 
 
 def _free_port() -> int:

@@ -697,6 +697,53 @@ def test_a_row_whose_batches_came_in_time_says_its_steps_were_slowed_beside_the_
             "its own steps: inference has no all-reduce), not the feeding;") in inferred
 
 
+def test_several_training_ranks_lose_each_step_to_the_latest_ranks_wait():
+    """Training ranks meet in the all-reduce every step, so each step lasts at least the longest of the ranks'
+    waits for their batches: the row keeps each rank's wait and, run by run, the share of the time some rank waited
+    (step by step, the longest wait). Where that explains the loss, the row says the loader limited the run, not
+    the steps beside it (4 H200s: the slowest rank waited 5% yet AU 0.61)."""
+    from gpufeed.bench.bottleneck import BESIDE, limit
+    from gpufeed.bench.train_loop import LoopRun
+
+    def cell(waits):
+        run = LoopRun(batch=256, steps=4, wall_s=0.4, waits_s=waits)
+        return train.Cell("train", 0, "cpu", None, "recordio", [run], 0.056, {}, {})
+
+    # Each rank late on another step: each waited 0.05 s of 0.4 s, some rank 0.2 s.
+    cells = [cell([0.05 if s == r else 0.0 for s in range(4)]) for r in range(4)]
+    row = train.rank_summary(cells, "img/s")
+    assert [r["wait_share"] for r in row["ranks"]] == [pytest.approx(0.125)] * 4
+    assert row["metrics"]["any_rank_wait_share"]["median"] == pytest.approx(0.5)
+    # All late on the same step: the step waited once.
+    same = train.rank_summary([cell([0.05, 0, 0, 0]) for _ in range(4)], "img/s")
+    assert same["metrics"]["any_rank_wait_share"]["median"] == pytest.approx(0.125)
+    # Runs that do not line up (another number of steps) give no figure rather than a wrong one.
+    odd = [cell([0.0] * 4), train.Cell("train", 0, "cpu", None, "recordio",
+                                      [LoopRun(batch=256, steps=3, wall_s=0.3, waits_s=[0.0] * 3)], 0.056, {}, {})]
+    assert "any_rank_wait_share" not in train.rank_summary(odd, "img/s")["metrics"]
+
+    base = {"metrics": {"au": {"median": 0.611}, "step_ms": {"median": 90.7}}, "compute_step_s": 0.0564,
+            "params": {"gpus": 4, "task": "train"},
+            "resources": {"disk_read_mb_per_s": 1340.0, "disk_ceiling": {"mb_per_s": 1720.0}, "cpu_busy": 0.63,
+                          "cores": 64, "wait_share": 0.05}}
+    assert limit(base)["resource"] == BESIDE  # the rank's own wait alone: its steps look slowed
+    late = {**base, "resources": {**base["resources"], "any_rank_wait_share": 0.36}}
+    found = limit(late)
+    assert found["resource"] is None
+    assert found["text"].startswith("the loop waited for its batches 5% of its time, and some rank waited for its "
+                                    "batch 36% of the time (each step's all-reduce waits for the latest rank); no "
+                                    "resource at 90% of its ceiling")
+    assert found["text"].endswith("the loader itself limits this run, not the disk")
+    # Less than the steps' own loss: still the steps, with the ranks' waits said.
+    some = {**base, "resources": {**base["resources"], "any_rank_wait_share": 0.12}}
+    assert limit(some)["resource"] == BESIDE
+    assert "(the loop waited for them 5% of its time, and some rank waited for its batch 12% of the time" in (
+        limit(some)["text"])
+    # Inference ranks never meet: their own waits are all that count.
+    infer = {**late, "params": {"gpus": 4, "task": "infer"}}
+    assert "some rank" not in limit(infer)["text"]
+
+
 def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
     """A row whose loader paced the loop (run_ahead): the time held back for the GPU is said as such, never as the
     loop waiting for batches; a row from before bench train kept the two apart (no paced_share) says it cannot
