@@ -9,8 +9,9 @@ decodes per second on each path (CPU workers, the GPU's engines) against the eng
 against what every core decodes at once (:func:`gpufeed.bench.cpuceiling.decode_ceiling`), the slowest
 rank's share of time waiting for data and of its main thread's time running (the thread that takes each batch and
 launches the model's kernels), and for several training ranks the share of the time some rank waited for its batch
-(step by step the longest wait: every rank waits for it in the gradients' all-reduce). :func:`limit` names the resource that limited a run that missed
-:data:`MISSED` AU, in words a report prints as they are; :func:`row_limit` is what a report shows for a row.
+(step by step the longest wait: every rank waits for it in the gradients' all-reduce). :func:`limit` names the
+resource that limited a run that missed :data:`MISSED` AU, in words a report prints as they are; :func:`row_limit`
+is what a report shows for a row.
 """
 
 from __future__ import annotations
