@@ -529,8 +529,8 @@ class Loader:
     DataLoader's ``in_order=False``): a batch that comes late holds back neither the loop nor the workers that
     are done (in order, a worker gets its next batch only as the loop takes one, so while the loop waits for a late
     batch the others stop). Every batch is still handed out once, in the same stream of epochs, but near a late
-    batch in another order, which a run's seed no longer fixes, and up to ``workers`` x 2 batches of one epoch may
-    come in the pass of the next. None (default) and True: in order.
+    batch in another order, which a run's seed no longer fixes, and up to ``workers`` x 2 batches of one epoch (those
+    in flight) may come in a later pass. None (default) and True: in order.
 
     ``decode_threads``: on the GPU paths, how many decoders (each a thread with its own stream) work on
     consecutive batches, so that one batch's engine work overlaps the next one's host-side work;
