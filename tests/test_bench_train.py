@@ -742,6 +742,10 @@ def test_several_training_ranks_lose_each_step_to_the_latest_ranks_wait():
     # Inference ranks never meet: their own waits are all that count.
     infer = {**late, "params": {"gpus": 4, "task": "infer"}}
     assert "some rank" not in limit(infer)["text"]
+    # A resource at its ceiling: what relieving it wins back is the ranks' waits, not the slowest rank's own.
+    disk = {**base, "resources": {**some["resources"], "disk_read_mb_per_s": 1700.0}}
+    assert limit(disk)["resource"] == "disk"
+    assert limit(disk)["text"].endswith("so relieving the disk alone wins back at most the 12% the ranks waited")
 
 
 def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
