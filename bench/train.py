@@ -43,8 +43,9 @@ from gpufeed.errors import ConfigError, GpufeedError
 from gpufeed.machine import usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
-from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_WORKERS, DECODES, RATES, LoaderOptions, default_read_ahead,
-                                      default_workers, hybrid_split, region_decode_on)
+from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_WORKERS, CPU_ENOUGH_WORKERS_REGION, DECODES, RATES,
+                                      REGION_CARRIES_RANKS, LoaderOptions, default_read_ahead, default_workers,
+                                      hybrid_split, region_decode_on)
 
 #: ``--read-ahead``: each DataLoader worker starts every record of its batch reading before it reads the
 #: first (``on``), or reads record by record (``off``), or as the loader does by default (``auto``: on for
@@ -667,7 +668,7 @@ def rank_summary(cells: list, unit: str) -> dict:
     if len(cells) > 1:
         per_rank = [{"rank": rank, "per_s": statistics.median(r.images_per_s for r in c.runs),
                      "au": statistics.median(r.figures(c.compute_s)["au"] for r in c.runs),
-                     "wait_share": statistics.median(sum(r.waits_s) / r.wall_s for r in c.runs)}
+                     "wait_share": statistics.median(r.wait_share for r in c.runs)}
                     for rank, c in enumerate(cells)]
         out.update(ranks=per_rank, total_per_s=sum(r["per_s"] for r in per_rank))
         late = late_shares(cells, worst)
@@ -684,12 +685,9 @@ def late_shares(cells: list, worst) -> list[float]:
     step lasts at least as long as its latest rank's wait, whichever rank that was: one rank's own waits
     (``data_wait_share``) count only its own late batches. Empty where the ranks' runs do not line up (another
     number of runs or steps)."""
-    runs = [c.runs for c in cells]
-    if len({len(r) for r in runs}) != 1 or any(len({len(c.runs[i].waits_s) for c in cells}) != 1
-                                               for i in range(len(runs[0]))):
+    if len({tuple(len(r.waits_s) for r in c.runs) for c in cells}) != 1:
         return []
-    return [sum(map(max, zip(*(c.runs[i].waits_s for c in cells)))) / worst.runs[i].wall_s
-            for i in range(len(runs[0]))]
+    return [sum(map(max, zip(*(c.runs[i].waits_s for c in cells)))) / run.wall_s for i, run in enumerate(worst.runs)]
 
 
 def _free_port() -> int:
@@ -814,7 +812,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", type=_csv((AUTO, *DECODES)), default=AUTO,
                         help="where JPEGs are decoded, one or several: auto (what gpufeed.loader picks for each task "
                              "from the cores, the ranks and the GPU's JPEG engines: cpu for training where each rank "
-                             f"gets {CPU_ENOUGH_WORKERS} workers or more, else hybrid), "
+                             f"gets {CPU_ENOUGH_WORKERS} workers or more, or {CPU_ENOUGH_WORKERS_REGION} decoding "
+                             f"only each crop's box with up to {REGION_CARRIES_RANKS} ranks, else hybrid), "
                              "cpu (DataLoader workers), gpu (nvJPEG on the SMs), hw (the GPU's JPEG engines, "
                              "nvImageCodec), hybrid (CPU workers and engines)")
     parser.add_argument("--accelerator", choices=("auto", "cuda", "emulated"), default="auto",

@@ -37,6 +37,11 @@ class LoopRun:
         return self.batch * self.steps / self.wall_s
 
     @property
+    def wait_share(self) -> float:
+        """The share of the timed steps the loop waited for its batches."""
+        return sum(self.waits_s) / self.wall_s
+
+    @property
     def images_per_s(self) -> float:
         """The rate the loader keeps up: what the loop took, or what the workers made where that was less (the
         rest came from batches made before the timed steps, which a longer run would not have)."""
@@ -52,7 +57,7 @@ class LoopRun:
                 **made,
                 "data_wait_p50_ms": float(np.percentile(waits_ms, 50)),
                 "data_wait_p99_ms": float(np.percentile(waits_ms, 99)),
-                "data_wait_share": float(sum(self.waits_s) / self.wall_s),
+                "data_wait_share": float(self.wait_share),
                 "step_ms": self.wall_s / self.steps * 1e3,
                 **{name: getattr(self, name) for name in ("cpu_share", "cpu_cores", "loader_mem_mb", "paced_share")
                    if getattr(self, name) is not None},

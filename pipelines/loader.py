@@ -24,7 +24,8 @@ Where the JPEGs are decoded (``decode``):
   ``cpu_share="rates"``, the share from both sides' measured rates (the workers time each image they decode, the
   engines' batches are timed as they run beside the model). :func:`hybrid_split`, docs/loader.md.
 * ``auto`` (the default): ``cpu`` for training where each rank on the node gets 28 workers or more by default
-  (enough to feed an H200 training ResNet-50: one rank on 28 cores, 2 ranks on 64), or where no GPU has JPEG
+  (enough to feed an H200 training ResNet-50: one rank on 28 cores, 2 ranks on 64), or 15 where the workers decode
+  only each crop's box and at most 3 ranks share the node (:func:`cpu_carries`), or where no GPU has JPEG
   engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason`` says why), inference always (its
   demand outruns the CPU workers).
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
@@ -480,13 +481,10 @@ class LoaderOptions:
             off = NO_LIMIT if self.spelling == "cli" else repr(NO_LIMIT)
             raise ConfigError(f"{self._says('run_ahead')}: 0 (each batch after the loop's queued work is done) or "
                               f"more steps, or {off} (no limit)")
-        if self.region_decode not in (None, True, False):
-            on = ("on, off or auto" if self.spelling == "cli"
-                  else "True, False or None (where nvImageCodec is installed)")
-            raise ConfigError(f"{self._says('region_decode')}: {on}")
-        if self.in_order not in (None, True, False):
-            raise ConfigError(f"{self._says('in_order')}: "
-                              + ("on, off or auto" if self.spelling == "cli" else "True, False or None (in order)"))
+        for name, auto in (("region_decode", "where nvImageCodec is installed"), ("in_order", "in order")):
+            if getattr(self, name) not in (None, True, False):  # the on/off/auto settings (parse_switch)
+                on = "on, off or auto" if self.spelling == "cli" else f"True, False or None ({auto})"
+                raise ConfigError(f"{self._says(name)}: {on}")
         if self.region_decode:  # asked for: nvImageCodec must be there, said as the caller spelt it
             region_decode_on(True, self._says("region_decode", "on" if self.spelling == "cli" else True))
         if self.normalize and augment == "tokens":
