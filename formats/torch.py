@@ -25,17 +25,6 @@ from collections.abc import Callable, Iterator, Sequence
 from gpufeed.errors import ConfigError, GpufeedError, WorkerError
 
 
-class AheadBatch(list):
-    """A batch's sample indices (a list, as a DataLoader hands them to :meth:`MapDataset.__getitems__`) that also
-    names ``ahead``, the indices of a batch coming later: a dataset reading ahead starts reading those records
-    too, so they are in memory by the time that batch is made. A plain list of indices reads ahead only its
-    own batch."""
-
-    def __init__(self, indices, ahead=()):
-        super().__init__(indices)
-        self.ahead = list(ahead)
-
-
 @contextlib.contextmanager
 def relayed():
     """Around a dataset's work in a DataLoader worker: a gpufeed error leaves it as a :class:`WorkerError`
@@ -170,27 +159,20 @@ def _make_map_dataset_class():
         def __getitems__(self, indices) -> list:
             """A whole batch, as a DataLoader worker asks for it, each record read and transformed in order;
             with ``read_ahead``, every record's read is started first
-            (:meth:`~gpufeed.formats.base.Reader.prefetch`), so the disk serves the batch at its queue depth, and
-            then the reads of the batch ``indices`` names ahead, if it is an :class:`AheadBatch`."""
+            (:meth:`~gpufeed.formats.base.Reader.prefetch`), so the disk serves the batch at its queue depth."""
             with relayed():
                 located = [self._locate(i) for i in indices]
                 if self.read_ahead:
-                    # This batch's records first (they are wanted now), then those of the batch named ahead
-                    # (:class:`AheadBatch`): read while this one is made, they wait in the page cache for it.
-                    self._prefetch(located)
-                    self._prefetch([self._locate(i) for i in getattr(indices, "ahead", ())])
+                    by_reader: dict[int, list[int]] = {}
+                    for j, k in located:
+                        by_reader.setdefault(j, []).append(k)
+                    for j, ks in by_reader.items():
+                        self._readers.get(j).prefetch(ks)
                 if self.batch_transform is not None:
                     return self.batch_transform(len(located), (self._readers.get(j)[k] for j, k in located))
                 if self.transform is None:
                     return [self._readers.get(j)[k] for j, k in located]
                 return [self.transform(self._readers.get(j)[k]) for j, k in located]
-
-        def _prefetch(self, located) -> None:
-            by_reader: dict[int, list[int]] = {}
-            for j, k in located:
-                by_reader.setdefault(j, []).append(k)
-            for j, ks in by_reader.items():
-                self._readers.get(j).prefetch(ks)
 
         def close(self) -> None:
             """Close this process's readers; they reopen on the next access."""

@@ -60,7 +60,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import itertools
 import multiprocessing
 import os
 import time
@@ -639,10 +638,7 @@ class Loader:
         # The emulated storage tier this loader was made in, handed to its workers as they start: one started
         # from a fork server has the server's environment, which may predate the tier.
         self._tier = {var: os.environ.get(var) for var in gpufeed_io.TIER_VARS}
-        # With read-ahead, each batch also names the one its worker makes next (the DataLoader hands batches to
-        # its workers in turn), so that batch's records are read while this one is made.
-        self._order = _EpochBatches(len(self.dataset), seed, self.shuffle, batch_size, drop_last,
-                                    ahead=self.workers if read_ahead else 0)
+        self._order = _EpochBatches(len(self.dataset), seed, self.shuffle, batch_size, drop_last)
         self._decoder = None
         self._batches = None
         # The batches of every epoch from ``_stream_epoch`` on, decoded ahead across each epoch's end; None
@@ -883,22 +879,18 @@ class _EpochBatches:
     end; each epoch's order a permutation drawn from ``(seed, epoch)`` when shuffling, else file order, cut into
     batches of ``batch_size`` (the last one of each epoch dropped where short, with ``drop_last``). An epoch's
     batches never mix with the next's. It holds no reference to the loader, so dropping a loader frees its
-    DataLoader (and stops its workers) at once rather than at the next garbage collection.
+    DataLoader (and stops its workers) at once rather than at the next garbage collection."""
 
-    With ``ahead`` > 0 each batch is a :class:`~gpufeed.formats.torch.AheadBatch` that also names the indices of
-    the batch ``ahead`` places after it (across an epoch's end too), for the worker to have read while it makes
-    this one."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool, batch_size: int, drop_last: bool, ahead: int = 0):
+    def __init__(self, n: int, seed: int, shuffle: bool, batch_size: int, drop_last: bool):
         self.n, self.seed, self.shuffle, self.start = n, seed, shuffle, 0
-        self.batch_size, self.drop_last, self.ahead = batch_size, drop_last, ahead
+        self.batch_size, self.drop_last = batch_size, drop_last
 
     def order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(self.n))
         return np.random.default_rng((self.seed, epoch)).permutation(self.n).tolist()
 
-    def _plain(self):
+    def __iter__(self):
         epoch, size = self.start, self.batch_size
         end = self.n - self.n % size if self.drop_last else self.n
         while end > 0:
@@ -906,18 +898,6 @@ class _EpochBatches:
             for i in range(0, end, size):
                 yield order[i:i + size]
             epoch += 1
-
-    def __iter__(self):
-        if self.ahead <= 0:
-            yield from self._plain()
-            return
-        from gpufeed.formats.torch import AheadBatch
-
-        batches = self._plain()
-        coming = collections.deque(itertools.islice(batches, self.ahead))
-        for later in batches:  # endless: there is always a batch ``ahead`` places on
-            yield AheadBatch(coming.popleft(), later)
-            coming.append(later)
 
 
 @functools.lru_cache(maxsize=None)

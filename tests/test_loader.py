@@ -7,7 +7,7 @@ scripts/gpu_decode.sh measures them and checks their batches against the CPU pat
 from __future__ import annotations
 
 import dataclasses
-import itertools
+
 import multiprocessing
 import os
 
@@ -858,32 +858,6 @@ def test_hybrid_split_default_is_the_measured_share_for_the_task():
     assert L.hybrid_split(None, "train", L.CPU_ENOUGH_WORKERS - 1, cores=64, region=False) == 0.75
     assert L.hybrid_split(0.5, "train", 32, ranks=1) == 0.5
 
-
-
-def test_with_read_ahead_each_batch_names_the_one_its_worker_makes_next():
-    """The sampler's batches are the same with or without ``ahead``; with it each also names the batch that many
-    places on (the one the same DataLoader worker gets next), across an epoch's end into the next epoch's order."""
-    from gpufeed.formats.torch import AheadBatch
-
-    plain = L._EpochBatches(10, seed=3, shuffle=True, batch_size=4, drop_last=True)
-    ahead = L._EpochBatches(10, seed=3, shuffle=True, batch_size=4, drop_last=True, ahead=3)
-    want = list(itertools.islice(plain, 12))
-    got = list(itertools.islice(ahead, 9))
-    assert got == want[:9] and all(isinstance(b, AheadBatch) for b in got)
-    assert [b.ahead for b in got] == want[3:12]
-    assert want[:2] != want[2:4]  # two batches an epoch: the ones named ahead cross into later epochs' orders
-    assert not any(isinstance(b, AheadBatch) for b in itertools.islice(plain, 3))
-
-
-def test_reading_ahead_with_workers_gives_the_same_batches(dataset):
-    paths = dataset["recordio"]["paths"]
-
-    def labels(read_ahead):
-        ld = gpufeed.loader(paths, batch_size=4, workers=2, read_ahead=read_ahead, seed=1)
-        assert ld._order.ahead == (2 if read_ahead else 0)
-        return [torch.cat([y for _, y in ld]).tolist() for _ in range(2)]
-
-    assert labels(True) == labels(False)
 
 
 def test_read_ahead_by_default_only_where_ranks_share_the_node():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
-import pickle
 import subprocess
 import sys
 
@@ -17,7 +15,7 @@ from gpufeed.formats.base import Sample
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from gpufeed.formats.torch import AheadBatch, IterableDataset, MapDataset  # noqa: E402
+from gpufeed.formats.torch import IterableDataset, MapDataset  # noqa: E402
 
 
 def _output_name(fmt: str, stem: str) -> str:
@@ -75,43 +73,6 @@ def test_a_batch_is_read_ahead_across_outputs_and_ranks(tmp_path, fmt_name):
         assert [b.tolist() for b in batches[0]] == [b.tolist() for b in batches[1]]
     with pytest.raises(IndexError):
         ds.__getitems__([0, total])
-
-
-@pytest.mark.parametrize("fmt_name", FORMATS)
-def test_a_batch_names_the_next_one_to_read_ahead(tmp_path, fmt_name):
-    """An AheadBatch (what the loader's sampler hands its workers with read-ahead on) gives the same samples as
-    its plain indices, survives the trip to a worker, and has the kernel fetch the records of the batch it names
-    ahead at once: reading them afterwards costs the device next to nothing. Without read-ahead it is a plain
-    batch."""
-    from gpufeed.bench.cache import proc_io
-
-    fmt = _format(fmt_name)
-    path = str(tmp_path / _output_name(fmt_name, "big"))
-    with fmt.writer(path) as w:
-        for i in range(12):
-            w.write(Sample(f"c/{i}.jpg", i, b"\xff\xd8\xff" + os.urandom(300_000), "encoded", i))
-    batch = AheadBatch([1, 2], ahead=[3, 7, -2])  # not the first or last: opening an LMDB touches those
-    again = pickle.loads(pickle.dumps(batch))
-    assert again == [1, 2] and again.ahead == [3, 7, -2] and isinstance(again, AheadBatch)
-    plain = MapDataset(fmt_name, [path], transform=label_of)
-    assert plain.__getitems__(batch) == plain.__getitems__([1, 2]) == [1, 2]
-    plain.close()
-
-    fd = os.open(fmt.data_file(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)  # dirty pages would stay cached
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    ds = MapDataset(fmt_name, [path], transform=label_of, read_ahead=True)
-    before = proc_io()["read_bytes"]
-    assert ds.__getitems__(batch) == [1, 2]
-    at_batch = proc_io()["read_bytes"] - before
-    if at_batch == 0:
-        pytest.skip("this filesystem keeps the file cached (tmpfs?): nothing to read ahead")
-    assert at_batch >= 0.9 * 300_000 * 5  # its own 2 records and the 3 named ahead
-    assert ds.__getitems__([3, 7, 10]) == [3, 7, 10]
-    assert proc_io()["read_bytes"] - before - at_batch < 0.2 * at_batch
 
 
 @pytest.mark.parametrize("fmt_name", FORMATS)
