@@ -16,6 +16,8 @@ is what a report shows for a row.
 
 from __future__ import annotations
 
+import math
+
 #: A run is explained from AU below this (the report's "fed" line is gpufeed.bench.AU_TARGET).
 MISSED = 0.90
 #: A resource limits a run when its use reaches this share of its ceiling.
@@ -108,11 +110,50 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
     return {k: v for k, v in out.items() if v not in (None, {})}
 
 
+def disk_bound(row: dict) -> dict | None:
+    """What the disk could feed at most, read at its measured ceiling, for a cold training or inference row:
+    ``{"au", "need_mb_per_s", "ceiling_mb_per_s", "ranks", "alone_per_s"}``, where ``need`` is every rank's
+    demand with the model alone (its rate at AU 1) times the records' stored size, and ``au`` the share of it
+    the ceiling gives each rank (the records alone: a disk that reads more than them feeds less). None where the
+    row does not say enough, or its records came from the page cache."""
+    r, p = row.get("resources") or {}, row.get("params") or {}
+    ceiling = (r.get("disk_ceiling") or {}).get("mb_per_s")
+    au, rate, size = _median(row, "au"), row.get("median"), row.get("record_bytes")
+    if not (ceiling and au and rate and size and p.get("cold")) or served_from_cache(row):
+        return None
+    ranks = int(p.get("gpus") or 1)
+    alone = rate / au
+    need = ranks * alone * size / 1e6
+    return {"au": ceiling / need, "need_mb_per_s": need, "ceiling_mb_per_s": ceiling, "ranks": ranks,
+            "alone_per_s": alone}
+
+
+def bound_text(bound: dict, record_bytes: float) -> str:
+    """:func:`disk_bound` in words."""
+    ranks = bound["ranks"]
+    who = "one rank" if ranks == 1 else f"each of {ranks} ranks"
+    demand = (f"{ranks} x " if ranks > 1 else "") + f"{bound['alone_per_s']:,.0f} img/s"
+    at_most = math.floor(bound["au"] * 1000) / 10  # rounded down: 0.8996 is not "90%"
+    return (f"even read at its ceiling ({bound['ceiling_mb_per_s'] / 1e3:.2f} GB/s) the disk feeds {who} at most "
+            f"{at_most:.1f}% AU: {demand} of {record_bytes / 1e3:.0f} KB records need "
+            f"{bound['need_mb_per_s'] / 1e3:.2f} GB/s")
+
+
 def limit(row: dict) -> dict | None:
     """``{"resource": "disk" | "cpu" | "engines" | "main thread" | BESIDE | None, "text": ...}`` for a row whose AU
     missed :data:`MISSED`: the resources at :data:`NEAR` of their ceilings; or none, and then either the loop
     waited for its batches (None: the loader limited it) or, where it lost more time in its steps than in waiting,
-    :data:`BESIDE` (the steps ran slower beside the loader's work)."""
+    :data:`BESIDE` (the steps ran slower beside the loader's work). Where the disk could not feed the row's ranks
+    at :data:`MISSED` AU even read at its ceiling (:func:`disk_bound`), the text ends saying so: no loader would
+    meet the target from that disk."""
+    found = _limit(row)
+    bound = disk_bound(row) if found and found["resource"] != "page cache" else None
+    if bound is not None and bound["au"] < MISSED:
+        found = {**found, "text": f"{found['text']}; {bound_text(bound, row['record_bytes'])}"}
+    return found
+
+
+def _limit(row: dict) -> dict | None:
     au = ((row.get("metrics") or {}).get("au") or {}).get("median")
     r = row.get("resources")
     if au is None or au >= MISSED or not r:

@@ -748,6 +748,36 @@ def test_several_training_ranks_lose_each_step_to_the_latest_ranks_wait():
     assert limit(disk)["text"].endswith("so relieving the disk alone wins back at most the 12% the ranks waited")
 
 
+def test_a_row_says_where_even_the_disks_ceiling_would_not_feed_its_ranks():
+    """4 H200s training cold from 118 KB records need 4 x 4,532 img/s x 118 KB = 2.14 GB/s; a disk whose ceiling is
+    1.66 GB/s feeds each rank at most 77.5% AU however good the loader: the row says so after what limited it now,
+    rounded down (never "90%" for 89.96%). Not where the ceiling would do, the records came from the page cache,
+    or the row was not cold."""
+    from gpufeed.bench.bottleneck import disk_bound, limit
+
+    row = {"metrics": {"au": {"median": 0.574}, "step_ms": {"median": 97.0}}, "compute_step_s": 0.0563,
+           "params": {"gpus": 4, "task": "train", "cold": True}, "median": 0.574 * 4532.0, "record_bytes": 118_100,
+           "total_per_s": 4 * 0.574 * 4532.0,
+           "resources": {"disk_read_mb_per_s": 1160.0, "disk_ceiling": {"mb_per_s": 1660.0}, "cpu_busy": 0.65,
+                         "cores": 64, "wait_share": 0.16, "any_rank_wait_share": 0.48}}
+    assert disk_bound(row)["au"] == pytest.approx(1660 / (4 * 4532 * 0.1181))
+    found = limit(row)
+    assert found["resource"] is None
+    assert found["text"].endswith("the loader itself limits this run, not the disk; even read at its ceiling (1.66 "
+                                  "GB/s) the disk feeds each of 4 ranks at most 77.5% AU: 4 x 4,532 img/s of 118 KB "
+                                  "records need 2.14 GB/s")
+    edge = {**row, "resources": {**row["resources"], "disk_ceiling": {"mb_per_s": 0.8999 * 2140.8}}}
+    assert "at most 89.9% AU" in limit(edge)["text"]
+    one = {**row, "params": {**row["params"], "gpus": 1}, "total_per_s": row["median"],
+           "resources": {**row["resources"], "disk_ceiling": {"mb_per_s": 400.0}, "disk_read_mb_per_s": 300.0}}
+    assert "the disk feeds one rank at most 74.7% AU: 4,532 img/s of 118 KB records need 0.54 GB/s" in limit(one)["text"]
+    roomy = {**row, "resources": {**row["resources"], "disk_ceiling": {"mb_per_s": 2400.0}}}
+    assert "even read at its ceiling" not in limit(roomy)["text"]
+    assert disk_bound({**row, "params": {**row["params"], "cold": False}}) is None
+    cached = {**row, "metrics": {**row["metrics"], "disk_read_mb_per_s": {"median": 10.0}}}
+    assert disk_bound(cached) is None and "even read at its ceiling" not in limit(cached)["text"]
+
+
 def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
     """A row whose loader paced the loop (run_ahead): the time held back for the GPU is said as such, never as the
     loop waiting for batches; a row from before bench train kept the two apart (no paced_share) says it cannot
