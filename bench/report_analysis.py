@@ -298,6 +298,27 @@ def _fed_up_to(au_by_count: dict[int, float]) -> tuple[int, int | None]:
     return max((n for n in au_by_count if missed is None or n < missed), default=0), missed
 
 
+def _tier_fed(formats: dict[str, dict[int, float]]) -> tuple[int, dict[int, tuple[float, str]]]:
+    """How many GPUs a tier feeds from the AU each format gave at each GPU count, and the counts that say so
+    (``{n: (AU, format)}``). Each format is judged on its own figures, the counts it was not measured with taken
+    from the format that did best there: a format measured with 4 GPUs only does not feed 4 where 3 missed from
+    every format measured with 3, nor does a format that missed with 3 feed 4 because another format fed 3. The
+    tier's answer is the format whose counts reach furthest (on a tie, the one measured with more counts
+    itself)."""
+    best: dict[int, tuple[float, str]] = {}
+    for fmt, aus in formats.items():
+        for n, au in aus.items():
+            if n not in best or au > best[n][0]:
+                best[n] = (au, fmt)
+    answers = []
+    for fmt, aus in formats.items():
+        counts = {**best, **{n: (au, fmt) for n, au in aus.items()}}
+        most, _ = _fed_up_to({n: au for n, (au, _f) in counts.items()})
+        answers.append((most, len(aus), counts))
+    most, _own, counts = max(answers, key=lambda a: a[:2])
+    return most, counts
+
+
 #: How the GPUs-fed table names a count's figure from a row that did not count what its workers made.
 LOOPS_RATE = "loop's rate"
 
@@ -336,8 +357,8 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                   "one loader per GPU, reading cold)",
                   ["model", "task", "GPU", "tier", "format", "GPUs fed (every rank AU >= 90% with each count up to it)",
                    "slowest rank's AU with N GPUs", "what limits the first N below"], [])
-    # Per model, task, GPU and tier: each count's best AU over the formats, and the format that gave it.
-    best: dict[tuple, dict[int, tuple[float, str]]] = defaultdict(dict)
+    # Per model, task, GPU and tier: each format's AU at each count it was measured with.
+    of_format: dict[tuple, dict[str, dict[int, float]]] = defaultdict(dict)
     for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
         model, task, gpu, tier, fmt = key
         by_n = {n: r for n, (r, _runs) in groups[key].items()}
@@ -348,14 +369,11 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                              for n, (r, runs) in sorted(groups[key].items()))
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])
-        counts = best[(model, task, gpu, tier)]
-        for n, r in by_n.items():
-            if n not in counts or figure(r, "au") > counts[n][0]:
-                counts[n] = (figure(r, "au"), fmt)
+        of_format[(model, task, gpu, tier)][fmt] = {n: figure(r, "au") for n, r in by_n.items()}
     sentences = []
-    for where, counts in best.items():
+    for where, formats in of_format.items():
         model, task, gpu, tier = where
-        most, _ = _fed_up_to({n: au for n, (au, _fmt) in counts.items()})
+        most, counts = _tier_fed(formats)
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
         froms = list(dict.fromkeys(counts[n][1] for n in sorted(counts)))
         if len(froms) == 1:
