@@ -17,9 +17,9 @@
 #   CEILINGS=1 STEPS="2:train:cpu:-:off 2:train:cpu:-:on 2:train:auto" N=40000 OUT=$OUT bash scripts/gpu_ranks_counted.sh
 #     (kind nvidia-h200-x2: the CPU path with and without region decode, then the default)
 #   N=300000 DATA=/tmp/gpufeed-ranks300 TRAIN_STEPS=200 WARMUP_STEPS=40 STEPS="4:train:auto" ...
-#     (kind nvidia-h200-x4: 4 ranks past the start; from 96,000 records over 50 timed steps each of 60 workers makes
-#     about 4 batches in the whole run, and the timed steps sit inside the start: results/gpu-ranks-h200x4.txt,
-#     session 17. The build takes ~80 s.)
+#     (kind nvidia-h200-x4: 4 ranks further from the start; from 96,000 records over 10 + 50 steps each of 60 workers
+#     makes about 6 batches in the whole run, 2 before the first step: results/gpu-ranks-h200x4.txt, session 17.
+#     The build takes ~80 s.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-96000} FORMATS=${FORMATS:-recordio}
