@@ -4,8 +4,9 @@ Each item is named by ``(kind, seed, index)`` (:class:`~gpufeed.pipelines.base.S
 worker that converts it, so listing a million items costs nothing and the bytes depend only on that triple:
 
 * ``imagenet``: JPEGs (q90) of photo-like content (:func:`gpufeed.pipelines.synth.synth_jpeg`) at ImageNet's
-  typical geometry (500x375 either way round, 1 in 50 at 1600x1200); ~117 KB on average as captured, like
-  ImageNet's ~110 KB and MLPerf Storage's ResNet-50 records (114,660 bytes); 1,000 classes;
+  typical geometry (500x375 either way round, 1 in each 50 at 1600x1200, placed as drawn: :func:`is_large`);
+  ~117 KB on average as captured, like ImageNet's ~110 KB and MLPerf Storage's ResNet-50 records (114,660
+  bytes); 1,000 classes;
 * ``cifar``: 32x32 RGB pixels (3,072 bytes), 10 classes;
 * ``ptb``: Penn Treebank language-model windows, 36 token ids (``seq_len`` 35 + 1) of a 10,000-word vocabulary
   with Zipf's word frequencies, label 0, as ``gpufeed convert ptb`` writes them.
@@ -36,10 +37,31 @@ CIFAR_HW = (32, 32)
 _EXT = {"imagenet": ".JPEG", "cifar": ".png", "ptb": ""}
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mixed(x: int) -> int:
+    """A 64-bit integer that looks random from ``x`` (SplitMix64's finaliser): where each photo's size and
+    orientation fall, without a period that lines up with how records are dealt out."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def is_large(i: int) -> bool:
+    """Whether synthetic ImageNet photo ``i`` is one of the large ones: one in each run of :data:`LARGE_EVERY`
+    indices, at a place drawn for that run. At a fixed place (every 50th, always an odd index) the ranks of an
+    even count that a loader deals records ``r, r + w, ...`` took every large photo on their odd ranks: with 4
+    ranks, ranks 1 and 3 decoded 29% more a sample than ranks 0 and 2, and every rank trained at their pace."""
+    return i % LARGE_EVERY == _mixed(i // LARGE_EVERY) % LARGE_EVERY
+
+
 def geometry(i: int) -> tuple[int, int]:
-    """``(height, width)`` of synthetic ImageNet photo ``i``."""
-    h, w = LARGE_HW if i % LARGE_EVERY == LARGE_EVERY - 1 else COMMON_HW
-    return (h, w) if i % 2 == 0 else (w, h)
+    """``(height, width)`` of synthetic ImageNet photo ``i``: :data:`COMMON_HW` or, where :func:`is_large`,
+    :data:`LARGE_HW`, landscape or portrait as drawn for ``i``."""
+    h, w = LARGE_HW if is_large(i) else COMMON_HW
+    return (h, w) if _mixed(i) & 1 == 0 else (w, h)
 
 
 def make_data(ref: SynthRef):

@@ -83,9 +83,9 @@ def test_cpu_decode_gives_the_same_crops_with_and_without_region_decode():
     """The workers' whole path (train's random-resized crop and flip, evaluation's centre crop, large photos that
     take the DCT scale-down instead) gives identical batches either way."""
     from gpufeed.pipelines.batches_cpu import CpuDecode
-    from gpufeed.pipelines.sources_synthetic import LARGE_EVERY, make_data
+    from gpufeed.pipelines.sources_synthetic import is_large, make_data
 
-    indices = list(range(12)) + [LARGE_EVERY - 1, 2 * LARGE_EVERY - 1]  # two 1600x1200 photos
+    indices = list(range(12)) + [i for i in range(12, 200) if is_large(i)][:2]  # two 1600x1200 photos
     samples = [Sample(key=f"train/{i}.JPEG", label=0, payload=make_data(SynthRef("imagenet", 0, i)), index=i)
                for i in indices]
     for train in (True, False):

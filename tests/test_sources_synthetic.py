@@ -14,7 +14,7 @@ from gpufeed.errors import ConfigError
 from gpufeed.formats import get_format
 from gpufeed.pipelines import open_source
 from gpufeed.pipelines.base import SynthRef, read_item
-from gpufeed.pipelines.sources_synthetic import LARGE_EVERY, parse_spec
+from gpufeed.pipelines.sources_synthetic import LARGE_EVERY, geometry, is_large, parse_spec
 
 
 def test_items_are_made_from_kind_seed_and_index_alone():
@@ -26,13 +26,28 @@ def test_items_are_made_from_kind_seed_and_index_alone():
     data = read_item(items[7])
     assert data[:2] == b"\xff\xd8" and data == read_item(open_source("synthetic", "imagenet:8:3").items("train")[7])
     assert data != read_item(open_source("synthetic", "imagenet:8").items("train")[7])  # another seed
-    large = read_item(items[LARGE_EVERY - 1])
+    large = read_item(items[next(i for i in range(60) if is_large(i))])
     assert len(large) > 3 * len(data)  # ImageNet's tail of large photos
     pixels = read_item(open_source("synthetic", "cifar:3").items("train")[2])
     assert pixels.shape == (32, 32, 3) and pixels.dtype == np.uint8
     ptb = open_source("synthetic", "ptb:4")
     tokens = read_item(ptb.items("train")[0])
     assert ptb.modality == "text" and tokens.dtype == np.int32 and tokens.shape == (36,) and len(ptb.classes().names) == 10_000
+
+
+def test_the_large_photos_fall_evenly_on_the_ranks_of_any_count():
+    """One photo in each 50 is large, at a place drawn for that 50, and photos face either way as drawn: the ranks
+    a loader deals every w-th record (2, 3, 4 or 8 of them) get their share of the large photos and of each
+    orientation. (At every 50th index, always odd, 2 and 4 ranks gave their odd ranks all of them.)"""
+    n = 100_000
+    large = [i for i in range(n) if is_large(i)]
+    assert [i // LARGE_EVERY for i in large] == list(range(n // LARGE_EVERY))  # one in each 50
+    for ranks in (2, 3, 4, 8):
+        share = [sum(1 for i in large if i % ranks == r) for r in range(ranks)]
+        assert max(abs(s - len(large) / ranks) for s in share) < 0.2 * len(large) / ranks, (ranks, share)
+        tall = [sum(1 for i in range(r, 20_000, ranks) if geometry(i)[0] > geometry(i)[1]) for r in range(ranks)]
+        assert all(abs(t / (20_000 / ranks) - 0.5) < 0.05 for t in tall), (ranks, tall)
+    assert {geometry(i) for i in large} == {(1200, 1600), (1600, 1200)}
 
 
 @pytest.mark.parametrize("spec", ["imagenet", "imagenet:0", "mnist:10", "imagenet:ten", "imagenet:10:x"])
