@@ -147,10 +147,39 @@ def limit(row: dict) -> dict | None:
     at :data:`MISSED` AU even read at its ceiling (:func:`disk_bound`), the text ends saying so: no loader would
     meet the target from that disk."""
     found = _limit(row)
-    bound = disk_bound(row) if found and found["resource"] != "page cache" else None
+    if not found or found["resource"] == "page cache":
+        return found
+    uneven = uneven_text(row)
+    if uneven:
+        found = {**found, "text": f"{found['text']}; {uneven}"}
+    bound = disk_bound(row)
     if bound is not None and bound["au"] < MISSED:
         found = {**found, "text": f"{found['text']}; {bound_text(bound, row['record_bytes'])}"}
     return found
+
+
+#: Ranks were fed unevenly where one waited for its batches this much more of the time than the rank that waited
+#: least, which waited under :data:`EVEN_WAIT`.
+UNEVEN = 0.2
+EVEN_WAIT = 0.05
+
+
+def uneven_text(row: dict) -> str | None:
+    """For a row of several training ranks whose waits for their batches differed widely (:data:`UNEVEN`), what
+    that says: each rank's workers make only its own batches, so a rank whose records cost more to read or decode
+    holds every rank back in the all-reduce while the others' workers idle. On 4 H200s, a benchmark dataset whose
+    large photos all fell to ranks 1 and 3 showed it (results/gpu-ranks-h200x4.txt, session 17)."""
+    p = row.get("params") or {}
+    waits = [(r.get("wait_share"), r.get("rank")) for r in row.get("ranks") or []]
+    waits = [(w, k) for w, k in waits if w is not None and k is not None]
+    if len(waits) < 2 or p.get("task", "train") != "train":
+        return None
+    (least, calm), (most, late) = min(waits), max(waits)
+    if most - least < UNEVEN or least >= EVEN_WAIT:
+        return None
+    return (f"the ranks were fed unevenly (rank {late} waited for its batches {most:.0%} of the time, rank {calm} "
+            f"{least:.0%}): each rank's workers make only its own batches, so where one rank's records cost more to "
+            "read or decode, every rank waits for it")
 
 
 def _limit(row: dict) -> dict | None:

@@ -778,6 +778,32 @@ def test_a_row_says_where_even_the_disks_ceiling_would_not_feed_its_ranks():
     assert disk_bound(cached) is None and "even read at its ceiling" not in limit(cached)["text"]
 
 
+def test_a_row_of_ranks_fed_unevenly_says_so():
+    """Ranks whose waits for their batches differ widely (one 42%, another 1%) were fed unevenly: the row says
+    which and why it costs every rank. Not where the waits are close, where every rank waited, for inference
+    ranks (they never meet) or where one rank alone ran."""
+    from gpufeed.bench.bottleneck import limit, uneven_text
+
+    row = {"metrics": {"au": {"median": 0.61}, "step_ms": {"median": 92.0}}, "compute_step_s": 0.0563,
+           "params": {"gpus": 4, "task": "train"},
+           "ranks": [{"rank": 0, "wait_share": 0.006}, {"rank": 1, "wait_share": 0.13},
+                     {"rank": 2, "wait_share": 0.03}, {"rank": 3, "wait_share": 0.415}],
+           "resources": {"disk_read_mb_per_s": 1440.0, "disk_ceiling": {"mb_per_s": 1660.0}, "cpu_busy": 0.64,
+                         "cores": 64, "wait_share": 0.03, "any_rank_wait_share": 0.55}}
+    said = ("the ranks were fed unevenly (rank 3 waited for its batches 42% of the time, rank 0 1%): each rank's "
+            "workers make only its own batches, so where one rank's records cost more to read or decode, every rank "
+            "waits for it")
+    assert uneven_text(row) == said
+    assert limit(row)["text"].endswith("the loader itself limits this run, not the disk; " + said)
+    close = {**row, "ranks": [{"rank": k, "wait_share": w} for k, w in enumerate((0.01, 0.1, 0.15, 0.2))]}
+    assert uneven_text(close) is None
+    all_waited = {**row, "ranks": [{"rank": k, "wait_share": w} for k, w in enumerate((0.1, 0.2, 0.3, 0.4))]}
+    assert uneven_text(all_waited) is None
+    assert uneven_text({**row, "params": {"gpus": 4, "task": "infer"}}) is None
+    assert uneven_text({**row, "ranks": row["ranks"][:1]}) is None
+    assert uneven_text({k: v for k, v in row.items() if k != "ranks"}) is None
+
+
 def test_a_paced_row_keeps_the_pacing_apart_from_waiting_for_batches():
     """A row whose loader paced the loop (run_ahead): the time held back for the GPU is said as such, never as the
     loop waiting for batches; a row from before bench train kept the two apart (no paced_share) says it cannot
