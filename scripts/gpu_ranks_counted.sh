@@ -20,6 +20,9 @@
 #     (kind nvidia-h200-x4: 4 ranks further from the start; from 96,000 records over 10 + 50 steps each of 60 workers
 #     makes about 6 batches in the whole run, 2 before the first step: results/gpu-ranks-h200x4.txt, session 17.
 #     The build takes ~80 s.)
+#   DATA=/tmp/gpufeed-ranks-r256 DATASET_ARGS="--resize 256" N=300000 TRAIN_STEPS=200 WARMUP_STEPS=40 \
+#     STEPS="4:train:auto 4:train:cpu:-:on" ...   (training from records stored as ImageNet is usually prepared:
+#     shorter side 256, JPEG q95: ~48 KB a photo against 118 KB captured, under half the pixels to decode)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-96000} FORMATS=${FORMATS:-recordio}
@@ -30,7 +33,7 @@ DATA=${DATA:-/tmp/gpufeed-ranks}
 # Every format of FORMATS built once, before the steps (a step naming fewer would otherwise build only those). From
 # /tmp: the checkout's gpufeed/ would shadow the installed package.
 [ -f "$DATA/bench_dataset.json" ] || (cd /tmp && python3 -m gpufeed bench dataset "$DATA" -n "$N" \
-  --formats "$FORMATS" --workers "$(nproc)")
+  --formats "$FORMATS" --workers "$(nproc)" ${DATASET_ARGS:-})
 if [ "${CEILINGS:-0}" = 1 ]; then
   (cd /tmp && python3 -m gpufeed.bench.cpuceiling "$DATA" --format "${FORMATS%%,*}" --results "$OUT/cpu-ceilings.jsonl")
 fi
