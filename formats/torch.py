@@ -115,14 +115,38 @@ class ConcatIndex:
         return j, g - self.starts[j]
 
 
+#: The seed of the one draw that deals an indexed dataset's records to DDP ranks: the same in every process and
+#: every run, so each rank's share is fixed and the shares never overlap.
+DEAL_SEED = 20261127
+
+
+def rank_share(total: int, rank: int, world_size: int, even: bool = False):
+    """The global record numbers rank ``rank`` of ``world_size`` reads, ascending (a numpy array), or None for a
+    single rank (every record, in order): every ``world_size``-th record of one seeded permutation of all
+    ``total``, as ``DistributedSampler`` deals from its shuffled order; ``even`` trims every share to
+    ``total // world_size``. Dealt from file order instead (records ``r, r + w, ...``), anything laid out with a
+    period that shares a factor with the rank count fell to the same ranks: a benchmark dataset whose every 50th
+    photo was large gave all of them to ranks 1 and 3 of 4, which decoded 29% more a sample, and every rank trained
+    at their pace (results/gpu-ranks-h200x4.txt, session 17)."""
+    import numpy as np
+
+    if world_size == 1:
+        return None
+    share = np.random.default_rng(DEAL_SEED).permutation(total)[rank::world_size]
+    if even:
+        share = share[:total // world_size]
+    return np.sort(share)
+
+
 def _make_map_dataset_class():
     import torch.utils.data
 
     class MapDataset(torch.utils.data.Dataset):
         """Records of ``paths`` (one output each: a ``.rec``, a TFRecord shard, an LMDB directory) as one
-        indexed dataset. With DDP, rank ``r`` of ``w`` sees global records ``r, r + w, ...``; ``even=True``
-        trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no rank waits
-        on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
+        indexed dataset. With DDP, rank ``r`` of ``w`` sees its share of the records (:func:`rank_share`:
+        every ``w``-th of one seeded draw, in file order), the shares disjoint and together every record;
+        ``even=True`` trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no
+        rank waits on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
         which with ``read_ahead`` starts every record's read before the first is used; with
         ``batch_transform``, ``batch_transform(count, samples)`` makes the whole batch from the records as they
         are read (the DataLoader's collate then takes it as it is), where ``transform`` makes one sample."""
@@ -139,7 +163,8 @@ def _make_map_dataset_class():
             self.rank, self.world_size = _dist_rank_world(rank, world_size)
             self._index = ConcatIndex([len(self._readers.get(j)) for j in range(len(self._readers.paths))])
             total = len(self._index)
-            self._len = total // self.world_size if even else len(range(self.rank, total, self.world_size))
+            self._share = rank_share(total, self.rank, self.world_size, even)
+            self._len = total if self._share is None else len(self._share)
 
         def __len__(self) -> int:
             return self._len
@@ -148,7 +173,8 @@ def _make_map_dataset_class():
             """Dataset index ``i`` -> (reader, record position in it)."""
             if not -self._len <= i < self._len:
                 raise IndexError(f"index {i} out of range for a dataset of {self._len} records")
-            return self._index.locate((i % self._len) * self.world_size + self.rank)
+            i %= self._len
+            return self._index.locate(i if self._share is None else int(self._share[i]))
 
         def __getitem__(self, i: int):
             with relayed():

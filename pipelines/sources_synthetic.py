@@ -51,9 +51,10 @@ def _mixed(x: int) -> int:
 
 def is_large(i: int) -> bool:
     """Whether synthetic ImageNet photo ``i`` is one of the large ones: one in each run of :data:`LARGE_EVERY`
-    indices, at a place drawn for that run. At a fixed place (every 50th, always an odd index) the ranks of an
-    even count that a loader deals records ``r, r + w, ...`` took every large photo on their odd ranks: with 4
-    ranks, ranks 1 and 3 decoded 29% more a sample than ranks 0 and 2, and every rank trained at their pace."""
+    indices, at a place drawn for that run. At a fixed place (every 50th, always an odd index), a loader dealing
+    records ``r, r + w, ...`` to an even number of ranks gave every large photo to its odd ranks: with 4 ranks,
+    ranks 1 and 3 decoded 29% more a sample than ranks 0 and 2, and every rank trained at their pace (gpufeed's
+    loader now deals from a draw: :func:`gpufeed.formats.torch.rank_share`)."""
     return i % LARGE_EVERY == _mixed(i // LARGE_EVERY) % LARGE_EVERY
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pickle
 import subprocess
 import sys
 
@@ -83,18 +84,44 @@ def test_iterable_dataset_splits_over_workers(tmp_path, fmt_name):
 
 
 def test_map_dataset_ranks_are_disjoint_and_cover(tmp_path):
+    """Each rank's share is in file order, the shares disjoint and together every record; the same share in a
+    worker process (pickled) as where it was made."""
     paths, total = make_outputs(tmp_path, "lmdb", [10, 11])
-    shares = [[ds[i] for i in range(len(ds))]
-              for ds in (MapDataset("lmdb", paths, transform=label_of, rank=r, world_size=3) for r in range(3))]
+    made = [MapDataset("lmdb", paths, transform=label_of, rank=r, world_size=3) for r in range(3)]
+    shares = [[ds[i] for i in range(len(ds))] for ds in made]
     assert [len(s) for s in shares] == [7, 7, 7]
     assert sorted(sum(shares, [])) == list(range(total))
-    assert shares[1][:3] == [1, 4, 7]
-    even = [len(MapDataset("lmdb", paths, rank=r, world_size=4, even=True)) for r in range(4)]
-    assert even == [5, 5, 5, 5]
+    assert all(s == sorted(s) for s in shares)
+    again = pickle.loads(pickle.dumps(made[1]))
+    assert [again[i] for i in range(len(again))] == shares[1]
+    even = [MapDataset("lmdb", paths, transform=label_of, rank=r, world_size=4, even=True) for r in range(4)]
+    assert [len(ds) for ds in even] == [5, 5, 5, 5]
+    assert len({ds[i] for ds in even for i in range(5)}) == 20
+    single = MapDataset("lmdb", paths, transform=label_of)
+    assert [single[i] for i in range(total)] == list(range(total))
     with pytest.raises(IndexError):
         MapDataset("lmdb", paths, rank=0, world_size=4, even=True)[5]
     with pytest.raises(ConfigError):
         MapDataset("lmdb", paths, rank=4, world_size=4)
+
+
+def test_ranks_share_records_laid_out_with_a_period_evenly():
+    """Records dealt from one seeded draw: every 50th record costly (a large photo), each of 2, 3, 4 or 8 ranks
+    gets its share of them, where dealing r, r + w, ... gave them all to the odd ranks of 2 and 4."""
+    import numpy as np
+
+    from gpufeed.formats.torch import rank_share
+
+    total = 100_000
+    for world in (2, 3, 4, 8):
+        shares = [rank_share(total, r, world) for r in range(world)]
+        assert sorted(np.concatenate(shares).tolist()) == list(range(total))
+        costly = [int(np.count_nonzero(s % 50 == 49)) for s in shares]
+        assert max(abs(c - total / 50 / world) for c in costly) < 0.2 * total / 50 / world, (world, costly)
+        assert all(np.all(np.diff(s) > 0) for s in shares)
+        assert np.array_equal(shares[0], rank_share(total, 0, world))  # the same draw every time
+    assert rank_share(total, 0, 1) is None
+    assert [len(rank_share(10, r, 4, even=True)) for r in range(4)] == [2, 2, 2, 2]
 
 
 def test_iterable_dataset_ranks_times_workers(tmp_path):
