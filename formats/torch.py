@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
+from gpufeed.draw import mixed
 from gpufeed.errors import ConfigError, GpufeedError, WorkerError
 
 
@@ -115,27 +116,38 @@ class ConcatIndex:
         return j, g - self.starts[j]
 
 
-#: The seed of the one draw that deals an indexed dataset's records to DDP ranks: the same in every process and
-#: every run, so each rank's share is fixed and the shares never overlap.
+#: Where each rank's turn in each round of the deal falls (:class:`RankShare`) is drawn from the round's number
+#: and this: the same in every process and run.
 DEAL_SEED = 20261127
 
 
-def rank_share(total: int, rank: int, world_size: int, even: bool = False):
-    """The global record numbers rank ``rank`` of ``world_size`` reads, ascending (a numpy array), or None for a
-    single rank (every record, in order): every ``world_size``-th record of one seeded permutation of all
-    ``total``, as ``DistributedSampler`` deals from its shuffled order; ``even`` trims every share to
-    ``total // world_size``. Dealt from file order instead (records ``r, r + w, ...``), anything laid out with a
-    period that shares a factor with the rank count fell to the same ranks: a benchmark dataset whose every 50th
-    photo was large gave all of them to ranks 1 and 3 of 4, which decoded 29% more a sample, and every rank trained
-    at their pace (results/gpu-ranks-h200x4.txt, session 17)."""
-    import numpy as np
+class RankShare:
+    """The global record numbers rank ``rank`` of ``world_size`` reads, as a sequence in file order: records are
+    dealt in rounds of ``world_size`` consecutive ones, one to each rank, each round starting at a place drawn from
+    its number (:func:`gpufeed.draw.mixed`), the last, short round to the ranks whose turn falls in it (none with
+    ``even``: every share then holds ``total // world_size``). The shares are disjoint and together every
+    record; nothing is stored, so a billion records cost no memory. Dealt with the same turn every round (records
+    ``r, r + w, ...``), anything laid out with a period that shares a factor with the rank count fell to the same
+    ranks: a benchmark dataset whose every 50th photo was large gave all of them to ranks 1 and 3 of 4, which
+    decoded 29% more a sample, and every rank trained at their pace (results/gpu-ranks-h200x4.txt, session 17)."""
 
-    if world_size == 1:
-        return None
-    share = np.random.default_rng(DEAL_SEED).permutation(total)[rank::world_size]
-    if even:
-        share = share[:total // world_size]
-    return np.sort(share)
+    def __init__(self, total: int, rank: int, world_size: int, even: bool = False):
+        self.rank, self.world_size = rank, world_size
+        rounds, left = divmod(total, world_size)
+        self._len = rounds + (1 if left and not even and self._turn(rounds) < left else 0)
+
+    def _turn(self, round_: int) -> int:
+        if self.world_size == 1:
+            return 0
+        return (self.rank + mixed(round_ ^ DEAL_SEED)) % self.world_size
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self._len:
+            raise IndexError(f"record {i} of a rank's share of {self._len}")
+        return i * self.world_size + self._turn(i)
 
 
 def _make_map_dataset_class():
@@ -143,8 +155,8 @@ def _make_map_dataset_class():
 
     class MapDataset(torch.utils.data.Dataset):
         """Records of ``paths`` (one output each: a ``.rec``, a TFRecord shard, an LMDB directory) as one
-        indexed dataset. With DDP, rank ``r`` of ``w`` sees its share of the records (:func:`rank_share`:
-        every ``w``-th of one seeded draw, in file order), the shares disjoint and together every record;
+        indexed dataset. With DDP, rank ``r`` of ``w`` sees its share of the records (:class:`RankShare`: one of
+        each ``w`` consecutive records, which one drawn), the shares disjoint and together every record;
         ``even=True`` trims every rank to the same length (like ``DistributedSampler(drop_last=True)``) so no
         rank waits on a collective the others have left. A DataLoader fetches a batch through :meth:`__getitems__`,
         which with ``read_ahead`` starts every record's read before the first is used; with
@@ -163,8 +175,8 @@ def _make_map_dataset_class():
             self.rank, self.world_size = _dist_rank_world(rank, world_size)
             self._index = ConcatIndex([len(self._readers.get(j)) for j in range(len(self._readers.paths))])
             total = len(self._index)
-            self._share = rank_share(total, self.rank, self.world_size, even)
-            self._len = total if self._share is None else len(self._share)
+            self._share = RankShare(total, self.rank, self.world_size, even)
+            self._len = len(self._share)
 
         def __len__(self) -> int:
             return self._len
@@ -173,8 +185,7 @@ def _make_map_dataset_class():
             """Dataset index ``i`` -> (reader, record position in it)."""
             if not -self._len <= i < self._len:
                 raise IndexError(f"index {i} out of range for a dataset of {self._len} records")
-            i %= self._len
-            return self._index.locate(i if self._share is None else int(self._share[i]))
+            return self._index.locate(self._share[i % self._len])
 
         def __getitem__(self, i: int):
             with relayed():

@@ -20,6 +20,7 @@ import re
 
 import numpy as np
 
+from gpufeed.draw import mixed
 from gpufeed.errors import ConfigError
 from gpufeed.pipelines.base import ClassInfo, Item, SynthRef
 
@@ -37,32 +38,20 @@ CIFAR_HW = (32, 32)
 _EXT = {"imagenet": ".JPEG", "cifar": ".png", "ptb": ""}
 
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mixed(x: int) -> int:
-    """A 64-bit integer that looks random from ``x`` (SplitMix64's finaliser): where each photo's size and
-    orientation fall, without a period that lines up with how records are dealt out."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def is_large(i: int) -> bool:
     """Whether synthetic ImageNet photo ``i`` is one of the large ones: one in each run of :data:`LARGE_EVERY`
     indices, at a place drawn for that run. At a fixed place (every 50th, always an odd index), a loader dealing
     records ``r, r + w, ...`` to an even number of ranks gave every large photo to its odd ranks: with 4 ranks,
     ranks 1 and 3 decoded 29% more a sample than ranks 0 and 2, and every rank trained at their pace (gpufeed's
-    loader now deals from a draw: :func:`gpufeed.formats.torch.rank_share`)."""
-    return i % LARGE_EVERY == _mixed(i // LARGE_EVERY) % LARGE_EVERY
+    loader now deals each round with a drawn turn: :class:`gpufeed.formats.torch.RankShare`)."""
+    return i % LARGE_EVERY == mixed(i // LARGE_EVERY) % LARGE_EVERY
 
 
 def geometry(i: int) -> tuple[int, int]:
     """``(height, width)`` of synthetic ImageNet photo ``i``: :data:`COMMON_HW` or, where :func:`is_large`,
     :data:`LARGE_HW`, landscape or portrait as drawn for ``i``."""
     h, w = LARGE_HW if is_large(i) else COMMON_HW
-    return (h, w) if _mixed(i) & 1 == 0 else (w, h)
+    return (h, w) if mixed(i) & 1 == 0 else (w, h)
 
 
 def make_data(ref: SynthRef):

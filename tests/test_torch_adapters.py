@@ -106,22 +106,29 @@ def test_map_dataset_ranks_are_disjoint_and_cover(tmp_path):
 
 
 def test_ranks_share_records_laid_out_with_a_period_evenly():
-    """Records dealt from one seeded draw: every 50th record costly (a large photo), each of 2, 3, 4 or 8 ranks
-    gets its share of them, where dealing r, r + w, ... gave them all to the odd ranks of 2 and 4."""
-    import numpy as np
+    """Each round of w consecutive records dealt with a drawn turn: every 50th record costly (a large photo), each
+    of 2, 3, 4 or 8 ranks gets its share of them, where dealing r, r + w, ... gave them all to the odd ranks of 2
+    and 4. The shares are disjoint, cover every record (the short last round too, or with even none of it), run in
+    file order and are the same every time."""
+    from gpufeed.formats.torch import RankShare
 
-    from gpufeed.formats.torch import rank_share
+    def records(share):
+        return [share[i] for i in range(len(share))]
 
-    total = 100_000
-    for world in (2, 3, 4, 8):
-        shares = [rank_share(total, r, world) for r in range(world)]
-        assert sorted(np.concatenate(shares).tolist()) == list(range(total))
-        costly = [int(np.count_nonzero(s % 50 == 49)) for s in shares]
+    total = 100_003
+    for world in (1, 2, 3, 4, 8):
+        shares = [records(RankShare(total, r, world)) for r in range(world)]
+        assert sorted(sum(shares, [])) == list(range(total))
+        assert all(s == sorted(s) for s in shares)
+        costly = [sum(1 for g in s if g % 50 == 49) for s in shares]
         assert max(abs(c - total / 50 / world) for c in costly) < 0.2 * total / 50 / world, (world, costly)
-        assert all(np.all(np.diff(s) > 0) for s in shares)
-        assert np.array_equal(shares[0], rank_share(total, 0, world))  # the same draw every time
-    assert rank_share(total, 0, 1) is None
-    assert [len(rank_share(10, r, 4, even=True)) for r in range(4)] == [2, 2, 2, 2]
+        assert records(RankShare(total, world - 1, world)) == shares[-1]  # the same deal every time
+        even = [records(RankShare(total, r, world, even=True)) for r in range(world)]
+        assert [len(s) for s in even] == [total // world] * world
+        assert sorted(sum(even, [])) == list(range(total // world * world))
+    assert records(RankShare(5, 0, 1)) == [0, 1, 2, 3, 4]
+    with pytest.raises(IndexError):
+        RankShare(10, 0, 4, even=True)[2]
 
 
 def test_iterable_dataset_ranks_times_workers(tmp_path):
