@@ -134,12 +134,7 @@ class RankShare:
     def __init__(self, total: int, rank: int, world_size: int, even: bool = False):
         self.rank, self.world_size = rank, world_size
         rounds, left = divmod(total, world_size)
-        self._len = rounds + (1 if left and not even and self._turn(rounds) < left else 0)
-
-    def _turn(self, round_: int) -> int:
-        if self.world_size == 1:
-            return 0
-        return (self.rank + mixed(round_ ^ DEAL_SEED)) % self.world_size
+        self._len = rounds + (1 if left and not even and turn(rank, world_size, rounds) < left else 0)
 
     def __len__(self) -> int:
         return self._len
@@ -147,7 +142,24 @@ class RankShare:
     def __getitem__(self, i: int) -> int:
         if not 0 <= i < self._len:
             raise IndexError(f"record {i} of a rank's share of {self._len}")
-        return i * self.world_size + self._turn(i)
+        return i * self.world_size + turn(self.rank, self.world_size, i)
+
+
+def turn(k: int, n: int, round_: int) -> int:
+    """The place (0..n-1) in round ``round_`` of a deal to ``n`` (records ``round_ * n`` to ``round_ * n + n - 1``)
+    that goes to taker ``k``: a rotation drawn from the round's number (:class:`RankShare`)."""
+    return 0 if n == 1 else (k + mixed(round_ ^ DEAL_SEED)) % n
+
+
+def dealt(k: int, n: int, start: int = 0, stop: int | None = None) -> Iterator[int]:
+    """The positions in ``[start, stop)`` (no end without ``stop``) that taker ``k`` of ``n`` gets in the deal of
+    :class:`RankShare`, ascending: one a round."""
+    round_ = start // n
+    while stop is None or round_ * n < stop:
+        g = round_ * n + turn(k, n, round_)
+        if g >= start and (stop is None or g < stop):
+            yield g
+        round_ += 1
 
 
 def _make_map_dataset_class():
@@ -224,9 +236,11 @@ def _make_iterable_dataset_class():
     class IterableDataset(torch.utils.data.IterableDataset):
         """Records of ``paths`` in file order, split over DDP ranks x DataLoader workers.
 
-        With at least as many files as readers (ranks x workers), reader ``k`` of ``n`` reads whole files
-        ``k, k + n, ...`` (pure sequential reads). Otherwise records are dealt round-robin over the
-        concatenated stream: indexed formats seek straight to their share, the others scan and skip.
+        With at least as many files as readers (ranks x workers), reader ``k`` of ``n`` reads whole files (pure
+        sequential reads), one of each ``n`` files in order. Otherwise records of the concatenated stream are
+        dealt the same way, one of each ``n`` to each reader: indexed formats seek straight to their share, the
+        others scan and skip. Which reader gets which place in each round is drawn from the round's number
+        (:func:`dealt`), so nothing laid out with a period falls to the same readers.
         """
 
         def __init__(self, format_name: str, paths, transform: Callable | None = None, rank: int | None = None,
@@ -249,21 +263,23 @@ def _make_iterable_dataset_class():
 
         def _samples(self, k: int, n: int, paths: list[str]):
             if len(paths) >= n:
-                for j in range(k, len(paths), n):
+                for j in dealt(k, n, 0, len(paths)):
                     yield from self._readers.get(j)
                 return
             offset = 0
             for j in range(len(paths)):
                 reader = self._readers.get(j)
-                share = (k - offset) % n
                 if reader._has_index():
                     count = len(reader)
-                    yield from reader.shard(share, n)
+                    for g in dealt(k, n, offset, offset + count):
+                        yield reader[g - offset]
                 else:
-                    count = 0
+                    mine = dealt(k, n, offset)
+                    want, count = next(mine), 0
                     for count, sample in enumerate(reader, 1):
-                        if (count - 1) % n == share:
+                        if offset + count - 1 == want:
                             yield sample
+                            want = next(mine)
                 offset += count
 
     return IterableDataset

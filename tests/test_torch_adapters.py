@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import subprocess
 import sys
@@ -144,6 +145,20 @@ def test_iterable_dataset_ranks_times_workers(tmp_path):
             assert part
             seen += part
         assert sorted(seen) == list(range(total))
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_iterable_dataset_ranks_share_records_laid_out_with_a_period_evenly(tmp_path, indexed):
+    """Every 50th record costly: each of 4 ranks streams its share of them, whether its reader seeks (an index)
+    or scans and skips (a .rec without its .idx); dealt k, k + n, ... ranks 1 and 3 had them all."""
+    paths, total = make_outputs(tmp_path, "recordio", [4000])
+    if not indexed:
+        os.remove(paths[0][:-len(".rec")] + ".idx")
+    shares = [list(IterableDataset("recordio", paths, transform=label_of, rank=r, world_size=4)) for r in range(4)]
+    assert sorted(sum(shares, [])) == list(range(total))
+    assert all(s == sorted(s) for s in shares)
+    costly = [sum(1 for g in s if g % 50 == 49) for s in shares]
+    assert all(8 <= c <= 32 for c in costly), costly  # 20 each on average
 
 
 def test_default_rank_comes_from_torch_distributed(tmp_path):
