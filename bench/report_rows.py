@@ -128,14 +128,13 @@ def default_workers_of(row: dict) -> int | None:
     rank's own process where ranks share the node, at most 32), None where the row does not say its cores or kept
     cores from the workers, or from before 2026-11-27's counted rows (:func:`counts_made`; the default was 16
     workers a rank before). A row whose workers differ was asked for them, and its label says how many."""
-    from gpufeed.pipelines.loader import MAX_DEFAULT_WORKERS
+    from gpufeed.pipelines.loader import default_workers
 
     p = params(row)
     cores = (row.get("machine") or {}).get("usable_cores")
     if not cores or p.get("loop_cores") or not counts_made(row):
         return None
-    ranks = max(1, p.get("gpus") or 1)
-    return max(1, min(MAX_DEFAULT_WORKERS, cores // ranks - (1 if ranks > 1 else 0)))
+    return default_workers(p.get("gpus") or 1, usable=cores)
 
 
 def counts_made(row: dict) -> bool:

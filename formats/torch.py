@@ -133,8 +133,8 @@ class RankShare:
 
     def __init__(self, total: int, rank: int, world_size: int, even: bool = False):
         self.rank, self.world_size = rank, world_size
-        rounds, left = divmod(total, world_size)
-        self._len = rounds + (1 if left and not even and turn(rank, world_size, rounds) < left else 0)
+        rounds = total // world_size
+        self._len = rounds + (1 if not even and dealt_at(rank, world_size, rounds) < total else 0)
 
     def __len__(self) -> int:
         return self._len
@@ -142,13 +142,13 @@ class RankShare:
     def __getitem__(self, i: int) -> int:
         if not 0 <= i < self._len:
             raise IndexError(f"record {i} of a rank's share of {self._len}")
-        return i * self.world_size + turn(self.rank, self.world_size, i)
+        return dealt_at(self.rank, self.world_size, i)
 
 
-def turn(k: int, n: int, round_: int) -> int:
-    """The place (0..n-1) in round ``round_`` of a deal to ``n`` (records ``round_ * n`` to ``round_ * n + n - 1``)
-    that goes to taker ``k``: a rotation drawn from the round's number (:class:`RankShare`)."""
-    return 0 if n == 1 else (k + mixed(round_ ^ DEAL_SEED)) % n
+def dealt_at(k: int, n: int, round_: int) -> int:
+    """The position that taker ``k`` of ``n`` gets in round ``round_`` of the deal (records ``round_ * n`` to
+    ``round_ * n + n - 1``): its place in the round a rotation drawn from the round's number (:class:`RankShare`)."""
+    return round_ * n + (0 if n == 1 else (k + mixed(round_ ^ DEAL_SEED)) % n)
 
 
 def dealt(k: int, n: int, start: int = 0, stop: int | None = None) -> Iterator[int]:
@@ -156,7 +156,7 @@ def dealt(k: int, n: int, start: int = 0, stop: int | None = None) -> Iterator[i
     :class:`RankShare`, ascending: one a round."""
     round_ = start // n
     while stop is None or round_ * n < stop:
-        g = round_ * n + turn(k, n, round_)
+        g = dealt_at(k, n, round_)
         if g >= start and (stop is None or g < stop):
             yield g
         round_ += 1

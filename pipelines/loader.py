@@ -214,21 +214,22 @@ PREFETCH_FACTOR = 2
 
 
 def default_workers(ranks: int = 1, loop_cores: int = LOOP_CORES, says: str | None = None,
-                    cores: frozenset[int] | None = None) -> int:
+                    cores: frozenset[int] | None = None, usable: int | None = None) -> int:
     """DataLoader workers per rank when none are given: one per core of the rank's share of the usable cores, at
     most :data:`MAX_DEFAULT_WORKERS`. Where several ranks share the node, each rank's own process (the training
     loop, the engines' decoder threads, NCCL) keeps a core of its share: 16 workers for each of 4 ranks took all
     64 cores of the 4-GPU node before the main processes had any. One rank alone shares its cores with its
     workers, as measured best on 16 cores (results/gpu-nice-h100.txt). With ``loop_cores`` kept for each rank's
     process (:func:`worker_cores`; ``says`` names the setting in its error; ``cores``: those cores where the caller
-    has them already), the share is of the cores the workers may use."""
+    has them already), the share is of the cores the workers may use. ``usable``: another machine's usable cores
+    (a results row's) instead of this one's."""
     from gpufeed.machine import usable_cores
 
     ranks = max(1, ranks)
     if loop_cores:
         share = len(cores if cores is not None else worker_cores(loop_cores, ranks, says)) // ranks
     else:
-        share = usable_cores() // ranks - (1 if ranks > 1 else 0)
+        share = (usable or usable_cores()) // ranks - (1 if ranks > 1 else 0)
     return max(1, min(MAX_DEFAULT_WORKERS, share))
 
 
