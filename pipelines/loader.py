@@ -268,10 +268,13 @@ CPU_ENOUGH_WORKERS = 28
 #: session 15): cpu with boxes alone 1.000 and 0.945 (tfrecord 0.930, lmdb 0.911), whole JPEGs 0.990 and 0.918,
 #: against hybrid's 0.895 and 0.893. 3 H200s on 64 cores, one host, counted (results/gpu-ranks-h200x4.txt, session
 #: 16): cpu with boxes alone 0.897 from 20 workers and 0.852 from 12, against hybrid's 0.777 and the engines' 0.645.
-#: Four ranks keep the engines' share: there every path fell short and within a run's spread of the others (cpu
-#: 0.611-0.634, hybrid 0.588, hw 0.510, the steps slowed beside the loading).
+#: 4 H200s on 64 cores, 15 workers a rank, one host, counted, 300,000 records and 200 timed steps (session 18):
+#: cpu with boxes alone 0.999 against hybrid's 0.871 from records stored at 256 (52 KB), and 0.698 against 0.590
+#: from captured 118 KB records, where the disk bounds every path (at its ceiling at most 0.875 a rank).
 CPU_ENOUGH_WORKERS_REGION = 15
-REGION_CARRIES_RANKS = 3
+#: The most ranks of one node measured with :data:`CPU_ENOUGH_WORKERS_REGION` workers each (4 H200s, above); more
+#: ranks keep the engines' share until measured.
+REGION_CARRIES_RANKS = 4
 #: The loader's augmentations whose demand the CPU workers alone may carry (:func:`cpu_carries`). Inference
 #: takes 3.5 times training's images a step: one H200 rank with 32 CPU workers made 5,507 img/s against the
 #: model's 15,800 (the engines alone 6,564), 2 ranks of 31 workers 3,341 each against hybrid's 5,654 (session 14).
@@ -302,7 +305,7 @@ def choose_decode(device=None, ranks: int = 1, augment: str = "train", region: b
     """``decode="auto"``: ``(path, why)`` from the cores, whether the GPU has JPEG engines, how many ranks share
     the node and the augmentation (the task): ``cpu`` where each rank's default workers carry it alone
     (:func:`cpu_carries`: training, 28 workers or more, e.g. 1 or 2 ranks on 64 cores, or 15 with ``region``
-    decoding for 1 to 3 ranks, e.g. 2 on 32 cores or 3 on 64), or without a GPU; else
+    decoding for 1 to 4 ranks, e.g. 2 on 32 cores or 4 on 64), or without a GPU; else
     ``hybrid`` (CPU workers and engines sharing each batch, :func:`hybrid_split`) on a GPU with engines and
     nvImageCodec installed; else ``cpu``."""
     from gpufeed.machine import usable_cores

@@ -526,19 +526,20 @@ def test_hybrid_rows_record_the_split_the_loader_held(monkeypatch):
         return train.TrainOptions(**kw).params(task, "hybrid", {}).get("cpu_share_fixed")
 
     assert fixed("train", workers=15, region_decode=False) == 0.75
-    assert fixed("train", workers=15, gpus=4) == 0.75
+    assert fixed("train", workers=15, gpus=4, region_decode=False) == 0.75
     assert fixed("infer", workers=15, gpus=4) == 0.6
     assert fixed("train", workers=15, cpu_share=0.8) == 0.8
     assert fixed("train", workers=15, cpu_share="rates") is None
     assert fixed("train", workers=4) is None  # too few workers for the fixed share: the rates' split
-    # A training rank whose workers carry it, each on a core: one rank, or 2 sharing the 64 cores; not 3 x 20
-    # decoding whole JPEGs or 4 x 15, and never inference.
+    # A training rank whose workers carry it, each on a core: one rank, or 2 sharing the 64 cores; not 3 x 20 or
+    # 4 x 15 decoding whole JPEGs, and never inference.
     assert fixed("train", workers=32) == fixed("train", workers=31, gpus=2) == 1.0
-    assert fixed("train", workers=20, gpus=3, region_decode=False) == fixed("train", workers=15, gpus=4) == 0.75
-    # Decoding each crop's box alone (where nvImageCodec is installed), 15 workers carry 1 to 3 ranks' training.
+    assert (fixed("train", workers=20, gpus=3, region_decode=False)
+            == fixed("train", workers=15, gpus=4, region_decode=False) == 0.75)
+    # Decoding each crop's box alone (where nvImageCodec is installed), 15 workers carry 1 to 4 ranks' training.
     if region_decode_on(None):
         assert fixed("train", workers=15) == fixed("train", workers=15, gpus=2) == 1.0
-        assert fixed("train", workers=20, gpus=3) == 1.0
+        assert fixed("train", workers=20, gpus=3) == fixed("train", workers=15, gpus=4) == 1.0
     assert fixed("infer", workers=32) == fixed("infer", workers=31, gpus=2) == 0.6
     assert "cpu_share_fixed" not in train.TrainOptions(workers=15).params("train", "hw", {})
 
