@@ -33,6 +33,10 @@ COLD_DEVICE_SHARE = 0.5
 #: more than this share over what they made: it ate into the batches they made before (two a worker), and its
 #: rate and AU are what the workers made (:class:`gpufeed.bench.train_loop.LoopRun`).
 BEHIND = 0.02
+#: How a row whose records the disk could not feed says to store them smaller: on 4 H200s training from 64 cores,
+#: records stored so (52 KB from 118 KB captured) fed every rank at 0.98-1.00 AU from each format where the captured
+#: ones could not pass 0.875 (results/gpu-ranks-h200x4.txt, session 18).
+SMALLER = "--resize 256"
 #: :func:`limit`'s resource for a run whose loop got its batches in time and lost its AU in its own steps, which
 #: ran slower than the model alone beside the loader's work on the same node (its workers, its decoder threads and
 #: the GPU's JPEG engines; 4 H200s, results/gpu-ranks-h200x4.txt).
@@ -134,9 +138,12 @@ def bound_text(bound: dict, record_bytes: float) -> str:
     who = "one rank" if ranks == 1 else f"each of {ranks} ranks"
     demand = (f"{ranks} x " if ranks > 1 else "") + f"{bound['alone_per_s']:,.0f} img/s"
     at_most = math.floor(bound["au"] * 1000) / 10  # rounded down: 0.8996 is not "90%"
+    # The stored size at which the same demand needs no more than the ceiling, rounded down.
+    fits = math.floor(record_bytes * bound["au"] / 1e3)
     return (f"even read at its ceiling ({bound['ceiling_mb_per_s'] / 1e3:.2f} GB/s) the disk feeds {who} at most "
             f"{at_most:.1f}% AU: {demand} of {record_bytes / 1e3:.0f} KB records need "
-            f"{bound['need_mb_per_s'] / 1e3:.2f} GB/s")
+            f"{bound['need_mb_per_s'] / 1e3:.2f} GB/s; records of {fits} KB or less would need no more than its "
+            f"ceiling (`gpufeed convert ... {SMALLER}` stores each photo's shorter side at 256)")
 
 
 def limit(row: dict) -> dict | None:
@@ -249,10 +256,11 @@ def _limit(row: dict) -> dict | None:
                      + ("the ranks waited" if late is not None else "the loop waited"))
         return {"resource": found[0][0], "text": text}
     what = f"no resource at {NEAR:.0%} of its ceiling ({'; '.join(t for _, t in seen) or 'nothing measured'})"
+    loader = _loader_verdict(r, found)
     if behind:
-        return {"resource": None, "text": f"{behind}; {what}: the loader itself limits this run, not the disk"}
+        return {"resource": None, "text": f"{behind}; {what}: {loader}"}
     if wait is None:
-        return {"resource": None, "text": f"{what}: the loader itself limits this run, not the disk"}
+        return {"resource": None, "text": f"{what}: {loader}"}
     if 1.0 - au - held <= held:
         if ahead is not None and paced is None:  # bench train before 2026-11-27 counted the pacing as waiting
             return {"resource": None, "text": f"the loop waited {wait:.0%} of its time for its batches or for its GPU "
@@ -262,8 +270,7 @@ def _limit(row: dict) -> dict | None:
         # next batch while the GPU runs it: part of that wait was never the GPU's loss.
         graph = (" (the model ran as one CUDA graph: the GPU ran while the loop waited, so not all of that was "
                  "lost)" if params.get("cuda_graph") else "")
-        return {"resource": None, "text": f"the loop waited for its batches {waited}{graph}; {what}: "
-                                          "the loader itself limits this run, not the disk"}
+        return {"resource": None, "text": f"the loop waited for its batches {waited}{graph}; {what}: {loader}"}
     steps = _steps(row, r, ahead, paced, reduced)
     # With several training ranks each step lasts as long as its latest rank's (the all-reduce waits for it), so
     # one rank's late step is every rank's: traced on 4 H100s, a different rank came late each step.
@@ -277,6 +284,21 @@ def _limit(row: dict) -> dict | None:
     return {"resource": BESIDE, "text": f"the batches came in time (the loop waited for them {waited}"
                                         f"{steps}): the loader's work beside the model {slowed}, not the "
                                         f"feeding; {what}, so a faster disk would not help"}
+
+
+def _loader_verdict(r: dict, found: list) -> str:
+    """Whom :func:`limit` names for a run that waited for its batches with no resource at its ceiling: the loader.
+    Where the disk was busy :data:`NEAR` of the time or more while it read under its ceiling (measured at a deeper
+    queue), the loader's reads came too few at once to reach that ceiling: the disk was the limit at the depth the
+    loader read, which more reads in flight raise (4 H200s on 64 cores: 15 workers a rank read 1.52 of 1.94 GB/s,
+    28 read 1.87; results/gpu-ranks-h200x4.txt, session 17)."""
+    busy, disk = r.get("disk_busy"), r.get("disk_read_mb_per_s")
+    if busy is None or busy < NEAR or not disk or any(name == "disk" for name, _ in found):
+        return "the loader itself limits this run, not the disk"
+    pattern = (r.get("disk_ceiling") or {}).get("pattern")
+    depth = f" at {pattern.rsplit('_', 1)[-1]}" if pattern else ""
+    return (f"the loader itself limits this run: its reads kept the disk busy {busy:.0%} of the time but came too "
+            f"few at once to reach the ceiling measured{depth}; more workers a rank keep more reads in flight")
 
 
 def _steps(row: dict, r: dict, ahead: int | None, paced: float | None, reduced: bool) -> str:

@@ -764,9 +764,11 @@ def test_a_row_says_where_even_the_disks_ceiling_would_not_feed_its_ranks():
     assert disk_bound(row)["au"] == pytest.approx(1660 / (4 * 4532 * 0.1181))
     found = limit(row)
     assert found["resource"] is None
+    # And what stored size would do: 118.1 KB x 0.775 (rounded down), with the option that stores photos smaller.
     assert found["text"].endswith("the loader itself limits this run, not the disk; even read at its ceiling (1.66 "
                                   "GB/s) the disk feeds each of 4 ranks at most 77.5% AU: 4 x 4,532 img/s of 118 KB "
-                                  "records need 2.14 GB/s")
+                                  "records need 2.14 GB/s; records of 91 KB or less would need no more than its "
+                                  "ceiling (`gpufeed convert ... --resize 256` stores each photo's shorter side at 256)")
     edge = {**row, "resources": {**row["resources"], "disk_ceiling": {"mb_per_s": 0.8999 * 2140.8}}}
     assert "at most 89.9% AU" in limit(edge)["text"]
     one = {**row, "params": {**row["params"], "gpus": 1}, "total_per_s": row["median"],
@@ -777,6 +779,30 @@ def test_a_row_says_where_even_the_disks_ceiling_would_not_feed_its_ranks():
     assert disk_bound({**row, "params": {**row["params"], "cold": False}}) is None
     cached = {**row, "metrics": {**row["metrics"], "disk_read_mb_per_s": {"median": 10.0}}}
     assert disk_bound(cached) is None and "even read at its ceiling" not in limit(cached)["text"]
+
+
+def test_a_disk_kept_busy_below_its_ceiling_says_the_loaders_reads_came_too_few_at_once():
+    """4 H200s from 15 workers a rank (session 18): the disk was busy 100% of the time while it read 1.49 of the
+    1.87 GB/s measured at queue depth 256. No resource was at its ceiling, and the loader limits the run, but the row
+    says the disk was kept busy by too few reads at once, not "not the disk". Not where the disk idled, nor where it
+    read at its ceiling (then the disk is named)."""
+    from gpufeed.bench.bottleneck import limit
+
+    row = {"metrics": {"au": {"median": 0.698}, "step_ms": {"median": 81.0}}, "compute_step_s": 0.0565,
+           "params": {"gpus": 4, "task": "train"}, "median": 3162.0,
+           "resources": {"disk_read_mb_per_s": 1494.0, "disk_busy": 1.0,
+                         "disk_ceiling": {"mb_per_s": 1872.7, "pattern": "rand_116k_qd256"}, "cpu_busy": 0.68,
+                         "cores": 64, "wait_share": 0.175, "any_rank_wait_share": 0.43}}
+    found = limit(row)
+    assert found["resource"] is None
+    assert found["text"].endswith("(disk: 1.49 of 1.87 GB/s; CPU: 68% of 64 cores busy): the loader itself limits "
+                                  "this run: its reads kept the disk busy 100% of the time but came too few at once "
+                                  "to reach the ceiling measured at qd256; more workers a rank keep more reads in "
+                                  "flight")
+    idle = {**row, "resources": {**row["resources"], "disk_busy": 0.7}}
+    assert limit(idle)["text"].endswith("the loader itself limits this run, not the disk")
+    full = {**row, "resources": {**row["resources"], "disk_read_mb_per_s": 1800.0}}
+    assert limit(full)["resource"] == "disk" and "too few at once" not in limit(full)["text"]
 
 
 def test_a_row_of_ranks_fed_unevenly_says_so():
