@@ -304,7 +304,7 @@ def _tier_fed(formats: dict[str, dict[int, float]]) -> tuple[int, dict[int, tupl
     from the format that did best there: a format measured with 4 GPUs only does not feed 4 where 3 missed from
     every format measured with 3, nor does a format that missed with 3 feed 4 because another format fed 3. The
     tier's answer is the format whose counts reach furthest (on a tie, the one measured with more counts
-    itself)."""
+    itself, then the one with the higher AU at the answer's count)."""
     best: dict[int, tuple[float, str]] = {}
     for fmt, aus in formats.items():
         for n, au in aus.items():
@@ -314,8 +314,8 @@ def _tier_fed(formats: dict[str, dict[int, float]]) -> tuple[int, dict[int, tupl
     for fmt, aus in formats.items():
         counts = {**best, **{n: (au, fmt) for n, au in aus.items()}}
         most, _ = _fed_up_to({n: au for n, (au, _f) in counts.items()})
-        answers.append((most, len(aus), counts))
-    most, _own, counts = max(answers, key=lambda a: a[:2])
+        answers.append((most, len(aus), counts[most][0] if most else 0.0, counts))
+    most, _own, _au, counts = max(answers, key=lambda a: a[:3])
     return most, counts
 
 

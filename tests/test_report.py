@@ -529,7 +529,7 @@ def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
     earlier = [r for r in load_results(path)  # the sessions this is about
                if not any(s in str(r.get("call")) for s in ("session 11", "session 12", "session 13", "session 14",
-                                                             "session 16", "session 17"))]
+                                                             "session 16", "session 17", "session 18"))]
     text = report.render_markdown(report.build_report(earlier), str(tmp_path / "r"), "r")
     fed = text.split("## The answer")[1]
     line = next(row for row in fed.splitlines() if row.startswith("| resnet50 | train | NVIDIA H200 | local | recordio |"))
@@ -603,7 +603,7 @@ def test_gpus_fed_names_each_counts_configuration(tmp_path):
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
-    rows = [r for r in load_results(path) if not any(s in str(r.get("call")) for s in ("session 16", "session 17"))]
+    rows = [r for r in load_results(path) if not any(s in str(r.get("call")) for s in ("session 16", "session 17", "session 18"))]
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "r"), "r")
     fed = fed.split("## The answer")[1]
     line = next(row for row in fed.splitlines() if row.startswith("| resnet50 | train | NVIDIA H200 | local | recordio |"))
@@ -624,7 +624,7 @@ def test_four_h200s_counted_three_ranks_from_the_cpu_workers_decoding_boxes_alon
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
-    rows = [r for r in load_results(path) if "session 17" not in str(r.get("call"))]
+    rows = [r for r in load_results(path) if not any(s in str(r.get("call")) for s in ("session 17", "session 18"))]
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "r"), "r")
     fed = fed.split("## The answer")[1]
     assert ("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 99.0% (cpu; loop's rate), 2: 96.7% (cpu, "
@@ -638,7 +638,7 @@ def test_four_h200s_counted_three_ranks_from_the_cpu_workers_decoding_boxes_alon
 
 
 def test_four_h200s_three_ranks_fed_by_default_and_four_short_of_the_disk(tmp_path):
-    """Four H200s (results/gpu-ranks-h200x4.jsonl, every session): session 17's counted run of 3 ranks by default
+    """Four H200s (results/gpu-ranks-h200x4.jsonl, sessions up to 17): session 17's counted run of 3 ranks by default
     (the CPU path, 20 workers, boxes alone) fed 0.937 a rank, so the disk feeds 3 from recordio; lmdb's one
     uncounted 4-rank run (0.928, the loop's rate) does not make it 4, since lmdb missed with 3 (0.850). The 4 ranks'
     best counted run (28 workers a rank, asked) says the disk at 1.87 of its 1.94 GB/s, and that at that ceiling
@@ -646,14 +646,16 @@ def test_four_h200s_three_ranks_fed_by_default_and_four_short_of_the_disk(tmp_pa
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
-    fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    rows = [r for r in load_results(path) if "session 18" not in str(r.get("call"))]
+    fed = report.render_markdown(report.build_report(rows), str(tmp_path / "r"), "r")
     fed = fed.split("## The answer")[1]
     assert "local feeds **3** NVIDIA H200s training resnet50 (from recordio), measured with 1, 2, 3, 4 GPUs;" in fed
     assert ("| recordio | 3 | 1: 99.0% (cpu; loop's rate), 2: 96.7% (cpu, read-ahead), 3: 93.7% (cpu, read-ahead, "
             "region decode), 4: 75.5% (cpu, read-ahead, region decode, 28 workers) | disk: 1.87 of 1.94 GB/s (the "
             "workers made 3,443 img/s over the timed steps and the loop took 4,555, the rest from batches made before "
             "them); even read at its ceiling (1.94 GB/s) the disk feeds each of 4 ranks at most 89.8% AU: 4 x 4,560 "
-            "img/s of 118 KB records need 2.15 GB/s |") in fed
+            "img/s of 118 KB records need 2.15 GB/s; records of 106 KB or less would need no more than its ceiling "
+            "(`gpufeed convert ... --resize 256` stores each photo's shorter side at 256) |") in fed
     assert "| lmdb | 0 | 3: 85.0% (cpu, read-ahead, region decode), 4: 92.8% (hybrid" in fed
 
 
@@ -669,6 +671,29 @@ def test_a_tier_feeds_what_one_format_fed_at_every_count_up_to_it():
     assert _tier_fed({"recordio": {1: 0.99, 2: 0.8}, "lmdb": {2: 0.95}}) == (2, {1: (0.99, "recordio"),
                                                                                  2: (0.95, "lmdb")})
     assert _tier_fed({"tfrecord": {2: 0.5}})[0] == 0
+    # Two formats measured with 4 only, both fed: the answer names the one that fed better there.
+    rows = {"recordio": {1: 0.99, 2: 0.967, 3: 0.937, 4: 0.755}, "lmdb (--resize 256)": {4: 0.979},
+            "recordio (--resize 256)": {4: 0.999}}
+    assert _tier_fed(rows) == (4, {1: (0.99, "recordio"), 2: (0.967, "recordio"), 3: (0.937, "recordio"),
+                                   4: (0.999, "recordio (--resize 256)")})
+
+
+def test_four_h200s_fed_from_records_stored_at_256(tmp_path):
+    """Four H200s (results/gpu-ranks-h200x4.jsonl, every session): session 18's 4 ranks by default (the CPU workers,
+    15 a rank, boxes alone) from records stored at 256 (52 KB) fed every rank 0.98-1.00 from each format, where the
+    captured 118 KB records fed 0.698 on the same host with the disk 100% busy. The disk then feeds 4, the 4th
+    count from the stored size that fed it, and the captured rows say what size would fit the disk."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
+    fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
+    fed = fed.split("## The answer")[1]
+    assert ("local feeds **4** NVIDIA H200s training resnet50 (from recordio (--resize 256)), measured with 1, 2, 3 "
+            "GPUs from recordio and 4 from recordio (--resize 256);") in fed
+    for fmt, au in (("recordio", "99.9"), ("lmdb", "97.9"), ("tfrecord", "99.8")):
+        assert f"| local | {fmt} (--resize 256) | 4 | 4: {au}% (cpu, read-ahead, region decode) | - |" in fed
+    assert ("the loader itself limits this run: its reads kept the disk busy 100% of the time but came too few at "
+            "once to reach the ceiling measured at qd256") in fed
 
 
 def test_two_h200s_fed_from_the_cpu_workers_decoding_boxes_alone(tmp_path):
