@@ -50,6 +50,8 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     assert "ray_shards" not in timeline and "shards_converted_before_ray" not in timeline
     # The driver's commits, and the part of them spent waiting for the .rec's fsyncs (LMDB syncs as it writes).
     assert 0 < timeline["driver_commit_sync_s"] <= timeline["driver_commit_s"], timeline
+    # And the commit threads' own CPU time within them (the copies and hashing; waits excluded).
+    assert 0 < timeline["driver_commit_cpu_s"] <= timeline["driver_commit_s"] + 0.01, timeline
     assert tree_bytes(out) == tree_bytes(ref)
     verify(out)
     assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines

@@ -783,6 +783,8 @@ def table(rows: list[dict]) -> str:
             if "driver_commit_sync_s" in line:
                 split += (f"; the driver committed {line['driver_commit_s']} s, {line['driver_commit_sync_s']} s of it "
                           "waiting for fsyncs")
+                if "driver_commit_cpu_s" in line:
+                    split += f", {line['driver_commit_cpu_s']} s of it on a core"
             waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
                      for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
             if waits:
