@@ -21,8 +21,9 @@
 #     makes about 6 batches in the whole run, 2 before the first step: results/gpu-ranks-h200x4.txt, session 17.
 #     The build takes ~80 s.)
 #   DATA=/tmp/gpufeed-ranks-r256 DATASET_ARGS="--resize 256" N=300000 TRAIN_STEPS=200 WARMUP_STEPS=40 \
-#     STEPS="4:train:auto 4:train:cpu:-:on" ...   (training from records stored as ImageNet is usually prepared:
-#     shorter side 256, JPEG q95: ~48 KB a photo against 118 KB captured, under half the pixels to decode)
+#     STEPS="4:train:auto 4:train:hybrid" ...   (training from records stored as ImageNet is usually prepared:
+#     shorter side 256, JPEG q95: 52 KB a photo against 118 KB captured, under half the pixels to decode; session
+#     18: auto (the CPU path for 4 ranks) 0.979-0.999 from the three formats, hybrid 0.871; the build ~90 s a format)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-$PWD/out} N=${N:-96000} FORMATS=${FORMATS:-recordio}
