@@ -25,7 +25,7 @@ Where the JPEGs are decoded (``decode``):
   engines' batches are timed as they run beside the model). :func:`hybrid_split`, docs/loader.md.
 * ``auto`` (the default): ``cpu`` for training where each rank on the node gets 28 workers or more by default
   (enough to feed an H200 training ResNet-50: one rank on 28 cores, 2 ranks on 64), or 15 where the workers decode
-  only each crop's box and at most 3 ranks share the node (:func:`cpu_carries`), or where no GPU has JPEG
+  only each crop's box and at most 4 ranks share the node (:func:`cpu_carries`), or where no GPU has JPEG
   engines; else ``hybrid`` (:func:`choose_decode`; ``Loader.decode_reason`` says why), inference always (its
   demand outruns the CPU workers).
   Raw pixels, CIFAR's and token ids always go the ``cpu`` way. The DataLoader workers per rank are the rank's
