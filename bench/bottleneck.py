@@ -132,18 +132,23 @@ def disk_bound(row: dict) -> dict | None:
             "alone_per_s": alone}
 
 
-def bound_text(bound: dict, record_bytes: float) -> str:
-    """:func:`disk_bound` in words."""
+def bound_text(bound: dict, record_bytes: float, params: dict | None = None) -> str:
+    """:func:`disk_bound` in words; for images stored larger than :data:`SMALLER` keeps them (the row's
+    ``params``: as captured, or resized to a longer side), the option that stores them so."""
     ranks = bound["ranks"]
     who = "one rank" if ranks == 1 else f"each of {ranks} ranks"
     demand = (f"{ranks} x " if ranks > 1 else "") + f"{bound['alone_per_s']:,.0f} img/s"
     at_most = math.floor(bound["au"] * 1000) / 10  # rounded down: 0.8996 is not "90%"
     # The stored size at which the same demand needs no more than the ceiling, rounded down.
     fits = math.floor(record_bytes * bound["au"] / 1e3)
+    p = params or {}
+    smaller = int(SMALLER.split()[-1])
+    how = (f" (`gpufeed convert ... {SMALLER}` stores each photo's shorter side at {smaller})"
+           if p.get("image_size") and not p.get("store") and (p.get("resize") or smaller + 1) > smaller else "")
     return (f"even read at its ceiling ({bound['ceiling_mb_per_s'] / 1e3:.2f} GB/s) the disk feeds {who} at most "
             f"{at_most:.1f}% AU: {demand} of {record_bytes / 1e3:.0f} KB records need "
             f"{bound['need_mb_per_s'] / 1e3:.2f} GB/s; records of {fits} KB or less would need no more than its "
-            f"ceiling (`gpufeed convert ... {SMALLER}` stores each photo's shorter side at 256)")
+            f"ceiling{how}")
 
 
 def limit(row: dict) -> dict | None:
@@ -161,7 +166,7 @@ def limit(row: dict) -> dict | None:
         found = {**found, "text": f"{found['text']}; {uneven}"}
     bound = disk_bound(row)
     if bound is not None and bound["au"] < MISSED:
-        found = {**found, "text": f"{found['text']}; {bound_text(bound, row['record_bytes'])}"}
+        found = {**found, "text": f"{found['text']}; {bound_text(bound, row['record_bytes'], row.get('params'))}"}
     return found
 
 

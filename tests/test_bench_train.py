@@ -757,18 +757,24 @@ def test_a_row_says_where_even_the_disks_ceiling_would_not_feed_its_ranks():
     from gpufeed.bench.bottleneck import disk_bound, limit
 
     row = {"metrics": {"au": {"median": 0.574}, "step_ms": {"median": 97.0}}, "compute_step_s": 0.0563,
-           "params": {"gpus": 4, "task": "train", "cold": True}, "median": 0.574 * 4532.0, "record_bytes": 118_100,
+           "params": {"gpus": 4, "task": "train", "cold": True, "image_size": 224}, "median": 0.574 * 4532.0,
+           "record_bytes": 118_100,
            "total_per_s": 4 * 0.574 * 4532.0,
            "resources": {"disk_read_mb_per_s": 1160.0, "disk_ceiling": {"mb_per_s": 1660.0}, "cpu_busy": 0.65,
                          "cores": 64, "wait_share": 0.16, "any_rank_wait_share": 0.48}}
     assert disk_bound(row)["au"] == pytest.approx(1660 / (4 * 4532 * 0.1181))
     found = limit(row)
     assert found["resource"] is None
-    # And what stored size would do: 118.1 KB x 0.775 (rounded down), with the option that stores photos smaller.
+    # And what stored size would do: 118.1 KB x 0.775 (rounded down), with the option that stores the photos so.
     assert found["text"].endswith("the loader itself limits this run, not the disk; even read at its ceiling (1.66 "
                                   "GB/s) the disk feeds each of 4 ranks at most 77.5% AU: 4 x 4,532 img/s of 118 KB "
                                   "records need 2.14 GB/s; records of 91 KB or less would need no more than its "
                                   "ceiling (`gpufeed convert ... --resize 256` stores each photo's shorter side at 256)")
+    # Records already stored at 256 or smaller, stored another way, or not images: the size alone, no option.
+    for stored in ({"resize": 256}, {"resize": 160}, {"store": "--size 224x224 --center-crop"}, {"image_size": None}):
+        text = limit({**row, "params": {**row["params"], **stored}})["text"]
+        assert text.endswith("records of 91 KB or less would need no more than its ceiling"), stored
+    assert "--resize 256" in limit({**row, "params": {**row["params"], "resize": 320}})["text"]
     edge = {**row, "resources": {**row["resources"], "disk_ceiling": {"mb_per_s": 0.8999 * 2140.8}}}
     assert "at most 89.9% AU" in limit(edge)["text"]
     one = {**row, "params": {**row["params"], "gpus": 1}, "total_per_s": row["median"],
