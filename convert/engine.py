@@ -98,6 +98,8 @@ class _Clock:
     def __init__(self):
         self.t0 = time.perf_counter()
         self.epoch = time.time()
+        # The driver's CPU time: its main thread's (made on the thread that runs convert()), and every thread's.
+        self.cpu0 = (time.thread_time(), time.process_time())
         self.marks = {}
         # commit_sync: the part of commit spent waiting for the sinks' output to reach the disk (SplitSink.sync_s);
         # commit_cpu: the commit threads' own CPU time in their commits, the kernel's copies included (the rest of
@@ -127,6 +129,10 @@ class _Clock:
         if first_started is not None:
             out["first_shard_started"] = round(first_started - self.epoch, 3)
         out.update({f"driver_{k}_s": round(v, 3) for k, v in self.busy.items()})
+        # Read on the thread that made the clock: the main thread's CPU apart from the commit threads' and the
+        # pool's (the rest of driver_cpu_s).
+        out["driver_main_cpu_s"] = round(time.thread_time() - self.cpu0[0], 3)
+        out["driver_cpu_s"] = round(time.process_time() - self.cpu0[1], 3)
         out["total"] = round(time.perf_counter() - self.t0, 3)
         return out
 

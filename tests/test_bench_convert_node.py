@@ -70,7 +70,9 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert "of the limit runs either side" in text
     assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
     assert "| convert (standing Ray) recordio |" in text
-    assert "s of it waiting for fsyncs, " in text and " s of it on a core" in text  # the commits: copying, apart from waiting
+    # The commits: copying, apart from waiting; and the driver's CPU, its main thread's apart.
+    assert "s of it waiting for fsyncs, " in text and " s of it on a core" in text
+    assert "; the driver's CPU " in text and " s, its main thread's " in text
     assert "| limit writing 1 copy, 1 processes |" in text and "of the limit writing as many copies" in text
     capsys.readouterr()
     main(["--table", str(results)])

@@ -52,6 +52,9 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     assert 0 < timeline["driver_commit_sync_s"] <= timeline["driver_commit_s"], timeline
     # And the commit threads' own CPU time within them (the copies and hashing; waits excluded).
     assert 0 < timeline["driver_commit_cpu_s"] <= timeline["driver_commit_s"] + 0.01, timeline
+    # The driver's CPU: the main thread's, within every thread's (the commits' among them).
+    assert 0 < timeline["driver_main_cpu_s"] <= timeline["driver_cpu_s"], timeline
+    assert timeline["driver_main_cpu_s"] + timeline["driver_commit_cpu_s"] <= timeline["driver_cpu_s"] + 0.05
     assert tree_bytes(out) == tree_bytes(ref)
     verify(out)
     assert "\x1b[" not in stderr + stdout  # no raw (coloured) Ray lines

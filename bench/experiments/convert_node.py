@@ -785,6 +785,9 @@ def table(rows: list[dict]) -> str:
                           "waiting for fsyncs")
                 if "driver_commit_cpu_s" in line:
                     split += f", {line['driver_commit_cpu_s']} s of it on a core"
+            if "driver_cpu_s" in line:
+                split += (f"; the driver's CPU {line['driver_cpu_s']} s, its main thread's "
+                          f"{line['driver_main_cpu_s']} s")
             waits = [f"{where} {line[f'{where}_read_ms_per_sample']} / {line[f'{where}_close_ms_per_sample']}"
                      for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
             if waits:
