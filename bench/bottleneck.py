@@ -104,6 +104,7 @@ def resources(row: dict, ceiling: dict | None, engines_per_s: float | None, core
             decodes["gpu"] = rate
     node_cpu = decodes["cpu"] * int(p.get("gpus") or 1) if "cpu" in decodes else None
     out = {"disk_read_mb_per_s": median("disk_read_mb_per_s"), "disk_busy": median("disk_busy"),
+           "disk_reads_in_flight": median("disk_reads_in_flight"), "disk_read_request_kb": median("disk_read_request_kb"),
            "disk_ceiling": ceiling, "cpu_busy": median("cpu_busy"), "cores": cores,
            "decodes_per_s": decodes, "engines_per_s": engines_per_s if "hw" in decodes else None,
            "node_cpu_decodes_per_s": node_cpu, "cpu_decode_ceiling": cpu_decode if node_cpu else None,
@@ -291,19 +292,47 @@ def _limit(row: dict) -> dict | None:
                                         f"feeding; {what}, so a faster disk would not help"}
 
 
+#: A disk busy this share of the time read its ceiling's way only where its reads in flight reached this share of
+#: the ceiling's queue depth, and its requests this share of the ceiling's request size.
+SHALLOW = 0.5
+SMALL_REQUESTS = 0.75
+
+
+def _ceiling_shape(pattern: str | None) -> tuple[float | None, int | None]:
+    """(request KB, queue depth) of a ceiling's ``pattern`` (``rand_116k_qd256``: 116 KB reads, 256 in flight)."""
+    size = depth = None
+    for part in (pattern or "").split("_"):
+        if part.startswith("qd") and part[2:].isdigit():
+            depth = int(part[2:])
+        elif part.endswith("k") and part[:-1].isdigit():
+            size = float(part[:-1]) * 1.024  # KiB to KB
+    return size, depth
+
+
 def _loader_verdict(r: dict, found: list) -> str:
     """Whom :func:`limit` names for a run that waited for its batches with no resource at its ceiling: the loader.
-    Where the disk was busy :data:`NEAR` of the time or more while it read under its ceiling (measured at a deeper
-    queue), the loader's reads came too few at once to reach that ceiling: the disk was the limit at the depth the
-    loader read, which more reads in flight raise (4 H200s on 64 cores: 15 workers a rank read 1.52 of 1.94 GB/s,
-    28 read 1.87; results/gpu-ranks-h200x4.txt, session 17)."""
+    Where the disk was busy :data:`NEAR` of the time or more while it read under its ceiling, the disk was the
+    limit at the way the loader read: what the row measured of that way is said against the ceiling's (the reads
+    in flight on average, :data:`SHALLOW`; their mean size, :data:`SMALL_REQUESTS`). 4 H200s on 64 cores: 15
+    workers a rank read 1.52 of 1.94 GB/s, 28 read 1.87 (results/gpu-ranks-h200x4.txt, session 17)."""
     busy, disk = r.get("disk_busy"), r.get("disk_read_mb_per_s")
     if busy is None or busy < NEAR or not disk or any(name == "disk" for name, _ in found):
         return "the loader itself limits this run, not the disk"
     pattern = (r.get("disk_ceiling") or {}).get("pattern")
-    depth = f" at {pattern.rsplit('_', 1)[-1]}" if pattern else ""
-    return (f"the loader itself limits this run: its reads kept the disk busy {busy:.0%} of the time but came too "
-            f"few at once to reach the ceiling measured{depth}; more workers a rank keep more reads in flight")
+    size, depth = _ceiling_shape(pattern)
+    measured = f" at {pattern.rsplit('_', 1)[-1]}" if depth else ""
+    kept = f"the loader itself limits this run: its reads kept the disk busy {busy:.0%} of the time"
+    in_flight, request = r.get("disk_reads_in_flight"), r.get("disk_read_request_kb")
+    if in_flight is None or request is None:  # rows before 2026-11-27's session 18 measured neither
+        return (f"{kept} below the ceiling measured{measured}: they came fewer at once or smaller than that "
+                "measurement's")
+    said = f"{in_flight:.0f} reads in flight on average, of {request:.0f} KB"
+    if depth and in_flight < SHALLOW * depth:
+        return (f"{kept} with {said}, too few at once to reach the ceiling measured{measured}; more workers a rank "
+                "keep more reads in flight")
+    if size and request < SMALL_REQUESTS * size:
+        return f"{kept} with {said}, smaller than the ceiling's {size:.0f} KB reads"
+    return f"{kept} with {said}, near the ceiling's depth and size, yet below it"
 
 
 def _steps(row: dict, r: dict, ahead: int | None, paced: float | None, reduced: bool) -> str:

@@ -227,15 +227,29 @@ def _stat_file(path: str) -> str | None:
 
 def disk_counters(path: str) -> dict[str, int] | None:
     """What the block device holding ``path`` has done since boot: bytes read from it and written to it (what
-    reached the device, not what processes asked of the page cache), and the milliseconds it was busy with
-    requests in flight. Two readings give the device's work in between; ``None`` where no device is found."""
+    reached the device, not what processes asked of the page cache), the milliseconds it was busy with requests
+    in flight, the reads it completed and the milliseconds they took, summed over the reads (so, between two
+    readings, that sum over the time between them is the reads in flight on average). Two readings give the
+    device's work in between; ``None`` where no device is found."""
     stat = _stat_file(path)
     text = _read_sys(stat) if stat else None
     if not text:
         return None
     f = [int(x) for x in text.split()]
     # Documentation/block/stat.rst: sectors are 512 bytes whatever the device's own sector size.
-    return {"read_bytes": f[2] * 512, "written_bytes": f[6] * 512, "busy_ms": f[9]}
+    return {"read_bytes": f[2] * 512, "written_bytes": f[6] * 512, "busy_ms": f[9], "reads": f[0],
+            "read_ms": f[3]}
+
+
+def read_depth(before: dict, after: dict, seconds: float) -> dict[str, float]:
+    """Between two :func:`disk_counters` readings ``seconds`` apart: the device's reads in flight on average
+    (``disk_reads_in_flight``, Little's law: the reads' summed time over the wall time) and their mean size
+    (``disk_read_request_kb``); empty where it completed no read."""
+    reads = after.get("reads", 0) - before.get("reads", 0)
+    if reads <= 0 or seconds <= 0 or "read_ms" not in after or "read_ms" not in before:
+        return {}
+    return {"disk_reads_in_flight": (after["read_ms"] - before["read_ms"]) / 1e3 / seconds,
+            "disk_read_request_kb": (after["read_bytes"] - before["read_bytes"]) / reads / 1e3}
 
 
 def disk_delta(before: dict | None, after: dict | None, seconds: float) -> dict[str, Any]:
@@ -272,7 +286,7 @@ class ResourceWindow:
     """What the machine's shared resources did during a timed window: the bytes the block device holding
     ``path`` read (what reached the device, not the page cache), its busy share, and the share of every core
     that was busy. :meth:`stop` returns ``disk_read_mb_per_s``, ``disk_read_bytes``, ``disk_busy`` (fractions of
-    the window), ``cpu_busy``, ``main_thread_busy`` (the share of the window this process's main thread ran,
+    the window), the reads in flight on average and their mean size (:func:`read_depth`), ``cpu_busy``, ``main_thread_busy`` (the share of the window this process's main thread ran,
 :func:`thread_cpu_seconds`) and ``main_thread_waited`` (the share it was ready to run but waited for a core,
 :func:`gpufeed.machine.run_queue_seconds`: a training loop's thread that waits there launches the model's work
 late); each is left out where the kernel does not say. With ``gpu`` (nvidia-smi's name for one GPU,
@@ -295,7 +309,8 @@ late); each is left out where the kernel does not say. With ``gpu`` (nvidia-smi'
         if disk and seconds > 0:
             read = disk["read_bytes"] - self.disk["read_bytes"]
             out.update(disk_read_bytes=read, disk_read_mb_per_s=read / seconds / 1e6,
-                       disk_busy=min((disk["busy_ms"] - self.disk["busy_ms"]) / 1e3 / seconds, 1.0))
+                       disk_busy=min((disk["busy_ms"] - self.disk["busy_ms"]) / 1e3 / seconds, 1.0),
+                       **read_depth(self.disk, disk, seconds))
         busy, total = cpu_ticks()
         if total > self.cpu[1]:
             out["cpu_busy"] = (busy - self.cpu[0]) / (total - self.cpu[1])

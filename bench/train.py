@@ -66,6 +66,7 @@ CUDA_WARMUP_S = 2.0
 _UNITS = {"images_per_s": "img/s", "au": "fraction", "data_wait_p50_ms": "ms", "data_wait_p99_ms": "ms",
           "data_wait_share": "fraction", "step_ms": "ms", "cpu_share": "fraction", "cpu_cores": "cores",
           "loader_mem_mb": "MB", "disk_read_mb_per_s": "MB/s", "disk_read_bytes": "bytes", "disk_busy": "fraction",
+          "disk_reads_in_flight": "reads", "disk_read_request_kb": "KB",
           "cpu_busy": "fraction", "main_thread_busy": "fraction", "main_thread_waited": "fraction",
           "gpu_busy": "fraction", "gpu_sm_mhz": "MHz", "paced_share": "fraction", "made_per_s": "img/s",
           "taken_per_s": "img/s", "au_taken": "fraction"}

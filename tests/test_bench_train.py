@@ -801,10 +801,21 @@ def test_a_disk_kept_busy_below_its_ceiling_says_the_loaders_reads_came_too_few_
                          "cores": 64, "wait_share": 0.175, "any_rank_wait_share": 0.43}}
     found = limit(row)
     assert found["resource"] is None
+    # A row before the reads in flight were measured: fewer at once or smaller, not which.
     assert found["text"].endswith("(disk: 1.49 of 1.87 GB/s; CPU: 68% of 64 cores busy): the loader itself limits "
-                                  "this run: its reads kept the disk busy 100% of the time but came too few at once "
-                                  "to reach the ceiling measured at qd256; more workers a rank keep more reads in "
-                                  "flight")
+                                  "this run: its reads kept the disk busy 100% of the time below the ceiling "
+                                  "measured at qd256: they came fewer at once or smaller than that measurement's")
+    # Measured: 48 reads in flight against the ceiling's 256, of 118 KB: too few at once.
+    def said(in_flight, request_kb):
+        return limit({**row, "resources": {**row["resources"], "disk_reads_in_flight": in_flight,
+                                           "disk_read_request_kb": request_kb}})["text"]
+    assert said(48.3, 118.2).endswith("the loader itself limits this run: its reads kept the disk busy 100% of the "
+                                      "time with 48 reads in flight on average, of 118 KB, too few at once to reach "
+                                      "the ceiling measured at qd256; more workers a rank keep more reads in flight")
+    assert said(200.0, 60.0).endswith("with 200 reads in flight on average, of 60 KB, smaller than the ceiling's "
+                                      "119 KB reads")
+    assert said(200.0, 118.0).endswith("with 200 reads in flight on average, of 118 KB, near the ceiling's depth "
+                                       "and size, yet below it")
     idle = {**row, "resources": {**row["resources"], "disk_busy": 0.7}}
     assert limit(idle)["text"].endswith("the loader itself limits this run, not the disk")
     full = {**row, "resources": {**row["resources"], "disk_read_mb_per_s": 1800.0}}

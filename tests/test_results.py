@@ -108,3 +108,28 @@ def test_a_window_samples_the_gpu_nvidia_smi_names_and_stops_its_sampler(tmp_pat
     assert proc.poll() is not None
     args = (tmp_path / "args").read_text().split()
     assert args[args.index("-i") + 1] == "00000000:1B:00.0" and "--query-gpu=utilization.gpu,clocks.sm" in args
+
+
+def test_a_window_says_the_reads_in_flight_and_their_size_from_the_devices_counters(tmp_path):
+    """Little's law on the block device's counters: 1,000 reads of 118 KB that took 96 s together over 2 s of wall
+    time were 48 in flight on average. The counters are this machine's own (/sys/block/*/stat) where the tests'
+    folder is on a block device, and a window over them gives both figures or, with no read, neither."""
+    import os
+
+    from gpufeed.bench.results import ResourceWindow, disk_counters, read_depth
+
+    before = {"read_bytes": 0, "reads": 0, "read_ms": 0}
+    after = {"read_bytes": 1000 * 118_000, "reads": 1000, "read_ms": 96_000}
+    assert read_depth(before, after, 2.0) == {"disk_reads_in_flight": pytest.approx(48.0),
+                                              "disk_read_request_kb": pytest.approx(118.0)}
+    assert read_depth(before, before, 2.0) == {} and read_depth({"read_bytes": 0}, after, 2.0) == {}
+    counters = disk_counters(str(tmp_path))
+    if counters is None:
+        pytest.skip("the tests' folder is on no block device here")
+    assert counters["reads"] >= 0 and counters["read_ms"] >= 0
+    window = ResourceWindow(str(tmp_path))
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(1 << 20))
+    got = window.stop()
+    assert "disk_busy" in got
+    assert ("disk_reads_in_flight" in got) == ("disk_read_request_kb" in got)
