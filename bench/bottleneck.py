@@ -33,10 +33,10 @@ COLD_DEVICE_SHARE = 0.5
 #: more than this share over what they made: it ate into the batches they made before (two a worker), and its
 #: rate and AU are what the workers made (:class:`gpufeed.bench.train_loop.LoopRun`).
 BEHIND = 0.02
-#: How a row whose records the disk could not feed says to store them smaller: on 4 H200s training from 64 cores,
-#: records stored so (52 KB from 118 KB captured) fed every rank at 0.98-1.00 AU from each format where the captured
-#: ones could not pass 0.875 (results/gpu-ranks-h200x4.txt, session 18).
-SMALLER = "--resize 256"
+#: The shorter side (``--resize``) a row whose records the disk could not feed says to store them at: on 4 H200s
+#: training from 64 cores, records stored so (52 KB from 118 KB captured) fed every rank at 0.98-1.00 AU from each
+#: format where the captured ones could not pass 0.875 (results/gpu-ranks-h200x4.txt, session 18).
+SMALLER = 256
 #: :func:`limit`'s resource for a run whose loop got its batches in time and lost its AU in its own steps, which
 #: ran slower than the model alone beside the loader's work on the same node (its workers, its decoder threads and
 #: the GPU's JPEG engines; 4 H200s, results/gpu-ranks-h200x4.txt).
@@ -143,9 +143,9 @@ def bound_text(bound: dict, record_bytes: float, params: dict | None = None) -> 
     # The stored size at which the same demand needs no more than the ceiling, rounded down.
     fits = math.floor(record_bytes * bound["au"] / 1e3)
     p = params or {}
-    smaller = int(SMALLER.split()[-1])
-    how = (f" (`gpufeed convert ... {SMALLER}` stores each photo's shorter side at {smaller})"
-           if p.get("image_size") and not p.get("store") and (p.get("resize") or smaller + 1) > smaller else "")
+    larger = p.get("image_size") and not p.get("store") and (not p.get("resize") or p["resize"] > SMALLER)
+    how = (f" (`gpufeed convert ... --resize {SMALLER}` stores each photo's shorter side at {SMALLER})"
+           if larger else "")
     return (f"even read at its ceiling ({bound['ceiling_mb_per_s'] / 1e3:.2f} GB/s) the disk feeds {who} at most "
             f"{at_most:.1f}% AU: {demand} of {record_bytes / 1e3:.0f} KB records need "
             f"{bound['need_mb_per_s'] / 1e3:.2f} GB/s; records of {fits} KB or less would need no more than its "
@@ -298,17 +298,6 @@ SHALLOW = 0.5
 SMALL_REQUESTS = 0.75
 
 
-def _ceiling_shape(pattern: str | None) -> tuple[float | None, int | None]:
-    """(request KB, queue depth) of a ceiling's ``pattern`` (``rand_116k_qd256``: 116 KB reads, 256 in flight)."""
-    size = depth = None
-    for part in (pattern or "").split("_"):
-        if part.startswith("qd") and part[2:].isdigit():
-            depth = int(part[2:])
-        elif part.endswith("k") and part[:-1].isdigit():
-            size = float(part[:-1]) * 1.024  # KiB to KB
-    return size, depth
-
-
 def _loader_verdict(r: dict, found: list) -> str:
     """Whom :func:`limit` names for a run that waited for its batches with no resource at its ceiling: the loader.
     Where the disk was busy :data:`NEAR` of the time or more while it read under its ceiling, the disk was the
@@ -318,9 +307,11 @@ def _loader_verdict(r: dict, found: list) -> str:
     busy, disk = r.get("disk_busy"), r.get("disk_read_mb_per_s")
     if busy is None or busy < NEAR or not disk or any(name == "disk" for name, _ in found):
         return "the loader itself limits this run, not the disk"
-    pattern = (r.get("disk_ceiling") or {}).get("pattern")
-    size, depth = _ceiling_shape(pattern)
-    measured = f" at {pattern.rsplit('_', 1)[-1]}" if depth else ""
+    from gpufeed.bench.hostdisk import pattern_shape
+
+    request_bytes, depth = pattern_shape((r.get("disk_ceiling") or {}).get("pattern"))
+    size = request_bytes / 1e3 if request_bytes else None
+    measured = f" at qd{depth}" if depth else ""
     kept = f"the loader itself limits this run: its reads kept the disk busy {busy:.0%} of the time"
     in_flight, request = r.get("disk_reads_in_flight"), r.get("disk_read_request_kb")
     if in_flight is None or request is None:  # rows before 2026-11-27's session 18 measured neither

@@ -138,6 +138,18 @@ def random_pattern(request_bytes: int, queue_depth: int) -> str:
     return f"rand_{request_bytes // KiB}k_qd{queue_depth}"
 
 
+def pattern_shape(pattern: str | None) -> tuple[int | None, int | None]:
+    """(request bytes, queue depth) a :func:`random_pattern` name says (``rand_116k_qd256``: 116 KiB reads, 256 in
+    flight), each None where the name does not say it."""
+    size = depth = None
+    for part in (pattern or "").split("_"):
+        if part.startswith("qd") and part[2:].isdigit():
+            depth = int(part[2:])
+        elif part.endswith("k") and part[:-1].isdigit():
+            size = int(part[:-1]) * KiB
+    return size, depth
+
+
 #: Where measured ceilings are kept: a disk's ceiling for one request size and queue depth is measured once per
 #: machine and read back afterwards (``bench train`` asks for it before every grid).
 CEILINGS_FILE = "hostdisk-ceilings.json"

@@ -286,12 +286,13 @@ class ResourceWindow:
     """What the machine's shared resources did during a timed window: the bytes the block device holding
     ``path`` read (what reached the device, not the page cache), its busy share, and the share of every core
     that was busy. :meth:`stop` returns ``disk_read_mb_per_s``, ``disk_read_bytes``, ``disk_busy`` (fractions of
-    the window), the reads in flight on average and their mean size (:func:`read_depth`), ``cpu_busy``, ``main_thread_busy`` (the share of the window this process's main thread ran,
-:func:`thread_cpu_seconds`) and ``main_thread_waited`` (the share it was ready to run but waited for a core,
-:func:`gpufeed.machine.run_queue_seconds`: a training loop's thread that waits there launches the model's work
-late); each is left out where the kernel does not say. With ``gpu`` (nvidia-smi's name for one GPU,
-:func:`gpu_name`), also ``gpu_busy`` (the share of time a kernel ran on it) and ``gpu_sm_mhz`` (its SM clock), as
-:class:`GpuSampler` read them: a GPU that ran kernels less of the time at the same clock went without work."""
+    the window), the reads in flight on average and their mean size (:func:`read_depth`), ``cpu_busy``,
+    ``main_thread_busy`` (the share of the window this process's main thread ran, :func:`thread_cpu_seconds`) and
+    ``main_thread_waited`` (the share it was ready to run but waited for a core,
+    :func:`gpufeed.machine.run_queue_seconds`: a training loop's thread that waits there launches the model's work
+    late); each is left out where the kernel does not say. With ``gpu`` (nvidia-smi's name for one GPU,
+    :func:`gpu_name`), also ``gpu_busy`` (the share of time a kernel ran on it) and ``gpu_sm_mhz`` (its SM clock),
+    as :class:`GpuSampler` read them: a GPU that ran kernels less of the time at the same clock went without work."""
 
     def __init__(self, path: str | None, gpu: str | None = None):
         self.path = path

@@ -202,3 +202,12 @@ def test_every_benchmark_takes_the_formats_the_dataset_holds_unless_told(imagene
         formats_of(partial, "recordio", imagenet_like)
     with pytest.raises(ConfigError, match="unknown parquet"):
         formats_of(info, "parquet", imagenet_like)
+
+
+def test_a_ceiling_patterns_name_says_its_request_size_and_queue_depth():
+    """A disk ceiling's pattern name (what rows keep) reads back as the request size and queue depth it was made
+    from; a name that does not say one gives None for it."""
+    from gpufeed.bench.hostdisk import pattern_shape, random_pattern
+
+    assert pattern_shape(random_pattern(116 * 1024, 256)) == (116 * 1024, 256)
+    assert pattern_shape("seq_1m") == (None, None) and pattern_shape(None) == (None, None)
