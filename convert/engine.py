@@ -102,9 +102,10 @@ class _Clock:
         self.cpu0 = (time.thread_time(), time.process_time())
         self.marks = {}
         # commit_sync: the part of commit spent waiting for the sinks' output to reach the disk (SplitSink.sync_s);
+        # commit_writeback: the part spent starting the writes to the disk (SplitSink.writeback_s);
         # commit_cpu: the commit threads' own CPU time in their commits, the kernel's copies included (the rest of
         # the commit's time waited: for the disk, or for a core while the workers took them all)
-        self.busy = {"commit": 0.0, "commit_sync": 0.0, "commit_cpu": 0.0, "finish": 0.0}
+        self.busy = {"commit": 0.0, "commit_sync": 0.0, "commit_writeback": 0.0, "commit_cpu": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
@@ -749,11 +750,12 @@ def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Cl
             if not batch:
                 break
             st.taken[sink_name] = i
-            synced = sink.sync_s
+            synced, kicked = sink.sync_s, sink.writeback_s
             with clock.timed("commit") if clock else contextlib.nullcontext():
                 committed = sink.commit_many(batch)
             if clock:
                 clock.add("commit_sync", sink.sync_s - synced)
+                clock.add("commit_writeback", sink.writeback_s - kicked)
             first = st.next[sink_name]
             journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
                                   **fields} for k, fields in enumerate(committed)])

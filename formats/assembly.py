@@ -163,6 +163,10 @@ class SplitSink:
         #: Seconds :meth:`commit_many` has waited for its output to reach the disk, where it waits apart from
         #: writing (RecordIO's fsync of each batch); the rest of a commit is the writing.
         self.sync_s = 0.0
+        #: Seconds :meth:`commit_many` spent handing written bytes to the kernel's writeback (RecordIO's
+        #: :func:`start_writeback` after each fragment): the caller's thread submits the writes, and waits where
+        #: the disk's queue is full.
+        self.writeback_s = 0.0
 
     @staticmethod
     def spool_writer(fmt, path: str):
@@ -442,7 +446,9 @@ class RecordIOSink(SplitSink):
             for spool, files in batch:
                 start = rec.tell()
                 fields.append(self._append(spool, files, rec))
+                kicked = time.perf_counter()
                 start_writeback(rec, start, rec.tell() - start)
+                self.writeback_s += time.perf_counter() - kicked
             synced = time.perf_counter()
             fsync_together(self._files.values())
             self.sync_s += time.perf_counter() - synced

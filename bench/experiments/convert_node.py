@@ -783,6 +783,8 @@ def table(rows: list[dict]) -> str:
             if "driver_commit_sync_s" in line:
                 split += (f"; the driver committed {line['driver_commit_s']} s, {line['driver_commit_sync_s']} s of it "
                           "waiting for fsyncs")
+                if "driver_commit_writeback_s" in line:
+                    split += f", {line['driver_commit_writeback_s']} s starting writeback"
                 if "driver_commit_cpu_s" in line:
                     split += f", {line['driver_commit_cpu_s']} s of it on a core"
             if "driver_cpu_s" in line:
