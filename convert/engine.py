@@ -31,7 +31,7 @@ from gpufeed.convert.scheduler import RayStart, Tasks, cap_workers, ray_initiali
 from gpufeed.convert.worker import ShardJob, file_entry, run_shard, stats_shard
 from gpufeed.errors import ConfigError, GpufeedError, OutputError
 from gpufeed.formats.base import PER_SPLIT
-from gpufeed.machine import usable_cores
+from gpufeed.machine import run_queue_seconds, usable_cores
 from gpufeed.pipelines.base import FileRef
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
@@ -103,9 +103,11 @@ class _Clock:
         self.marks = {}
         # commit_sync: the part of commit spent waiting for the sinks' output to reach the disk (SplitSink.sync_s);
         # commit_writeback: the part spent starting the writes to the disk (SplitSink.writeback_s);
-        # commit_cpu: the commit threads' own CPU time in their commits, the kernel's copies included (the rest of
-        # the commit's time waited: for the disk, or for a core while the workers took them all)
-        self.busy = {"commit": 0.0, "commit_sync": 0.0, "commit_writeback": 0.0, "commit_cpu": 0.0, "finish": 0.0}
+        # commit_cpu: the commit threads' own CPU time in their commits, the kernel's copies included;
+        # commit_run_queue: the part they were runnable but waiting for a core (the workers had them all); the
+        # rest of a commit's time waited for the disk or the kernel's locks
+        self.busy = {"commit": 0.0, "commit_sync": 0.0, "commit_writeback": 0.0, "commit_cpu": 0.0,
+                     "commit_run_queue": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
@@ -113,13 +115,15 @@ class _Clock:
 
     @contextlib.contextmanager
     def timed(self, what: str):
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, cpu, queued = time.perf_counter(), time.thread_time(), run_queue_seconds()
         try:
             yield
         finally:
             self.add(what, time.perf_counter() - start)
             if f"{what}_cpu" in self.busy:
                 self.add(f"{what}_cpu", time.thread_time() - cpu)
+            if f"{what}_run_queue" in self.busy and queued is not None:
+                self.add(f"{what}_run_queue", (run_queue_seconds() or queued) - queued)
 
     def add(self, what: str, seconds: float) -> None:
         with self._lock:  # the sinks' commit threads add to it side by side

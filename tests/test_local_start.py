@@ -54,6 +54,8 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     assert 0 <= timeline["driver_commit_writeback_s"] <= timeline["driver_commit_s"] - timeline["driver_commit_sync_s"] + 0.002
     # And the commit threads' own CPU time within them (the copies and hashing; waits excluded).
     assert 0 < timeline["driver_commit_cpu_s"] <= timeline["driver_commit_s"] + 0.01, timeline
+    # And the part they waited for a core.
+    assert 0 <= timeline["driver_commit_run_queue_s"] <= timeline["driver_commit_s"] - timeline["driver_commit_cpu_s"] + 0.01
     # The driver's CPU: the main thread's, within every thread's (the commits' among them).
     assert 0 < timeline["driver_main_cpu_s"] <= timeline["driver_cpu_s"], timeline
     assert timeline["driver_main_cpu_s"] + timeline["driver_commit_cpu_s"] <= timeline["driver_cpu_s"] + 0.05

@@ -787,6 +787,8 @@ def table(rows: list[dict]) -> str:
                     split += f", {line['driver_commit_writeback_s']} s starting writeback"
                 if "driver_commit_cpu_s" in line:
                     split += f", {line['driver_commit_cpu_s']} s of it on a core"
+                if "driver_commit_run_queue_s" in line:
+                    split += f", {line['driver_commit_run_queue_s']} s waiting for one"
             if "driver_cpu_s" in line:
                 split += (f"; the driver's CPU {line['driver_cpu_s']} s, its main thread's "
                           f"{line['driver_main_cpu_s']} s")
