@@ -43,6 +43,17 @@ def start() -> None:
     forkserver.ensure_running()
 
 
+def worker_init(pid: int, nice: int = 0) -> None:
+    """A local process's start: ``nice`` added to its niceness, and its end tied to the driver's
+    (:func:`die_with`)."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:
+            pass  # a niceness is a preference: the process converts all the same
+    die_with(pid)
+
+
 def die_with(pid: int) -> None:
     """End this process as soon as process ``pid`` (the driver) ends, however it ends (``kill -9`` too).
 

@@ -197,3 +197,20 @@ def test_a_stop_ends_the_pools_processes_and_its_thread_before_it_returns():
         assert procs and not any(p.is_alive() for p in procs)
         assert not [t for t in threading.enumerate()
                     if isinstance(t, concurrent.futures.process._ExecutorManagerThread)]
+
+
+def test_the_local_processes_run_below_the_driver_so_its_commits_get_a_core():
+    """The pool's processes add WORKER_NICE to the driver's niceness: the driver's commit thread, which copies every
+    shard into the split's ordered output, then gets a core when it needs one (32 workers on 32 cores kept it
+    waiting 3.9-4.1 s of a 12-14 s commit; results/convert-node-h200x2.txt, session 19)."""
+    import concurrent.futures
+
+    from gpufeed.convert.scheduler import WORKER_NICE, _LocalStart
+
+    local = _LocalStart(1, os.getpriority)
+    try:
+        assert local.submit(os.PRIO_PROCESS, 0)  # the job and its items: getpriority's two arguments
+        (future,) = concurrent.futures.wait(list(local.futures)).done
+        assert future.result() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
+    finally:
+        local.close()

@@ -370,8 +370,9 @@ def test_runs_on_several_gpus_get_their_own_section_and_never_mix_with_one_gpus(
             "with hw decoding, slowest rank at AU 86.1%, 7,289 img/s in all; below 90%: not fed.") in ranks
     assert "| train | 2 | lmdb | local | cold | hw | 3,635 / 3,653 | 86.1% / 86.5% | 86.1% | 7,289 | 2.74 | - |" in ranks
     # The answer's first lines: how many real GPUs each disk fed, from the runs with 1 and 2 ranks.
-    # Before the workers' samples were counted (session 14) and before they decoded boxes alone (session 15).
-    rows = [r for r in rows if not any(s in r.get("call", "") for s in ("session 14", "session 15", "session 16"))]
+    # Before the workers' samples were counted (session 14) and before they decoded boxes alone (session 15; session
+    # 19 measured that default again).
+    rows = [r for r in rows if not any(s in r.get("call", "") for s in ("session 14", "session 15", "session 16", "session 19"))]
     fed = report.render_markdown(report.build_report(rows), str(tmp_path / "f"), "f").split("## The answer")[1]
     # (The one-GPU inference runs of that call read 10-47% of their records from the disk, the rest from the page
     # cache: not cold measurements, so not counted.)
@@ -699,15 +700,24 @@ def test_four_h200s_fed_from_records_stored_at_256(tmp_path):
 def test_two_h200s_fed_from_the_cpu_workers_decoding_boxes_alone(tmp_path):
     """Two H200s on 32 cores (results/gpu-ranks-h200x2.jsonl, every session): since session 15 the default sends
     both ranks' training to the CPU workers, which decode each crop's box alone; the answer for recordio is then 2
-    GPUs, each count's figure naming that setting, and two runs of one configuration count at the lower."""
+    GPUs, each count's figure naming that setting, and two runs of one configuration count at the lower. Session 19
+    measured the default again, further from the start (40 + 120 steps against 10 + 38), its row the best
+    configuration; with it lmdb and tfrecord fed both ranks too (their one-GPU rows are older ones, from hw)."""
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x2.jsonl")
-    fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
-    fed = fed.split("## The answer")[1]
+    rows = load_results(path)
+    fed = report.render_markdown(report.build_report(
+        [r for r in rows if "session 19" not in r.get("call", "")]), str(tmp_path / "r"), "r").split("## The answer")[1]
     assert ("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 100.1% (cpu, region decode), 2: 98.3% (cpu, "
             "read-ahead, region decode; median of 2 runs: 98.3%, 100.1%) | - |") in fed
     assert "local feeds **2** NVIDIA H200s training resnet50" in fed
+    fed = report.render_markdown(report.build_report(rows), str(tmp_path / "s"), "s").split("## The answer")[1]
+    assert ("| resnet50 | train | NVIDIA H200 | local | recordio | 2 | 1: 100.1% (cpu, region decode), 2: 99.9% (cpu, "
+            "read-ahead, region decode) | - |") in fed
+    for fmt, au in (("lmdb", "100.0"), ("tfrecord", "100.1")):
+        assert f"2: {au}% (cpu, read-ahead, region decode) | - |" in fed.split(f"| local | {fmt} |")[1].split("\n")[0]
+    assert "local feeds **2** NVIDIA H200s training resnet50 (from recordio)" in fed
 
 
 def test_a_missing_results_file_is_named_with_a_command_that_writes_it(tmp_path, capsys):
