@@ -3,8 +3,8 @@
 In order, stopping at the first problem (named, with the fix): the manifest is there (else the conversion
 did not finish); every file it lists exists with its size and SHA-256; every record of every output reads
 back through the format's own reader (which checks CRCs, framing, Datum fields); the record counts match
-the manifest; each split's labels are the same in every format and in the RecordIO ``.lst``; every image
-decodes. Outputs are checked in parallel by a local process pool, one output file per task.
+the manifest; each split's labels are the same in every format and in the files that list the samples apart
+from the records (:meth:`Format.listed_labels`); every image decodes. Outputs are checked in parallel by a local process pool, one output file per task.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 from gpufeed import io
 from gpufeed.convert.destination import check_entries
 from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
+from gpufeed.formats.base import label_key
 from gpufeed.machine import usable_cores
 
 #: The fix for a missing file: a rerun finds the output incomplete and converts it again.
@@ -84,10 +85,6 @@ def _check_file(out: str, entry: dict) -> None:
         raise IncompleteOutputError(f"{url}: {problem} (against manifest.json); {DAMAGED}")
 
 
-def _label_key(labels) -> tuple:
-    return tuple(float(x) for x in labels)
-
-
 def _check_output(o: _Output, decode: bool) -> tuple[int, int, int, dict]:
     """Read one output whole; ``(records, images decoded, raw pixel records checked, {label: count})``. Raises
     on the first defect."""
@@ -101,7 +98,7 @@ def _check_output(o: _Output, decode: bool) -> tuple[int, int, int, dict]:
     reader = get_format(o.format).reader(o.path)
     try:
         for sample in reader:
-            counts[_label_key(sample.labels)] += 1
+            counts[label_key(sample.labels)] += 1
             if decode and sample.kind == "encoded":
                 decode_image(bytes(sample.payload), f"{o.path} record {n} ({sample.key})", max_pixels=2**62)
                 decoded += 1
@@ -139,21 +136,9 @@ def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, int, d
         return _check_output(dataclasses.replace(o, path=local), decode)
 
 
-def _list_labels(path: str) -> collections.Counter:
-    """Label counts from a RecordIO ``.lst`` (``index<TAB>label[<TAB>label...]<TAB>path``)."""
-    counts = collections.Counter()
-    with io.open_file(path, "rb") as f:
-        for i, line in enumerate(f.read().decode("utf-8", "surrogateescape").splitlines()):
-            fields = line.split("\t")
-            try:
-                counts[_label_key(fields[1:-1])] += 1
-            except ValueError:
-                raise CorruptRecordError(path, i, None, f"line {i + 1} is not index<TAB>label<TAB>path") from None
-    return counts
-
-
 def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
-    """The outputs a manifest lists, each as its format's reader opens it, and the RecordIO list files."""
+    """The outputs a manifest lists, each as its format's reader opens it, and the files that list samples
+    apart from the records (role "list")."""
     from gpufeed.formats import FORMATS, get_format
 
     formats = [get_format(name) for name in FORMATS]
@@ -181,8 +166,7 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     from concurrent.futures import ProcessPoolExecutor
 
     from gpufeed.convert import manifest as manifest_mod
-    from gpufeed.convert.sinks import join
-    from gpufeed.formats.naming import parse_shard_name
+    from gpufeed.formats import FORMATS, get_format
 
     out = out.rstrip("/") if not io.is_local(out) else io.local_path(out)
     if io.is_local(out) and os.path.exists(out) and not os.path.isdir(out):
@@ -236,10 +220,12 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
         if pool:
             pool.shutdown(cancel_futures=True)
     for rel in lists:
-        name = rel.split("/")[-1][:-len(".lst")]
-        parsed = parse_shard_name(name + ".rec")
-        split = parsed[0] if parsed else name
-        labels.setdefault((split, "recordio .lst"), collections.Counter()).update(_list_labels(join(out, rel)))
+        for fmt in map(get_format, FORMATS):
+            listed = fmt.listed_labels(out, rel)
+            if listed is not None:
+                split, counts = listed
+                labels.setdefault((split, f"{fmt.name} .{rel.rsplit('.', 1)[-1]}"), collections.Counter()).update(counts)
+                break
     for split, info in manifest["splits"].items():
         for fmt in manifest["formats"]:
             got = records.get((split, fmt), 0)

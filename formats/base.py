@@ -88,6 +88,12 @@ class Sample:
         return not isinstance(self.label, (int, float, np.integer, np.floating))
 
 
+def label_key(labels) -> tuple[float, ...]:
+    """Labels as one comparable value (:attr:`Sample.labels`, or label fields of a side file such as a list):
+    ``(3.0,)`` whether a format stores 3, 3.0 or "3"."""
+    return tuple(float(x) for x in labels)
+
+
 class EncodedRecord(NamedTuple):
     """One sample serialised by :meth:`Format.encode`, ready to be framed by a :class:`Writer`.
 
@@ -308,6 +314,12 @@ class Format(abc.ABC):
 
     def part_of(self, path: str) -> str | None:
         """The output ``path`` is a file inside (an LMDB's ``data.mdb``), or None."""
+        return None
+
+    def listed_labels(self, out: str, relpath: str) -> tuple[str, dict] | None:
+        """For a file of this format that lists the samples apart from its records (``relpath`` relative to the
+        destination ``out``): the split it lists and how many samples it gives each label (:func:`label_key`).
+        ``None`` for any other file (the default: a format with no such file)."""
         return None
 
     def owned_split(self, relpath: str) -> str | None:

@@ -22,6 +22,7 @@ shape and dtype, the record count, the gpufeed version and the writer's paramete
 from __future__ import annotations
 
 import dataclasses
+import collections
 import hashlib
 import json
 import math
@@ -38,7 +39,8 @@ from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTooLargeError, ShardNotFound
 from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, ViewCursor, position
-from gpufeed.formats.base import PER_SHARD, PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.base import (PER_SHARD, PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
+                                  label_key)
 
 #: dmlc's ``RecordIOWriter::kMagic``; little-endian on disk like every other field.
 MAGIC = 0xCED7230A
@@ -307,6 +309,28 @@ class RecordIOFormat(Format):
         if parsed:
             return parsed[0] if parsed[3] == ".rec" else None
         return name[:-len(".rec")]
+
+    def listed_labels(self, out: str, relpath: str) -> tuple[str, dict] | None:
+        """A ``.lst``'s split and label counts (its lines ``index<TAB>label[<TAB>label...]<TAB>path``)."""
+        from gpufeed.io import join
+
+        if not relpath.endswith(".lst"):
+            return None
+        split = self.parse_output(relpath[:-len(".lst")] + ".rec")
+        if split is None:
+            return None
+        path = join(out, *relpath.split("/"))
+        counts = collections.Counter()
+        with io.open_file(path, "rb") as f:
+            for i, line in enumerate(f.read().decode("utf-8", "surrogateescape").splitlines()):
+                fields = line.split("\t")
+                try:
+                    if len(fields) < 3:
+                        raise ValueError(line)
+                    counts[label_key(fields[1:-1])] += 1
+                except ValueError:
+                    raise CorruptRecordError(path, i, None, f"line {i + 1} is not index<TAB>label<TAB>path") from None
+        return split, dict(counts)
 
     def encode(self, sample: Sample) -> EncodedRecord:
         if "\t" in sample.key or "\n" in sample.key:

@@ -240,6 +240,41 @@ def test_verify_catches_a_flipped_byte(reference, tmp_path):
         verify(str(tmp_path / "photos"))
 
 
+def test_verify_checks_the_labels_a_list_file_gives_against_the_records(reference, tmp_path):
+    """A file that lists the samples apart from the records (the .lst beside a .rec) must give each label as many
+    samples as the records do: read through its format (Format.listed_labels), even where the manifest agrees
+    with the file's bytes. A line that is not a list line names the file and the line."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(reference[0], out)
+    lst = out / "recordio" / "train.lst"
+    lines = lst.read_text().splitlines()
+    index, label, name = lines[0].split("\t")
+    other = next(ln.split("\t")[1] for ln in lines if ln.split("\t")[1] != label)
+
+    def rewrite(text):  # the list, the sidecar's hash of it, and the manifest's of both, all made to agree
+        lst.write_text(text)
+        side = out / "recordio" / "train.rec.json"
+        layout = json.loads(side.read_text())
+        layout["sha256"]["lst"] = hashlib.sha256(text.encode()).hexdigest()
+        side.write_text(json.dumps(layout))
+        doc = json.loads((out / "manifest.json").read_text())
+        for f in doc["files"]:
+            if f["path"] in ("recordio/train.lst", "recordio/train.rec.json"):
+                data = (out / f["path"]).read_bytes()
+                f["sha256"], f["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+        (out / "manifest.json").write_text(json.dumps(doc))
+
+    rewrite("\n".join([f"{index}\t{other}\t{name}", *lines[1:]]) + "\n")
+    with pytest.raises(IncompleteOutputError, match=r"the train split's labels differ between \S+ and recordio \.lst"):
+        verify(str(out), decode=False)
+    for first in (f"{index} {label} {name}", f"{index}\tcat\t{name}"):
+        rewrite("\n".join([first, *lines[1:]]) + "\n")
+        with pytest.raises(CorruptRecordError, match=r"train\.lst.*line 1 is not index<TAB>label<TAB>path"):
+            verify(str(out), decode=False)
+
+
 def test_verify_lists_every_damaged_file_in_one_pass(reference, tmp_path):
     import shutil
 

@@ -149,3 +149,16 @@ def test_split_record_with_missing_continuation_raises(tmp_path):
     (tmp_path / "s.rec").write_bytes(first_part + frame(im2rec_value(1, 1, b"zz")))
     with pytest.raises(CorruptRecordError, match="does not continue"):
         list(fmt.reader(str(tmp_path / "s.rec")))
+
+
+def test_a_list_file_gives_its_split_and_label_counts(tmp_path):
+    """Format.listed_labels: a .lst of a single .rec or of a shard, its split and each label's count (labels as
+    floats, one or several a line); None for the .rec, the .idx, or a .lst outside the format's folder."""
+    (tmp_path / "recordio").mkdir()
+    (tmp_path / "recordio" / "val.lst").write_text("0\t3\ta.jpg\n1\t3.000000\tb.jpg\n2\t1\t2\tc.jpg\n")
+    (tmp_path / "recordio" / "train-00001-of-00004.lst").write_text("5\t0\td.jpg\n")
+    assert fmt.listed_labels(str(tmp_path), "recordio/val.lst") == ("val", {(3.0,): 2, (1.0, 2.0): 1})
+    assert fmt.listed_labels(str(tmp_path), "recordio/train-00001-of-00004.lst") == ("train", {(0.0,): 1})
+    for other in ("recordio/val.rec", "recordio/val.idx", "lmdb/val.lst", "val.lst"):
+        assert fmt.listed_labels(str(tmp_path), other) is None
+    assert get_format("tfrecord").listed_labels(str(tmp_path), "recordio/val.lst") is None
