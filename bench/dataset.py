@@ -191,18 +191,15 @@ def _from_convert_manifest(out: str, m: dict, split: str | None) -> dict:
                              bool(options.get("center_crop")), options.get("encode"),
                              options.get("quality") if options.get("encode") not in (None, "pass") else None)}
 
-    def in_split(rel: str) -> bool:
-        name = os.path.basename(os.path.dirname(rel) if rel.endswith("data.mdb") else rel)
-        return name.startswith((f"{split}.", f"{split}_", f"{split}-"))
-
     stored = splits[split].get("stored_bytes") or {}  # counted by the workers (gpufeed since 2026-11-26)
     sample_bytes = []
     for fmt in m["formats"]:
-        files = [f for f in m["files"] if f["path"].startswith(fmt + "/") and in_split(f["path"])]
+        owner = format_class(fmt)()  # the format says which of its files belong to the split
+        files = [f for f in m["files"] if owner.owned_split(f["path"]) == split]
         data = [f for f in files if f["role"] == "data"]
         if not data or n == 0:
             continue
-        reader_path = format_class(fmt)().reader_path
+        reader_path = owner.reader_path
         rel = sorted(reader_path(f["path"]) for f in data)
         data_bytes = sum(f["bytes"] for f in data)
         info["formats"][fmt] = {"relpaths": rel, "paths": [os.path.join(info["out"], r) for r in rel],
