@@ -4,7 +4,8 @@ In order, stopping at the first problem (named, with the fix): the manifest is t
 did not finish); every file it lists exists with its size and SHA-256; every record of every output reads
 back through the format's own reader (which checks CRCs, framing, Datum fields); the record counts match
 the manifest; each split's labels are the same in every format and in the files that list the samples apart
-from the records (:meth:`Format.listed_labels`); every image decodes. Outputs are checked in parallel by a local process pool, one output file per task.
+from the records (:meth:`Format.listed_labels`); every image decodes. Outputs are checked in parallel by a
+local process pool, one output file per task.
 """
 
 from __future__ import annotations
@@ -219,12 +220,14 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
+    formats = [get_format(name) for name in FORMATS]
     for rel in lists:
-        for fmt in map(get_format, FORMATS):
+        for fmt in formats:
             listed = fmt.listed_labels(out, rel)
             if listed is not None:
                 split, counts = listed
-                labels.setdefault((split, f"{fmt.name} .{rel.rsplit('.', 1)[-1]}"), collections.Counter()).update(counts)
+                name = f"{fmt.name} .{rel.rsplit('.', 1)[-1]}"  # "recordio .lst"
+                labels.setdefault((split, name), collections.Counter()).update(counts)
                 break
     for split, info in manifest["splits"].items():
         for fmt in manifest["formats"]:

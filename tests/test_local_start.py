@@ -51,11 +51,13 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     # The driver's commits, and the part of them spent waiting for the .rec's fsyncs (LMDB syncs as it writes).
     assert 0 < timeline["driver_commit_sync_s"] <= timeline["driver_commit_s"], timeline
     # The part spent starting the writeback of each appended fragment (tiny here: a few KB each).
-    assert 0 <= timeline["driver_commit_writeback_s"] <= timeline["driver_commit_s"] - timeline["driver_commit_sync_s"] + 0.002
+    writing = timeline["driver_commit_s"] - timeline["driver_commit_sync_s"]
+    assert 0 <= timeline["driver_commit_writeback_s"] <= writing + 0.002, timeline
     # And the commit threads' own CPU time within them (the copies and hashing; waits excluded).
     assert 0 < timeline["driver_commit_cpu_s"] <= timeline["driver_commit_s"] + 0.01, timeline
     # And the part they waited for a core.
-    assert 0 <= timeline["driver_commit_run_queue_s"] <= timeline["driver_commit_s"] - timeline["driver_commit_cpu_s"] + 0.01
+    off_core = timeline["driver_commit_s"] - timeline["driver_commit_cpu_s"]
+    assert 0 <= timeline["driver_commit_run_queue_s"] <= off_core + 0.01, timeline
     # The driver's CPU: the main thread's, within every thread's (the commits' among them).
     assert 0 < timeline["driver_main_cpu_s"] <= timeline["driver_cpu_s"], timeline
     assert timeline["driver_main_cpu_s"] + timeline["driver_commit_cpu_s"] <= timeline["driver_cpu_s"] + 0.05
