@@ -115,14 +115,17 @@ class _Clock:
 
     @contextlib.contextmanager
     def timed(self, what: str):
-        start, cpu, queued = time.perf_counter(), time.thread_time(), run_queue_seconds()
+        # Only what is kept is read: a commit batch's /proc read, not every timed step's.
+        cpu = time.thread_time() if f"{what}_cpu" in self.busy else None
+        queued = run_queue_seconds() if f"{what}_run_queue" in self.busy else None
+        start = time.perf_counter()
         try:
             yield
         finally:
             self.add(what, time.perf_counter() - start)
-            if f"{what}_cpu" in self.busy:
+            if cpu is not None:
                 self.add(f"{what}_cpu", time.thread_time() - cpu)
-            if f"{what}_run_queue" in self.busy and queued is not None:
+            if queued is not None:
                 self.add(f"{what}_run_queue", (run_queue_seconds() or queued) - queued)
 
     def add(self, what: str, seconds: float) -> None:

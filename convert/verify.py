@@ -137,12 +137,9 @@ def _check_remote_local_only(o: _Output, decode: bool) -> tuple[int, int, int, d
         return _check_output(dataclasses.replace(o, path=local), decode)
 
 
-def _outputs(out: str, manifest: dict) -> tuple[list[_Output], list[str]]:
-    """The outputs a manifest lists, each as its format's reader opens it, and the files that list samples
-    apart from the records (role "list")."""
-    from gpufeed.formats import FORMATS, get_format
-
-    formats = [get_format(name) for name in FORMATS]
+def _outputs(out: str, manifest: dict, formats: list) -> tuple[list[_Output], list[str]]:
+    """The outputs a manifest lists, each as the reader of its format (one of ``formats``) opens it, and the files
+    that list samples apart from the records (role "list")."""
     outputs, lists = [], []
     dtype = (manifest.get("output_options") or {}).get("store_dtype") or "uint8"
     for f in manifest["files"]:
@@ -198,7 +195,8 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("formats"), list):
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: its splits or formats are missing; the file was "
                                     f"edited or is not gpufeed's: move it away, then {RERUN}")
-    outputs, lists = _outputs(out, manifest)
+    formats = [get_format(name) for name in FORMATS]
+    outputs, lists = _outputs(out, manifest, formats)
     if out.startswith("memory://"):
         workers = 1  # a memory:// filesystem exists only in this process
     pool = None
@@ -220,7 +218,6 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
-    formats = [get_format(name) for name in FORMATS]
     for rel in lists:
         for fmt in formats:
             listed = fmt.listed_labels(out, rel)
