@@ -147,6 +147,36 @@ def test_a_pool_broken_before_its_failure_is_read_hands_every_later_shard_to_ray
     assert not local.submit(job(3), [])  # closed: refused, not raised
 
 
+def _short(job, items):
+    time.sleep(0.2)
+    return {"start": job.plan.start}
+
+
+def test_the_local_processes_have_their_next_shards_waiting_so_none_idles_between_shards():
+    """Beyond one shard a process, queued_ahead(workers) more wait in the pool's queue: a process that finishes
+    takes the next at once. Never more: the commit window and the last wave count on it. Every shard still comes back."""
+    from types import SimpleNamespace
+
+    from gpufeed.convert.scheduler import Tasks, _LocalStart, queued_ahead
+
+    assert queued_ahead(2) == 1 and queued_ahead(64) == 8
+    local = _LocalStart(2, _short)
+    try:
+        opts = SimpleNamespace(task_retries=0, workers=2, on_error="fail", pool_converts=True, out="/tmp/out")
+        tasks = Tasks(lambda block: None, _short, opts, lambda plan: [], local=local)
+        tasks.pending.extend(SimpleNamespace(plan=SimpleNamespace(start=i)) for i in range(6))
+        tasks.submit()
+        assert len(local.futures) == 3 and len(tasks.pending) == 3
+        done = []
+        while tasks:
+            job, result = tasks.next()
+            assert len(local.futures) <= 3
+            done.append(result["start"])
+        assert sorted(done) == list(range(6))
+    finally:
+        local.close()
+
+
 def test_a_bad_input_under_fail_ends_the_run_from_the_pool_without_starting_ray(src, tmp_path):
     """A local shard's own error (a truncated JPEG under --on-error fail) is the error Ray would end the run
     with: it ends the run at once, naming the input, and no Ray runtime is started to be told it again."""
