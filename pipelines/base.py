@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any, Protocol, Union
 
 import numpy as np
@@ -128,6 +129,23 @@ def read_item(item: Item) -> Union[bytes, np.ndarray]:
 def item_size(item: Item) -> int:
     """The bytes reading ``item`` will take when known before reading (a tar member's header), else 0."""
     return item.ref.size if isinstance(item.ref, TarMemberRef) else 0
+
+
+#: An item's key (for sorting and planning a listing of a million items without a Python step per item).
+item_key = attrgetter("key")
+_REF, _URL = attrgetter("ref"), attrgetter("url")
+
+
+def all_local_files(items: Sequence[Item]) -> bool:
+    """Whether every item is a whole local file (a :class:`FileRef` to a plain path or ``file://`` URL), tested
+    without a Python step per item where none is a URL: a step each took 0.17 s for 300,000 ImageNet files."""
+    from gpufeed.io import is_local
+
+    refs = list(map(_REF, items))
+    if not set(map(type, refs)) <= {FileRef}:
+        return False
+    urls = list(map(_URL, refs))
+    return "://" not in "\0".join(urls) or all(map(is_local, urls))
 
 
 def needs_read(item: Item) -> bool:

@@ -27,12 +27,11 @@ import os
 import posixpath
 import stat
 from collections.abc import Sequence
-from operator import attrgetter
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
-from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef
+from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,10 +215,6 @@ def gc_paused():
             gc.enable()
 
 
-#: An item's key, for sorting and checking a listing of a million items.
-_KEY = attrgetter("key")
-
-
 class Root:
     """A dataset root on any fsspec filesystem; local paths stay plain paths (fast ``os.scandir`` walks)."""
 
@@ -343,7 +338,7 @@ class BaseSource:
         if split not in self._items:
             with gc_paused():
                 items = self._list(split)
-                self._items[split] = self.unique(items if self.listed_order else sorted(items, key=_KEY))
+                self._items[split] = self.unique(items if self.listed_order else sorted(items, key=item_key))
         return self._items[split]
 
     #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
@@ -351,7 +346,7 @@ class BaseSource:
 
     def unique(self, items: list[Item]) -> list[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
-        if len(set(map(_KEY, items))) == len(items):
+        if len(set(map(item_key, items))) == len(items):
             return items  # the usual case, checked without a Python step per item
         out: list[Item] = []
         seen: dict[str, Item] = {}

@@ -212,6 +212,29 @@ def test_dry_run_writes_nothing(src, tmp_path):
     assert summary.samples["train"]["planned"] == 24 and not (tmp_path / "o").exists()
 
 
+def test_the_listing_is_left_out_of_the_collectors_passes_while_the_run_lasts(src, tmp_path):
+    """After listing, the driver freezes what the collector tracks (the items live until the run ends and make
+    no garbage), and convert() unfreezes it as it returns, also after an error."""
+    import gc
+
+    class Phases:
+        frozen = []
+
+        def phase(self, text):
+            if text.startswith("listed"):
+                self.frozen.append(gc.get_freeze_count())
+
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+    progress = Phases()
+    convert(options(src, tmp_path / "o", dry_run=True), progress=progress)
+    assert progress.frozen and progress.frozen[0] > 0 and gc.get_freeze_count() == 0
+    with pytest.raises(ConfigError):
+        convert(options(src, tmp_path / "o", dry_run=True, splits=("nosuch",)), progress=progress)
+    assert gc.get_freeze_count() == 0
+
+
 def test_verify_catches_a_flipped_byte(reference, tmp_path):
     import shutil
 

@@ -254,3 +254,19 @@ def test_a_train_split_missing_classes_the_devkit_lists_is_an_error_unless_allow
     src = open_source("imagenet", str(tmp_path), allow_incomplete=True)
     assert [it.label for it in src.items("train")] == [0, 2]  # the devkit's numbering is kept
     assert "no training images of 1 of the 3 classes" in src.skipped()[0].reason
+
+
+def test_all_local_files_tells_local_files_from_urls_members_and_inline_data():
+    """The driver digests local files in the workers only where every input is one: told per item in C where no
+    URL is present, and each URL then checked (a file:// URL is a local file)."""
+    from gpufeed.pipelines.base import FileRef, InlineRef, Item, TarMemberRef, all_local_files
+
+    def item(ref):
+        return Item("k", 0, ref)
+
+    local = [item(FileRef("/data/a.JPEG")), item(FileRef("rel/b.JPEG"))]
+    assert all_local_files(local) and all_local_files([])
+    assert all_local_files(local + [item(FileRef("file:///data/c.JPEG"))])
+    assert not all_local_files(local + [item(FileRef("s3://bucket/c.JPEG"))])
+    assert not all_local_files(local + [item(TarMemberRef("/data/t.tar", 512, 10, "m.JPEG"))])
+    assert not all_local_files(local + [item(InlineRef(b"x"))])
