@@ -30,7 +30,8 @@ def context():
 
     os.environ.update(worker_env())
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["gpufeed.convert.worker", "gpufeed.pipelines.transforms", "cv2",
+    # crc32c too: the formats import it on first use (gpufeed.formats._crc), where a worker would pay it per process.
+    ctx.set_forkserver_preload(["gpufeed.convert.worker", "gpufeed.pipelines.transforms", "cv2", "crc32c",
                                 *format_modules()])
     return ctx
 

@@ -72,16 +72,17 @@ def _worker_setup() -> None:
 
 def warm_worker() -> None:
     """Run once per worker while the driver is still listing: what a first shard would otherwise wait for
-    (OpenCV, the transforms, every format's module)."""
+    (OpenCV, the transforms, every format's module, the CRC-32C they compute)."""
     import importlib
 
-    from gpufeed.formats import format_modules
+    from gpufeed.formats import _crc, format_modules
 
     _worker_setup()
     import gpufeed.pipelines.transforms  # noqa: F401
 
     for module in format_modules():
         importlib.import_module(module)
+    _crc.function()
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):

@@ -12,7 +12,7 @@ import os
 import struct
 import threading
 
-import crc32c
+from gpufeed.formats import _crc
 import numpy as np
 
 from gpufeed import io as gio
@@ -51,7 +51,7 @@ class PageChecks:
             if flags & _P_OVERFLOW:
                 self._pgno += max(count, 1)
             else:
-                self.pages.append((self._pgno, crc32c.crc32c(view[off:off + psize])))
+                self.pages.append((self._pgno, _crc.crc32c(view[off:off + psize])))
                 self._pgno += 1
         view.release()
         self._base = end
@@ -138,7 +138,7 @@ def scan_in_place(data_path: str, psize: int, fsync: bool = False) -> tuple[np.n
                 if flags & _P_OVERFLOW:
                     pgno += max(count, 1)
                 else:
-                    out.append((pgno, crc32c.crc32c(view[off:off + psize])))
+                    out.append((pgno, _crc.crc32c(view[off:off + psize])))
                     pgno += 1
             view.release()
 
@@ -244,7 +244,7 @@ def verify_pages(data_path: str, pages_path: str, psize: int) -> None:
             view = memoryview(data)
             for k in range(start, stop):
                 off = (k - start) * psize
-                if len(data) < off + psize or crc32c.crc32c(view[off:off + psize]) != crcs[k]:
+                if len(data) < off + psize or _crc.crc32c(view[off:off + psize]) != crcs[k]:
                     raise CorruptRecordError(data_path, None, pgnos[k] * psize,
                                              f"LMDB page {pgnos[k]} does not match {os.path.basename(pages_path)}")
             gio.charge(len(data))

@@ -78,9 +78,8 @@ def spool_records(path: str, records: int | None = None):
     how many its worker wrote (a spool that ends early or holds more is refused)."""
     import mmap
 
-    import crc32c
-
     from gpufeed.errors import CorruptRecordError
+    from gpufeed.formats import _crc
 
     def corrupt(i, pos, why):
         return CorruptRecordError(path, i, pos, why)
@@ -96,7 +95,7 @@ def spool_records(path: str, records: int | None = None):
             m, view = None, memoryview(f.read())
     out = []
     try:
-        crc, head, end = crc32c.crc32c, _SPOOL_HEAD.unpack_from, len(view)
+        crc, head, end = _crc.function(), _SPOOL_HEAD.unpack_from, len(view)
         pos = 0
         while pos < end:
             if pos + _SPOOL_HEAD.size > end:

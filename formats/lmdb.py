@@ -38,7 +38,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 
-import crc32c
+from gpufeed.formats import _crc
 import numpy as np
 
 from gpufeed import io as gio
@@ -87,7 +87,7 @@ def _require_local(path: str, what: str) -> str:
 
 def record_check(key, value) -> int:
     """CRC-32C of key then value: the key names the record, so damage there must be caught too."""
-    return crc32c.crc32c(value, crc32c.crc32c(key))
+    return _crc.crc32c(value, _crc.crc32c(key))
 
 
 
@@ -699,7 +699,7 @@ class LMDBReader(Reader):
     def _scan(self) -> Iterator[tuple[int, memoryview, memoryview]]:
         self._open()
         # The per-record work is inlined: at 3 KB a record, a function call costs as much as the CRC.
-        verify, crc = self._crcs is not None, crc32c.crc32c
+        verify, crc = self._crcs is not None, _crc.function()
         throttle = gio.throttle() if self._offsets is None else None  # preads charge themselves
         i = base = 0
         crcs = sizes = ()

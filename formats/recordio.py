@@ -31,7 +31,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import crc32c
+from gpufeed.formats import _crc
 import numpy as np
 
 import gpufeed
@@ -124,7 +124,7 @@ def frame(value: bytes) -> bytes:
 
 
 def _checksum(value) -> int:
-    return crc32c.crc32c(value[IRHEADER.size:], crc32c.crc32c(_ZERO_ID2, crc32c.crc32c(value[:_ID2_OFFSET])))
+    return _crc.crc32c(value[IRHEADER.size:], _crc.crc32c(_ZERO_ID2, _crc.crc32c(value[:_ID2_OFFSET])))
 
 
 def _scan(cur, path: str, first_index: int = 0, limit: int | None = None) -> Iterator[tuple[int, int, object]]:
@@ -210,7 +210,7 @@ def _scan_view(mv, path, checksum: bool = False, expected: int | None = None):
     """:func:`_scan_checked` over a whole memory-mapped file, as one tight loop over offsets for unsplit records
     (the common case): per-record Python overhead decides how many small records a second a reader delivers,
     and values are zero-copy slices of the map, so the CRC is the only pass over their bytes."""
-    unpack_from, crc, size = _PART.unpack_from, crc32c.crc32c, len(mv)
+    unpack_from, crc, size = _PART.unpack_from, _crc.function(), len(mv)
     head, id2_at, zero_id2 = IRHEADER.size, _ID2_OFFSET, _ZERO_ID2
     pos = i = 0
     while pos < size:
@@ -361,7 +361,7 @@ class RecordIOFormat(Format):
             raise RecordTooLargeError(sample.key, size, MAX_RECORD,
                                       "RecordIO records must stay under 2**29 bytes: store the image smaller")
         head = IRHEADER.pack(flag, label, rid, 0)
-        crc = crc32c.crc32c(body, crc32c.crc32c(extra, crc32c.crc32c(head)))
+        crc = _crc.crc32c(body, _crc.crc32c(extra, _crc.crc32c(head)))
         value = b"".join((IRHEADER.pack(flag, label, rid, crc), extra, body))
         return EncodedRecord(str(rid).encode(), value, rid, sample.key, tuple(labels),
                              sample.kind, shape, dtype)

@@ -29,7 +29,7 @@ import os
 import struct
 from collections.abc import Iterator
 
-import crc32c
+from gpufeed.formats import _crc
 import numpy as np
 from google.protobuf.message import DecodeError
 from gpufeed.formats.proto import tf_example_pb2 as example_pb2
@@ -56,7 +56,7 @@ _DTYPES = ("uint8", "float16", "float32")
 
 
 def masked_crc(data) -> int:
-    crc = crc32c.crc32c(data)
+    crc = _crc.crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
 
@@ -70,7 +70,7 @@ def _scan_view(mv, path, verify=True, expected=None):
     """:func:`_scan` over a whole memory-mapped file: the same checks, written as one tight loop over offsets
     (no cursor calls, payloads are zero-copy slices) because per-record Python overhead decides how many
     small records a second a reader can deliver."""
-    crc, unpack_from, crc_from, size = crc32c.crc32c, _HEAD.unpack_from, _CRC.unpack_from, len(mv)
+    crc, unpack_from, crc_from, size = _crc.function(), _HEAD.unpack_from, _CRC.unpack_from, len(mv)
     pos = i = 0
     while pos < size:
         if pos + 12 > size:
@@ -106,7 +106,7 @@ def _scan_counted(records, path, expected):
 def _scan(cur, path, first_index=0, limit=None, verify=True):
     """``(record_index, byte_offset, payload)`` from the cursor; raises CorruptRecordError on any defect."""
     i = first_index
-    read, crc, unpack = cur.read, crc32c.crc32c, _HEAD.unpack
+    read, crc, unpack = cur.read, _crc.function(), _HEAD.unpack
     while limit is None or i < first_index + limit:
         offset = cur.pos
         head = read(12)

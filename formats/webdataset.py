@@ -26,7 +26,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 
-import crc32c
+from gpufeed.formats import _crc
 import numpy as np
 
 from gpufeed import io
@@ -65,8 +65,8 @@ def _canonical(meta: dict) -> bytes:
 def _check(members: list[tuple[str, bytes]], meta: dict) -> int:
     crc = 0
     for ext, data in members:
-        crc = crc32c.crc32c(ext.encode() + b"\0" + data, crc)
-    return crc32c.crc32c(_canonical(meta), crc)
+        crc = _crc.crc32c(ext.encode() + b"\0" + data, crc)
+    return _crc.crc32c(_canonical(meta), crc)
 
 
 class WebDatasetFormat(Format):

@@ -92,6 +92,18 @@ def test_a_subcommand_imports_only_its_own_module():
         assert name in top.stdout, name
 
 
+def test_the_driver_imports_no_crc_package_until_a_crc_is_computed():
+    """Importing crc32c reads every installed distribution's metadata (30-170 ms): the driver, which lists and
+    commits but computes no CRC, starts without it; the formats import it on first use, with the same results."""
+    code = ("import sys; import gpufeed.convert.engine; from gpufeed.formats import FORMATS, format_class; "
+            "[format_class(f) for f in FORMATS]; assert 'crc32c' not in sys.modules; "
+            "from gpufeed.formats import _crc; first = _crc.crc32c(b'123456789'); assert 'crc32c' in sys.modules; "
+            "import crc32c; assert first == crc32c.crc32c(b'123456789') == 0xE3069283; "
+            "assert _crc.crc32c is crc32c.crc32c and _crc.function() is crc32c.crc32c; "
+            "assert _crc.crc32c(b'6789', _crc.crc32c(b'12345')) == first")
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+
 def test_the_command_ends_with_its_code_after_exit_handlers_and_flushed_output(tmp_path):
     """With Ray loaded the process skips the interpreter's teardown (``leave``): exit handlers still run, the
     buffered output still arrives, and the code is the command's."""
