@@ -246,3 +246,39 @@ def test_the_local_processes_run_below_the_driver_so_its_commits_get_a_core():
         assert future.result() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICE)
     finally:
         local.close()
+
+
+_SERVER_SCRIPT = """
+import multiprocessing, os
+if __name__ == "__main__":
+    import marker_at_exit  # this process's own exit handler: runs as usual
+    import gpufeed.convert.forkserver  # imported by a driver, it changes nothing about the driver's exit
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["marker_at_exit", "gpufeed.convert.forkserver"])
+    with ctx.Pool(1) as pool:
+        print(pool.apply(os.getpid), os.getpid(), pool.apply(os.getppid), flush=True)
+"""
+
+
+def test_the_fork_server_leaves_without_tearing_its_interpreter_down_once_the_driver_is_gone(tmp_path):
+    """The fork server holds the driver's stdout and stderr, so a reader of them (``| tee``, a benchmark's pipe)
+    waits for it after the driver has exited: it leaves by ``os._exit`` once its output is flushed, which skips
+    the exit handlers registered before it (here a preloaded module's marker); the driver's own exit, which
+    imported the same module, runs them as usual."""
+    import subprocess
+    import sys
+
+    helpers = tmp_path / "helpers"
+    helpers.mkdir()
+    (helpers / "marker_at_exit.py").write_text(
+        "import atexit, os\n"
+        f"open(os.path.join({str(tmp_path)!r}, f'imported-{{os.getpid()}}'), 'w').close()\n"
+        f"atexit.register(lambda: open(os.path.join({str(tmp_path)!r}, f'exited-{{os.getpid()}}'), 'w').close())\n")
+    path = os.pathsep.join(filter(None, [str(helpers), os.environ.get("PYTHONPATH")]))  # the server's too
+    proc = subprocess.run([sys.executable, "-c", _SERVER_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stderr
+    driver, server = int(proc.stdout.split()[1]), int(proc.stdout.split()[2])
+    # communicate() returned: every holder of the pipes has gone, the server included
+    assert sorted(p.name for p in tmp_path.glob("imported-*")) == sorted([f"imported-{driver}", f"imported-{server}"])
+    assert sorted(p.name for p in tmp_path.glob("exited-*")) == [f"exited-{driver}"]
