@@ -144,6 +144,7 @@ def run_n(cfg: dict, n: int) -> dict:
 
     from gpufeed.bench.cache import evict
     from gpufeed.bench.results import cpu_ticks
+    from gpufeed.machine import sigterm_held
 
     ctx = multiprocessing.get_context("fork")
     for path in cfg["paths"]:
@@ -154,7 +155,8 @@ def run_n(cfg: dict, n: int) -> dict:
         parent, child = ctx.Pipe(duplex=False)
         # Not daemonic: a rank starts its own reader processes.
         p = ctx.Process(target=_rank, args=(cfg, r, n, child))
-        p.start()
+        with sigterm_held():  # until the rank has SIGTERM's default (machine.sigterm_held)
+            p.start()
         child.close()
         procs.append(p)
         conns.append(parent)

@@ -454,6 +454,86 @@ def test_the_pools_the_benchmarks_fork_end_when_terminated(tmp_path):
         signal.signal(signal.SIGTERM, before)
 
 
+#: While true in the process that forks, each child pauses in its at-fork hook (registered once, below): a SIGTERM
+#: then reaches it before its pool's initializer has run.
+_SLOW_CHILD_START = False
+
+
+def _slow_child_start() -> None:
+    if _SLOW_CHILD_START:
+        time.sleep(1.0)
+
+
+os.register_at_fork(after_in_child=_slow_child_start)
+
+
+def _default_then_wait() -> None:
+    from gpufeed.machine import default_sigterm
+
+    default_sigterm()
+    time.sleep(60)
+
+
+def test_a_pool_terminated_while_its_workers_start_ends_them_all():
+    """terminate() right after fork_pool, each worker still in the fork's own hooks with this process's handler
+    (which raises SystemExit): that handler would run where Python ignores what it raises, and the worker would go
+    on to wait for good on the queue's lock that terminate() holds. SIGTERM is held until the worker has its
+    default, so each ends and terminate() returns."""
+    import sys
+
+    from gpufeed.machine import fork_pool
+
+    global _SLOW_CHILD_START
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    _SLOW_CHILD_START = True
+    try:
+        pool = fork_pool(2)
+    finally:
+        _SLOW_CHILD_START = False
+    procs = list(pool._pool)
+    done = threading.Event()
+    try:
+        threading.Thread(target=lambda: (pool.terminate(), done.set()), daemon=True).start()
+        ended = done.wait(30)
+        alive = [p.pid for p in procs if p.is_alive()]
+        assert ended and not alive, f"workers {alive} outlived terminate()"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        for p in procs:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)  # so that the terminating thread can finish
+        done.wait(30)
+
+
+def test_a_process_started_under_sigterm_held_ends_on_a_sigterm_sent_while_it_starts():
+    """A benchmark's own processes (bench feed's ranks, the decode processes beside a training step) are started
+    under sigterm_held and give SIGTERM its default first: a SIGTERM sent while one is still in the fork's hooks,
+    with this process's raising handler, ends it once it has its default, instead of being lost there."""
+    import multiprocessing
+    import sys
+
+    from gpufeed.machine import sigterm_held
+
+    global _SLOW_CHILD_START
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    p = multiprocessing.get_context("fork").Process(target=_default_then_wait, daemon=True)
+    try:
+        _SLOW_CHILD_START = True
+        try:
+            with sigterm_held():
+                p.start()
+        finally:
+            _SLOW_CHILD_START = False
+        p.terminate()
+        p.join(30)
+        assert not p.is_alive() and p.exitcode == -signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     ref = tmp_path / "ref"
     convert(options(src, ref, workers=1, shard_size=2))

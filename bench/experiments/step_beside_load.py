@@ -172,7 +172,7 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
     from gpufeed.bench.cpuceiling import _read_samples
     from gpufeed.bench.dataset import load_dataset_info
     from gpufeed.bench.train_models import make_accelerator, resolve_accelerator, synthetic_batches
-    from gpufeed.machine import reserved_cores, usable_cores
+    from gpufeed.machine import reserved_cores, sigterm_held, usable_cores
 
     cores = usable_cores()
     try:
@@ -194,8 +194,9 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
         ctx.Process(target=_decode_while, daemon=True,
                     args=(i, samples, task == "train", 224, active, stop, counts, rest if reserved else None, nice))
         for i in range(max(loads))]
-    for p in procs:
-        p.start()
+    with sigterm_held():  # until each has SIGTERM's default (machine.sigterm_held)
+        for p in procs:
+            p.start()
     workers: list = []
     before_affinity = os.sched_getaffinity(0)
     if reserved and pin_loop:  # before CUDA starts: its threads keep this process's cores
@@ -214,8 +215,9 @@ def run(dst: str, loads: list[int] | None = None, seconds: float = 5.0, batch: i
                      for i in range(max(loads))]
             for i in range(len(procs)):
                 counts[i] = -1  # until the process has its decoder
-            for p in procs:
-                p.start()
+            with sigterm_held():
+                for p in procs:
+                    p.start()
             deadline = time.monotonic() + 120
             while any(counts[i] < 0 for i in range(len(procs))):
                 if not all(p.is_alive() for p in procs) or time.monotonic() > deadline:
