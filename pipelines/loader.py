@@ -70,7 +70,7 @@ import numpy as np
 from gpufeed import io as gpufeed_io
 from gpufeed.errors import ConfigError
 from gpufeed.formats import format_of
-from gpufeed.machine import default_sigterm
+from gpufeed.machine import default_sigterm, sigterm_held
 from gpufeed.pipelines.batches_cpu import (BatchPool, CifarCollate, CpuBatch, CpuDecode, EncodedBytes, HybridSplit,
                                            MadeCount, TokenWindow, as_made, cifar_augment, collate_encoded,
                                            collate_tokens)
@@ -755,7 +755,8 @@ class Loader:
 
     def _batches_from_here(self) -> Iterator:
         """The decoded batches of every epoch from ``self._order.start`` on."""
-        with opencv_threads(1):  # the workers start (fork) on the first iteration
+        # The workers start (fork) here, with SIGTERM held until they have its default (machine.sigterm_held).
+        with opencv_threads(1), sigterm_held():
             batches = iter(self._dataloader())
         if self.decode != "cpu":
             decoders = self._gpu_decoders()

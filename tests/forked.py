@@ -4,9 +4,35 @@ children that share a reader the parent opened."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import time
 
 import pytest
+
+#: Seconds each child forked meanwhile pauses in its at-fork hook (:func:`slow_child_start`); 0: none.
+_child_pause = 0.0
+
+
+def _pause_in_child() -> None:
+    if _child_pause:
+        time.sleep(_child_pause)
+
+
+os.register_at_fork(after_in_child=_pause_in_child)
+
+
+@contextlib.contextmanager
+def slow_child_start(seconds: float = 1.0):
+    """Every process forked from this one meanwhile pauses ``seconds`` in the fork's own hooks, before anything
+    of its own runs: a signal sent to it then reaches it with this process's handlers."""
+    global _child_pause
+    _child_pause = seconds
+    try:
+        yield
+    finally:
+        _child_pause = 0.0
 
 
 def in_child(fn, *args, timeout: float = 120) -> None:

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from convert_fixtures import cli, cli_args, journal_shards, options, tree_bytes, wait_for_shards
+from forked import slow_child_start
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
@@ -454,19 +455,6 @@ def test_the_pools_the_benchmarks_fork_end_when_terminated(tmp_path):
         signal.signal(signal.SIGTERM, before)
 
 
-#: While true in the process that forks, each child pauses in its at-fork hook (registered once, below): a SIGTERM
-#: then reaches it before its pool's initializer has run.
-_SLOW_CHILD_START = False
-
-
-def _slow_child_start() -> None:
-    if _SLOW_CHILD_START:
-        time.sleep(1.0)
-
-
-os.register_at_fork(after_in_child=_slow_child_start)
-
-
 def _default_then_wait() -> None:
     from gpufeed.machine import default_sigterm
 
@@ -483,13 +471,9 @@ def test_a_pool_terminated_while_its_workers_start_ends_them_all():
 
     from gpufeed.machine import fork_pool
 
-    global _SLOW_CHILD_START
     before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
-    _SLOW_CHILD_START = True
-    try:
+    with slow_child_start():
         pool = fork_pool(2)
-    finally:
-        _SLOW_CHILD_START = False
     procs = list(pool._pool)
     done = threading.Event()
     try:
@@ -514,16 +498,11 @@ def test_a_process_started_under_sigterm_held_ends_on_a_sigterm_sent_while_it_st
 
     from gpufeed.machine import sigterm_held
 
-    global _SLOW_CHILD_START
     before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
     p = multiprocessing.get_context("fork").Process(target=_default_then_wait, daemon=True)
     try:
-        _SLOW_CHILD_START = True
-        try:
-            with sigterm_held():
-                p.start()
-        finally:
-            _SLOW_CHILD_START = False
+        with slow_child_start(), sigterm_held():
+            p.start()
         p.terminate()
         p.join(30)
         assert not p.is_alive() and p.exitcode == -signal.SIGTERM

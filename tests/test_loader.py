@@ -453,6 +453,50 @@ def test_workers_end_when_terminated_whatever_sigterm_handler_the_loop_has(datas
         signal.signal(signal.SIGTERM, before)
 
 
+def test_a_worker_sent_sigterm_while_it_starts_ends(dataset):
+    """A SIGTERM that reaches a worker still in the fork's own hooks, where it has the loop's raising handler, is not
+    lost there (Python ignores what a handler raises in those hooks, and the worker would go on): the workers fork
+    with it held, so it ends each once it has SIGTERM's default, and the loop hears that they died."""
+    import signal
+    import sys
+    import threading
+    import time
+
+    import psutil
+
+    from forked import slow_child_start
+
+    me = psutil.Process()
+    known = {p.pid for p in me.children(recursive=True)}
+    sent: list[int] = []
+    stop = threading.Event()
+
+    def terminate_each_new_worker():
+        while not stop.is_set() and len(sent) < 2:
+            for p in me.children(recursive=True):
+                if p.pid not in known and p.pid not in sent:
+                    os.kill(p.pid, signal.SIGTERM)
+                    sent.append(p.pid)
+            time.sleep(0.005)
+
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    ld = gpufeed.loader(dataset["tfrecord"]["paths"], batch_size=4, workers=2)
+    watcher = threading.Thread(target=terminate_each_new_worker, daemon=True)
+    try:
+        with slow_child_start(1.0):
+            watcher.start()
+            with pytest.raises(RuntimeError, match="DataLoader worker"):
+                next(iter(ld))
+        assert len(sent) == 2
+        _, alive = psutil.wait_procs([psutil.Process(pid) for pid in sent if psutil.pid_exists(pid)], timeout=20)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]  # the second ends once its pause is over
+    finally:
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGTERM, before)
+        ld.close()
+
+
 def test_workers_from_a_fork_server_started_before_a_tier_read_through_that_tier(dataset, tmp_path):
     """The GPU paths start their workers from a fork server, whose environment is the one it started with: a
     loader made inside an emulated tier hands the tier to its workers itself, so their reads are charged to it."""
