@@ -756,6 +756,12 @@ class Loader:
     def _batches_from_here(self) -> Iterator:
         """The decoded batches of every epoch from ``self._order.start`` on."""
         # The workers start (fork) here, with SIGTERM held until they have its default (machine.sigterm_held).
+        # A fork server they start from is started first, outside it: it is no worker, and starting it starts
+        # multiprocessing's resource tracker, which lets SIGTERM through in the calling thread when done.
+        if self.workers and self._start_method() == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
         with opencv_threads(1), sigterm_held():
             batches = iter(self._dataloader())
         if self.decode != "cpu":

@@ -10,6 +10,7 @@ import dataclasses
 
 import multiprocessing
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -359,6 +360,12 @@ def test_a_rank_of_several_starts_its_workers_from_a_fork_server(dataset):
         assert ld._dataloader().multiprocessing_context.get_start_method() == method
         x, _ = next(iter(ld))
         assert x.shape == (4, 224, 224, 3)
+        if method == "forkserver":  # started outside the workers' held SIGTERM (machine.sigterm_held): it ends on one
+            from multiprocessing import forkserver
+
+            server = forkserver._forkserver._forkserver_pid
+            blocked = int(open(f"/proc/{server}/status").read().split("SigBlk:")[1].split()[0], 16)
+            assert not blocked >> (signal.SIGTERM - 1) & 1
         ld.close()
 
 
