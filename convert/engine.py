@@ -152,10 +152,12 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
     if not options.address and not ray_initialized():
         options = cap_workers(options, usable_cores(), "this machine has", progress)
     ray_start = None if options.dry_run else RayStart(options)
+    host_frozen = gc.get_freeze_count()  # a program that froze objects of its own keeps them frozen
     try:
         return _convert(options, progress, t0, ray_start)
     finally:
-        gc.unfreeze()
+        if not host_frozen:
+            gc.unfreeze()
         if ray_start is not None:
             ray_start.shutdown()
 
@@ -201,7 +203,9 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     # The listing's objects (a million items for ImageNet) live until the run ends and make no garbage: the
     # collector leaves them out of its passes from here (each pass over them held the GIL, which the driver's
     # loop and commit threads need, for ~0.1 s per 300,000 items). convert() hands them back when it returns.
-    gc.freeze()
+    # Not where the program running convert() froze objects of its own: there is no unfreezing ours alone.
+    if not gc.get_freeze_count():
+        gc.freeze()
     t0.mark("listed")
     if ray_start is not None and not options.pool_converts:
         ray_start.begin()  # (where the local processes convert, Ray starts only once a shard needs it)

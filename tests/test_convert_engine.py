@@ -245,6 +245,17 @@ def test_the_listing_is_left_out_of_the_collectors_passes_while_the_run_lasts(sr
     with pytest.raises(ConfigError):
         convert(options(src, tmp_path / "o", dry_run=True, splits=("nosuch",)), progress=progress)
     assert gc.get_freeze_count() == 0
+    # A program that froze objects of its own before calling convert() finds them frozen still, and none of ours.
+    host = [[] for _ in range(10)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        convert(options(src, tmp_path / "o", dry_run=True), progress=progress)
+        # (frozen objects still die by their reference counts: the count may fall, and only falls)
+        assert 0 < progress.frozen[-1] <= frozen and 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
+    del host
 
 
 def test_verify_catches_a_flipped_byte(reference, tmp_path):
