@@ -77,7 +77,10 @@ def sigterm_held():
     Python handler runs that handler where Python ignores what it raises (the fork's own hooks: "Exception
     ignored ... SystemExit"): the process goes on, and a pool's worker then waits for good on the queue's lock
     that ``terminate()`` holds (7 pools in 1,000 terminated as they started, on 2 busy cores). Held, it waits
-    in the kernel until the process has its default, and then ends it."""
+    in the kernel until the process has its default, and then ends it.
+
+    Starting multiprocessing's resource tracker (a spawn or fork-server context's first lock or process) lets
+    SIGTERM through in the calling thread when it is done, whatever was held before: start those first."""
     import signal
 
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
