@@ -25,8 +25,7 @@ if [ -n "${COMPARE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
     --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
   # its bytecode written once too, as for this build (scripts/device_setup.sh)
-  (cd /tmp && PYTHONPATH=/tmp/site-compare:/tmp/site python3 -c "import gpufeed.cli, gpufeed.convert.command, \
-gpufeed.convert.engine, gpufeed.convert.progress, gpufeed.convert.worker" >/dev/null 2>&1) || true
+  ! declare -F warm_bytecode >/dev/null || PYTHONPATH=/tmp/site-compare:/tmp/site warm_bytecode
   COMPARE_ARGS=(--compare /tmp/site-compare)
 fi
 # EXECUTORS=pool,ray: each conversion runs with each `convert --executor`, side by side (not with COMPARE).

@@ -21,5 +21,9 @@ export PYTHONUNBUFFERED=1
 # here for what a conversion imports.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pycache
-(cd /tmp && python3 -c "import gpufeed.cli, gpufeed.convert.command, gpufeed.convert.engine, gpufeed.convert.progress, \
+# warm_bytecode: writes it for the build on PYTHONPATH (scripts/convert_node.sh calls it again for a COMPARE build).
+warm_bytecode() {
+  (cd /tmp && python3 -c "import gpufeed.cli, gpufeed.convert.command, gpufeed.convert.engine, gpufeed.convert.progress, \
 gpufeed.convert.worker, gpufeed.pipelines.transforms, cv2" >/dev/null 2>&1) || true
+}
+warm_bytecode
