@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -36,19 +35,24 @@ def main() -> None:
     print("slowest imports (self us | cumulative us | module):")
     for row in sorted(rows, key=lambda r: -int(r[1]))[:12]:
         print(" ", row[0].split(":")[1].strip(), "|", row[1].strip(), "|", row[2].rstrip())
-    from gpufeed.bench.experiments.convert_node import build_corpus
+    # Trees made and removed as the node benchmark does (a marker beside each): anything else in the way is refused.
+    from gpufeed.bench.experiments.convert_node import COMPLETE, build_corpus, make_tree_here, tree_made
 
+    os.makedirs(work, exist_ok=True)
     src = os.path.join(work, "src")
-    if not os.path.isdir(src):
+    if not os.path.exists(src + COMPLETE):
+        make_tree_here(src)
         build_corpus(src, 4000, 400, min(16, os.cpu_count()), layout="imagenet", mix="imagenet")
+        tree_made(src)
     for _ in range(repeats):
         out = os.path.join(work, "out")
-        shutil.rmtree(out, ignore_errors=True)
+        make_tree_here(out)
         start = time.time()
         subprocess.run([sys.executable, "-m", "gpufeed", "convert", "imagenet", src, "--to", "recordio", "--out", out,
                         "--workers", str(min(16, os.cpu_count())), "--no-progress", "--no-resume"],
                        check=True, capture_output=True)
         end = time.time()
+        tree_made(out)
         with open(os.path.join(out, "manifest.json")) as f:
             timings = json.load(f)["timings"]
         line = timings["timeline"]
