@@ -198,7 +198,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             shards = max(1, round(input_bytes(items, cache) / options.shard_bytes))
         plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
                               shards, options.shard_size, identities=known,
-                              per_shard=options.default_shard_samples)
+                              per_shard=options.default_shard_samples, taper=options.tapers)
         items_by_split[s], known_by_split[s] = items, known
     # The listing's objects (a million items for ImageNet) live until the run ends and make no garbage: the
     # collector leaves them out of its passes from here (each pass over them held the GIL, which the driver's
@@ -258,13 +258,15 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         for s, plan in list(plans.items()):
             items = items_by_split[s]
             planned = journal.planned_shards(s, plan.digest)
-            if planned is not None and planned != len(plan.shards):
+            if planned is not None and planned != (len(plan.shards), plan.tapered_from):
                 # Resumed with the same options: the split keeps the shards it was planned in, even where this
-                # gpufeed's default count differs from the one that started it.
+                # gpufeed's default count or taper differs from the one that started it.
+                count, tapered_from = planned
                 plan = plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
-                                             planned, identities=known_by_split[s])
+                                             tapered_from or count, identities=known_by_split[s],
+                                             taper=tapered_from is not None, taper_min=0)
                 if progress is not None:
-                    progress.phase(f"resuming {s} in the {planned} shards it was planned in")
+                    progress.phase(f"resuming {s} in the {count} shards it was planned in")
             journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
                 identities([items[i] for i in plan.order[sp.start:sp.stop]], options.strict)))
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)

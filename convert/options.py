@@ -299,11 +299,20 @@ class ConvertOptions:
         """Samples per shard where no shard option is given: :data:`ASSEMBLED_SAMPLES_PER_SHARD` where every
         output is one per split appended shard after shard (its bytes the same whatever the shards: a single
         ``.rec``), else :data:`SAMPLES_PER_SHARD`."""
+        return ASSEMBLED_SAMPLES_PER_SHARD if self._assembled_only() else SAMPLES_PER_SHARD
+
+    @property
+    def tapers(self) -> bool:
+        """Whether a split's last shards are cut finer (:func:`gpufeed.convert.plan.shard_bounds`): where no
+        shard option is given and no shard is a file anyone sees, as for :attr:`default_shard_samples`."""
+        return (self.shards is None and self.shard_size is None and self.shard_bytes is None
+                and self._assembled_only())
+
+    def _assembled_only(self) -> bool:
+        """Every output one per split, appended shard after shard: its bytes the same whatever the shards."""
         from gpufeed.formats.base import PER_SPLIT
 
-        if all(f.layout == PER_SPLIT and not f.commits_per_shard for f in self.output_formats()):
-            return ASSEMBLED_SAMPLES_PER_SHARD
-        return SAMPLES_PER_SHARD
+        return all(f.layout == PER_SPLIT and not f.commits_per_shard for f in self.output_formats())
 
     def output_formats(self) -> list:
         """The formats to write, each configured as these options ask: TFRecord's label convention,

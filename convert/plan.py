@@ -41,6 +41,9 @@ class SplitPlan:
     #: and inode of a file; a tar member's place in its archive...), so a resume notices a replaced input;
     #: empty where the workers digest the shards they convert (local files: no stat per input here)
     shard_digests: tuple[str, ...] = ()
+    #: where the plan's last shards are cut finer (:func:`shard_bounds`): the count of equal shards it was
+    #: tapered from, journalled so that a resume plans the same bounds; None for equal shards
+    tapered_from: int | None = None
 
     def __len__(self) -> int:
         return len(self.order)
@@ -69,6 +72,33 @@ def default_shards(n: int, shard_size: int | None = None, per_shard: int = SAMPL
     return max(1, k, min(MIN_SHARDS, n // MIN_SHARD_SAMPLES))
 
 
+#: Where no shard is a file anyone sees (ConvertOptions.tapers: a single ``.rec`` per split, whose bytes are the
+#: same whatever the bounds), the last :data:`TAPER_PART` of a split of :data:`TAPER_MIN_SHARDS` shards or more is
+#: cut into shards :data:`TAPER_DIVISOR` times smaller. Equal shards end ragged: on 64 workers the last wave of
+#: 1,024 shards of ~293 images (1.2 s each, up to 2 s) left 30-76 worker-seconds idle, 0.5-1.2 s of a 22 s warm
+#: run (results/convert-node-h200x4.txt, session 22); the finer shards at the end fill those gaps, and a shard
+#: more costs its worker ~2.5 ms. The taper depends on the split alone, never on the workers. A journal records
+#: the count a tapered plan was cut from (``tapered_from``), and these constants decide the bounds it stands for:
+#: change them together with JOURNAL_VERSION (convert/state.py), or an older journal's resume plans other bounds.
+TAPER_PART = 8
+TAPER_DIVISOR = 4
+TAPER_MIN_SHARDS = 64
+
+
+def shard_bounds(n: int, k: int, taper: bool = False) -> list[tuple[int, int]]:
+    """The planned positions ``[start, stop)`` of each shard: ``k`` equal shards (TensorFlow's
+    build_imagenet_data.py spacing: shard i covers ``[i*n//k, (i+1)*n//k)``), or with ``taper`` the first
+    ``k - k // TAPER_PART`` of those and the rest of the split in ``TAPER_DIVISOR`` times as many shards."""
+    if not taper or k < TAPER_PART:
+        return [(i * n // k, (i + 1) * n // k) for i in range(k)]
+    head = k - k // TAPER_PART
+    start = head * n // k
+    rest = n - start
+    fine = min((k - head) * TAPER_DIVISOR, rest)  # no empty shard
+    return ([(i * n // k, (i + 1) * n // k) for i in range(head)]
+            + [(start + i * rest // fine, start + (i + 1) * rest // fine) for i in range(fine)])
+
+
 def split_order(n: int, split: str, seed: int, shuffle: bool) -> np.ndarray:
     """A permutation of ``range(n)``; each split gets its own stream so that train and val differ."""
     if not shuffle:
@@ -89,20 +119,22 @@ def shard_digest(identities) -> str:
 
 def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: int | None,
                shard_size: int | None = None, identities: list[bytes] | None = None,
-               per_shard: int = SAMPLES_PER_SHARD) -> SplitPlan:
+               per_shard: int = SAMPLES_PER_SHARD, taper: bool = False, taper_min: int | None = None) -> SplitPlan:
     """``identities[i]``: what decides item ``i``'s bytes and label besides its key (see
     :func:`gpufeed.convert.identity.item_identity`), digested per shard; ``None`` where each shard's worker
-    digests its inputs as it reads them (``shard_digests`` is then empty)."""
+    digests its inputs as it reads them (``shard_digests`` is then empty). ``taper``: the last shards cut finer
+    (:func:`shard_bounds`), for outputs whose bytes do not depend on the bounds, where the split has ``taper_min``
+    shards or more (:data:`TAPER_MIN_SHARDS`; 0 for a resume that keeps the taper its journal records)."""
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
     k = min(shards or default_shards(n, shard_size, per_shard), max(n, 1))
-    # TensorFlow's build_imagenet_data.py spacing: shard i covers [i*n//k, (i+1)*n//k).
-    bounds = [(i * n // k, (i + 1) * n // k) for i in range(k)]
+    bounds = shard_bounds(n, k, taper and k >= (TAPER_MIN_SHARDS if taper_min is None else taper_min))
     h = hashlib.sha256()  # each key in plan order, then a NUL: one update (a million keys in ImageNet)
     in_order = np.asarray(keys, dtype=object)[order].tolist()  # numpy's gather: half the time of a loop here
     h.update(("\0".join(in_order) + "\0" if n else "").encode("utf-8", "surrogateescape"))
     shard_digests = ()
     if identities is not None:
         shard_digests = tuple(shard_digest(identities[pos] for pos in order[a:b]) for a, b in bounds)
-    return SplitPlan(split, order, tuple(ShardPlan(split, i, k, a, b) for i, (a, b) in enumerate(bounds)),
-                     h.hexdigest(), shard_digests)
+    count = len(bounds)
+    return SplitPlan(split, order, tuple(ShardPlan(split, i, count, a, b) for i, (a, b) in enumerate(bounds)),
+                     h.hexdigest(), shard_digests, k if count != k else None)

@@ -233,12 +233,14 @@ class Journal:
                                   "destination and rerun the same command to resume") from e
             self.events.extend(events)
 
-    def planned_shards(self, split: str, digest: str) -> int | None:
-        """The shard count ``split`` was planned with when this conversion started, where its inputs' keys are
-        the same now (``digest``); None for a split not planned yet, or planned from other inputs."""
+    def planned_shards(self, split: str, digest: str) -> tuple[int, int | None] | None:
+        """How ``split`` was cut when this conversion started, where its inputs' keys are the same now
+        (``digest``): its shard count and the count of equal shards it was tapered from (None where its shards
+        are equal, as in every journal from before the taper); None for a split not planned yet, or planned from
+        other inputs."""
         for e in self.events:
             if e["event"] == "plan" and e["split"] == split and e["digest"] == digest:
-                return e["shards"]
+                return e["shards"], e.get("tapered_from")
         return None
 
     def check_plan(self, split: str, plan, items: list, strict: bool = False, digest_of=None) -> None:
@@ -250,7 +252,7 @@ class Journal:
         identity = "content" if strict else "stat"
         for e in self.events:
             if e["event"] == "plan" and e["split"] == split:
-                if (e["digest"], e["shards"]) != (plan.digest, shards):
+                if (e["digest"], e["shards"], e.get("tapered_from")) != (plan.digest, shards, plan.tapered_from):
                     raise ConfigError(f"the {split} split of the source changed since this conversion started "
                                       "(inputs added, removed or renamed); add --no-resume to start over")
                 if e.get("identity", "stat") != identity:
@@ -276,8 +278,11 @@ class Journal:
                                       f"replaced, or a label changed) in {len(changed)} converted shard(s): "
                                       f"{named}{more}; add --no-resume to convert from the current inputs")
                 return
-        self.append({"event": "plan", "split": split, "digest": plan.digest, "shards": shards,
-                     "identity": identity, "shard_digests": list(plan.shard_digests)})
+        event = {"event": "plan", "split": split, "digest": plan.digest, "shards": shards,
+                 "identity": identity, "shard_digests": list(plan.shard_digests)}
+        if plan.tapered_from is not None:
+            event["tapered_from"] = plan.tapered_from
+        self.append(event)
 
     def shards_done(self) -> dict[tuple[str, int], dict]:
         return {(e["split"], e["shard"]): e for e in self.events if e["event"] == "shard"}

@@ -435,6 +435,25 @@ def test_default_shards_come_from_the_split_alone(n, shard_size, shards):
     assert len(plan_split("train", [str(i) for i in range(n)], 0, False, None, shard_size).shards) == shards
 
 
+def test_a_tapered_plan_cuts_the_last_eighth_four_times_finer():
+    """Where no shard is a file, the last shards are finer: the first 7/8 of the shards are those of the equal
+    plan, the rest of the split is cut into four times as many; every position in one shard, in order."""
+    from gpufeed.convert.plan import TAPER_MIN_SHARDS, plan_split, shard_bounds
+
+    n = 300_000
+    equal, tapered = shard_bounds(n, 1024), shard_bounds(n, 1024, taper=True)
+    assert len(tapered) == 896 + 128 * 4
+    assert tapered[:896] == equal[:896]
+    assert [a for a, _ in tapered[1:]] == [b for _, b in tapered[:-1]] and (tapered[0][0], tapered[-1][1]) == (0, n)
+    assert {b - a for a, b in tapered[896:]} == {73, 74}  # a quarter of ~293
+    few = plan_split("train", [str(i) for i in range(5000)], 0, False, TAPER_MIN_SHARDS - 1, taper=True)
+    assert [(sp.start, sp.stop) for sp in few.shards] == shard_bounds(5000, TAPER_MIN_SHARDS - 1)
+    assert few.tapered_from is None
+    plan = plan_split("train", [str(i) for i in range(n)], 0, True, None, per_shard=312, taper=True)
+    assert (len(plan.shards), plan.tapered_from, plan.shards[-1].count) == (1408, 1024, 1408)
+    assert plan_split("train", [str(i) for i in range(n)], 0, True, None, per_shard=312).tapered_from is None
+
+
 def test_a_second_split_joins_a_finished_destination(src, tmp_path, ray_local):
     """`--split train`, then `--split val` into the same --out: the second run adds its split, leaving the first's
     files as they are; the destination is then what one run of both splits writes, and verifies whole."""
@@ -477,19 +496,29 @@ def test_shard_seconds_spread_says_how_ragged_the_last_wave_is():
     assert shard_seconds_spread([]) == {}
 
 
-def test_work_is_cut_finer_where_no_shard_is_a_file_and_the_bytes_do_not_change(tmp_path):
+def test_work_is_cut_finer_where_no_shard_is_a_file_and_the_bytes_do_not_change(tmp_path, monkeypatch):
     """RecordIO alone (one .rec per split) is appended shard after shard: its default shards are a quarter of
-    the usual size (a shorter last wave), and its bytes are those of the usual shards. With a format whose
-    shards are files (TFRecord) or commits (LMDB), the usual size."""
+    the usual size and its last ones finer still (a shorter last wave), and its bytes are those of the usual
+    shards. With a format whose shards are files (TFRecord) or commits (LMDB), or shards the user sized, the
+    usual equal shards."""
+    from gpufeed.convert import plan as plan_mod
     from gpufeed.convert.options import ASSEMBLED_SAMPLES_PER_SHARD, SAMPLES_PER_SHARD
 
     def opts(formats, out, **kw):
         return ConvertOptions("synthetic", "cifar:3000", formats, str(tmp_path / out), workers=2, progress=False, **kw)
 
     assert opts(("recordio",), "a").default_shard_samples == ASSEMBLED_SAMPLES_PER_SHARD == SAMPLES_PER_SHARD // 4
+    assert opts(("recordio",), "a").tapers
     for formats in (("recordio", "lmdb"), ("recordio", "tfrecord"), ("lmdb",)):
-        assert opts(formats, "a").default_shard_samples == SAMPLES_PER_SHARD
+        assert opts(formats, "a").default_shard_samples == SAMPLES_PER_SHARD and not opts(formats, "a").tapers
+    for given in ({"shards": 4}, {"shard_size": 100}, {"shard_bytes": 10 ** 6}):
+        assert not opts(("recordio",), "a", **given).tapers  # shards the user sized are kept as asked
     fine = convert(opts(("recordio",), "fine", local_start=True, executor="pool"))
     coarse = convert(opts(("recordio",), "coarse", local_start=True, executor="pool", shard_size=SAMPLES_PER_SHARD))
     assert (fine.samples["train"]["shards"], coarse.samples["train"]["shards"]) == (16, 2)
     assert tree_bytes(tmp_path / "fine") == tree_bytes(tmp_path / "coarse")
+    with monkeypatch.context() as m:  # a split of 16 shards tapered: 14 of them, then the rest in 8
+        m.setattr(plan_mod, "TAPER_MIN_SHARDS", 16)
+        tapered = convert(opts(("recordio",), "tapered", local_start=True, executor="pool"))
+    assert tapered.samples["train"]["shards"] == 22
+    assert tree_bytes(tmp_path / "tapered") == tree_bytes(tmp_path / "coarse")

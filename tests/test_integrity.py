@@ -130,6 +130,31 @@ def test_a_resume_keeps_the_shards_its_conversion_was_planned_in(src, tmp_path, 
     assert tree_bytes(out) == tree_bytes(fresh)
 
 
+@pytest.mark.parametrize("first, then", [(10 ** 9, 4), (4, 10 ** 9)], ids=["equal-then-tapering", "tapered-then-not"])
+def test_a_resume_keeps_the_taper_its_conversion_was_planned_with(src, tmp_path, monkeypatch, first, then):
+    """A RecordIO conversion started with equal shards (a gpufeed from before the taper) resumes in those by a
+    gpufeed that tapers, and one started tapered resumes tapered where the split would now not be: the journal's
+    plan says which, and the output is byte for byte one uninterrupted run's."""
+    from gpufeed.convert import plan as plan_mod
+
+    out = tmp_path / "out"
+    opts = options(src, out, workers=1, splits=("train",), formats=("recordio",), shard_size=None)
+    with monkeypatch.context() as m:
+        m.setattr(plan_mod, "MIN_SHARD_SAMPLES", 1)
+        m.setattr(plan_mod, "TAPER_MIN_SHARDS", first)
+        with pytest.raises(KeyboardInterrupt):
+            convert(opts, StopAfter(2))
+        plan = next(e for e in map(json.loads, open(out / ".gpufeed" / "journal.jsonl")) if e["event"] == "plan")
+        m.setattr(plan_mod, "TAPER_MIN_SHARDS", then)
+        resumed = convert(opts)
+    assert ("tapered_from" in plan) == (first == 4)
+    assert resumed.samples["train"]["shards"] == plan["shards"]
+    verify(str(out))
+    fresh = tmp_path / "fresh"
+    convert(options(src, fresh, workers=1, splits=("train",), formats=("recordio",), shard_size=1))
+    assert tree_bytes(out) == tree_bytes(fresh)
+
+
 def options_items(opts):
     from gpufeed.pipelines import open_source
 
