@@ -128,7 +128,8 @@ def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: in
     n = len(keys)
     order = split_order(n, split, seed, shuffle)
     k = min(shards or default_shards(n, shard_size, per_shard), max(n, 1))
-    bounds = shard_bounds(n, k, taper and k >= (TAPER_MIN_SHARDS if taper_min is None else taper_min))
+    tapered = taper and k >= max(TAPER_PART, TAPER_MIN_SHARDS if taper_min is None else taper_min)
+    bounds = shard_bounds(n, k, tapered)
     h = hashlib.sha256()  # each key in plan order, then a NUL: one update (a million keys in ImageNet)
     in_order = np.asarray(keys, dtype=object)[order].tolist()  # numpy's gather: half the time of a loop here
     h.update(("\0".join(in_order) + "\0" if n else "").encode("utf-8", "surrogateescape"))
@@ -137,4 +138,4 @@ def plan_split(split: str, keys: list[str], seed: int, shuffle: bool, shards: in
         shard_digests = tuple(shard_digest(identities[pos] for pos in order[a:b]) for a, b in bounds)
     count = len(bounds)
     return SplitPlan(split, order, tuple(ShardPlan(split, i, count, a, b) for i, (a, b) in enumerate(bounds)),
-                     h.hexdigest(), shard_digests, k if count != k else None)
+                     h.hexdigest(), shard_digests, k if tapered else None)

@@ -449,6 +449,8 @@ def test_a_tapered_plan_cuts_the_last_eighth_four_times_finer():
     few = plan_split("train", [str(i) for i in range(5000)], 0, False, TAPER_MIN_SHARDS - 1, taper=True)
     assert [(sp.start, sp.stop) for sp in few.shards] == shard_bounds(5000, TAPER_MIN_SHARDS - 1)
     assert few.tapered_from is None
+    # Recorded wherever the taper was applied, also where it leaves the count as it was (one sample a shard).
+    assert plan_split("train", [str(i) for i in range(64)], 0, False, 64, taper=True).tapered_from == 64
     plan = plan_split("train", [str(i) for i in range(n)], 0, True, None, per_shard=312, taper=True)
     assert (len(plan.shards), plan.tapered_from, plan.shards[-1].count) == (1408, 1024, 1408)
     assert plan_split("train", [str(i) for i in range(n)], 0, True, None, per_shard=312).tapered_from is None
