@@ -298,25 +298,51 @@ def _fed_up_to(au_by_count: dict[int, float]) -> tuple[int, int | None]:
     return max((n for n in au_by_count if missed is None or n < missed), default=0), missed
 
 
-def _tier_fed(formats: dict[str, dict[int, float]]) -> tuple[int, dict[int, tuple[float, str]]]:
+def _tier_fed(formats: dict[str, dict[int, float]], recipes: dict[str, str] | None = None
+              ) -> list[tuple[int, dict[int, tuple[float, str]]]]:
     """How many GPUs a tier feeds from the AU each format gave at each GPU count, and the counts that say so
-    (``{n: (AU, format)}``). Each format is judged on its own figures, the counts it was not measured with taken
-    from the format that did best there: a format measured with 4 GPUs only does not feed 4 where 3 missed from
-    every format measured with 3, nor does a format that missed with 3 feed 4 because another format fed 3. The
-    tier's answer is the format whose counts reach furthest (on a tie, the one measured with more counts
-    itself, then the one with the higher AU at the answer's count)."""
-    best: dict[int, tuple[float, str]] = {}
+    (``{n: (AU, format)}``), for each way the records were stored (``recipes[format]``: as captured, ``--resize
+    256``, ...), the furthest-reaching first. Within one stored size each format is judged on its own figures, the
+    counts it was not measured with taken from the format of the same records that did best there: a format
+    measured with 4 GPUs only does not feed 4 where 3 missed from every format measured with 3, nor does a format
+    that missed with 3 feed 4 because another format fed 3. Records stored otherwise ask other bytes and decoding
+    of the disk and cores, so their counts fill none of these (4 inference ranks fed from records stored at 160 px
+    are not held back by 2 ranks that missed from the captured photos). A stored size's answer is the format whose
+    counts reach furthest (on a tie, the one measured with more counts itself, then the one with the higher AU at
+    the answer's count)."""
+    recipes = recipes or {}
+    by_recipe: dict[str, dict[str, dict[int, float]]] = defaultdict(dict)
     for fmt, aus in formats.items():
-        for n, au in aus.items():
-            if n not in best or au > best[n][0]:
-                best[n] = (au, fmt)
+        by_recipe[recipes.get(fmt, "")][fmt] = aus
     answers = []
-    for fmt, aus in formats.items():
-        counts = {**best, **{n: (au, fmt) for n, au in aus.items()}}
-        most, _ = _fed_up_to({n: au for n, (au, _f) in counts.items()})
-        answers.append((most, len(aus), counts[most][0] if most else 0.0, counts))
-    most, _own, _au, counts = max(answers, key=lambda a: a[:3])
-    return most, counts
+    for group in by_recipe.values():
+        best: dict[int, tuple[float, str]] = {}
+        for fmt, aus in group.items():
+            for n, au in aus.items():
+                if n not in best or au > best[n][0]:
+                    best[n] = (au, fmt)
+        candidates = []
+        for fmt, aus in group.items():
+            counts = {**best, **{n: (au, fmt) for n, au in aus.items()}}
+            most, _ = _fed_up_to({n: au for n, (au, _f) in counts.items()})
+            candidates.append((most, len(aus), counts[most][0] if most else 0.0, counts))
+        answers.append(max(candidates, key=lambda a: a[:3]))
+    answers.sort(key=lambda a: a[:3], reverse=True)
+    return [(most, counts) for most, _own, _au, counts in answers]
+
+
+def _measured_with(counts: dict[int, tuple[float, str]]) -> str:
+    """``measured with 1, 2 GPUs``, or where each count's figure came from another format or stored size, which:
+    ``measured with 1, 2 GPUs from recordio and 3 from lmdb``."""
+    froms = list(dict.fromkeys(counts[n][1] for n in sorted(counts)))
+    if len(froms) == 1:
+        return f"measured with {', '.join(map(str, sorted(counts)))} GPU{'' if list(counts) == [1] else 's'}"
+    parts = []
+    for f in froms:
+        ns = [n for n in sorted(counts) if counts[n][1] == f]
+        noun = "" if parts else (" GPU" if ns == [1] else " GPUs")
+        parts.append(f"{', '.join(map(str, ns))}{noun} from {f}")
+    return "measured with " + " and ".join(parts)
 
 
 #: How the GPUs-fed table names a count's figure from a row that did not count what its workers made.
@@ -359,6 +385,7 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
                    "slowest rank's AU with N GPUs", "what limits the first N below"], [])
     # Per model, task, GPU and tier: each format's AU at each count it was measured with.
     of_format: dict[tuple, dict[str, dict[int, float]]] = defaultdict(dict)
+    recipes: dict[str, str] = {}  # each format label's stored size ("" as captured)
     for key in sorted(groups, key=lambda k: (k[1] != "train", k)):
         model, task, gpu, tier, fmt = key
         by_n = {n: r for n, (r, _runs) in groups[key].items()}
@@ -370,23 +397,20 @@ def real_gpus_fed(rows: Sequence[dict]) -> list[Block]:
         table.rows.append([model, task, gpu, tier, fmt, str(most), measured,
                            limit_text(by_n[missed]) if missed is not None else "-"])
         of_format[(model, task, gpu, tier)][fmt] = {n: figure(r, "au") for n, r in by_n.items()}
+        recipes[fmt] = stored(by_n[min(by_n)]) or ""
     sentences = []
     for where, formats in of_format.items():
         model, task, gpu, tier = where
-        most, counts = _tier_fed(formats)
+        (most, counts), *others = _tier_fed(formats, recipes)
         doing = {"train": "training", "infer": "running inference of"}.get(task, task)
-        froms = list(dict.fromkeys(counts[n][1] for n in sorted(counts)))
-        if len(froms) == 1:
-            measured = f"measured with {', '.join(map(str, sorted(counts)))} GPUs"
-        else:  # each count's best came from another format or stored size: say which, not one list for all
-            parts = []
-            for f in froms:
-                ns = [n for n in sorted(counts) if counts[n][1] == f]
-                noun = "" if parts else (" GPU" if ns == [1] else " GPUs")
-                parts.append(f"{', '.join(map(str, ns))}{noun} from {f}")
-            measured = "measured with " + " and ".join(parts)
-        sentences.append(f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
-                         + (f" (from {counts[most][1]})" if most else "") + f", {measured}")
+        sentence = (f"{tier} feeds **{most}** {gpu}{'s' if most != 1 else ''} {doing} {model}"
+                    + (f" (from {counts[most][1]})" if most else "") + f", {_measured_with(counts)}")
+        elsewise = []  # the same disk's answer for records stored otherwise
+        for n, other in others:
+            how = recipes[next(iter(other.values()))[1]]
+            elsewise.append(f"{'stored ' + how if how else 'as captured'}: {n}" + (f" from {other[n][1]}" if n else "")
+                            + f", {_measured_with(other)}")
+        sentences.append(sentence + (f" ({'; '.join(elsewise)})" if elsewise else ""))
     blocks = ["**GPUs fed, measured with real GPUs on one node:** " + "; ".join(sentences) + ".", table]
     if any(not counts_made(r) for by_n in groups.values() for r, _runs in by_n.values()):
         blocks.append(f"\"{LOOPS_RATE}\": a run written before `bench train` counted what the loader's workers made "

@@ -543,8 +543,8 @@ def test_gpus_fed_counts_only_up_to_the_first_count_that_missed(tmp_path):
     assert "essd-pl1* feeds **0** NVIDIA H200s training resnet50, measured with 1, 2, 3 GPUs" in fed
     # lmdb's 92.8%, measured with 4 GPUs only, does not make the disk's answer 4 where 3 missed from recordio.
     assert ("local feeds **2** NVIDIA H200s training resnet50 (from recordio), measured with 1, 2, 3, 4 GPUs; local "
-            "feeds **0** NVIDIA H200s running inference of resnet50, measured with 1 GPU from "
-            "recordio and 4 from recordio (--resize 160).") in fed
+            "feeds **0** NVIDIA H200s running inference of resnet50, measured with 1 GPU (stored --resize 160: 0, "
+            "measured with 4 GPUs).") in fed
     assert ("| resnet50 | train | NVIDIA H200 | local | lmdb | 4 | 4: 92.8% (hybrid, read-ahead, CPU share 0.75; loop's "
             "rate) | - |") in fed
 
@@ -661,36 +661,48 @@ def test_four_h200s_three_ranks_fed_by_default_and_four_short_of_the_disk(tmp_pa
 
 
 def test_a_tier_feeds_what_one_format_fed_at_every_count_up_to_it():
-    """The tier's answer comes from one format's counts, filled where it was not measured by the format that did
-    best there: a format measured with 4 GPUs only does not feed 4 where 3 missed, nor one that missed with 3."""
+    """The tier's answer comes from one format's counts, filled where it was not measured by the format of the same
+    stored records that did best there: a format measured with 4 GPUs only does not feed 4 where 3 missed, nor one
+    that missed with 3. Records stored at another size are judged apart: their counts fill none of the others'."""
     from gpufeed.bench.report_analysis import _tier_fed
 
-    most, counts = _tier_fed({"recordio": {1: 0.99, 2: 0.967, 3: 0.937, 4: 0.755}, "lmdb": {3: 0.85, 4: 0.928}})
+    (most, counts), = _tier_fed({"recordio": {1: 0.99, 2: 0.967, 3: 0.937, 4: 0.755}, "lmdb": {3: 0.85, 4: 0.928}})
     assert most == 3 and counts == {1: (0.99, "recordio"), 2: (0.967, "recordio"), 3: (0.937, "recordio"),
                                     4: (0.755, "recordio")}
-    assert _tier_fed({"recordio": {1: 0.99, 2: 0.92, 3: 0.88, 4: 0.923}, "lmdb": {4: 0.928}})[0] == 2
-    assert _tier_fed({"recordio": {1: 0.99, 2: 0.8}, "lmdb": {2: 0.95}}) == (2, {1: (0.99, "recordio"),
-                                                                                 2: (0.95, "lmdb")})
-    assert _tier_fed({"tfrecord": {2: 0.5}})[0] == 0
-    # Two formats measured with 4 only, both fed: the answer names the one that fed better there.
+    assert _tier_fed({"recordio": {1: 0.99, 2: 0.92, 3: 0.88, 4: 0.923}, "lmdb": {4: 0.928}})[0][0] == 2
+    assert _tier_fed({"recordio": {1: 0.99, 2: 0.8}, "lmdb": {2: 0.95}}) == [(2, {1: (0.99, "recordio"),
+                                                                                  2: (0.95, "lmdb")})]
+    assert _tier_fed({"tfrecord": {2: 0.5}})[0][0] == 0
+    # Two formats of records stored at 256 measured with 4 only, both fed: that stored size feeds 4, named by the
+    # format that fed better there; the captured records' answer stays their own (3).
     rows = {"recordio": {1: 0.99, 2: 0.967, 3: 0.937, 4: 0.755}, "lmdb (--resize 256)": {4: 0.979},
             "recordio (--resize 256)": {4: 0.999}}
-    assert _tier_fed(rows) == (4, {1: (0.99, "recordio"), 2: (0.967, "recordio"), 3: (0.937, "recordio"),
-                                   4: (0.999, "recordio (--resize 256)")})
+    recipes = {"recordio": "", "lmdb (--resize 256)": "--resize 256", "recordio (--resize 256)": "--resize 256"}
+    assert _tier_fed(rows, recipes) == [(4, {4: (0.999, "recordio (--resize 256)")}),
+                                        (3, {1: (0.99, "recordio"), 2: (0.967, "recordio"), 3: (0.937, "recordio"),
+                                             4: (0.755, "recordio")})]
+    # Inference ranks fed from small records with 1 and 4 GPUs: 2 ranks that missed from the captured photos do not
+    # hold them back.
+    rows = {"recordio": {1: 0.414, 2: 0.357}, "recordio (--resize 160)": {1: 0.999, 4: 0.998}}
+    assert [most for most, _ in _tier_fed(rows, {"recordio (--resize 160)": "--resize 160"})] == [4, 0]
 
 
 def test_four_h200s_fed_from_records_stored_at_256(tmp_path):
     """Four H200s (results/gpu-ranks-h200x4.jsonl, every session): session 18's 4 ranks by default (the CPU workers,
     15 a rank, boxes alone) from records stored at 256 (52 KB) fed every rank 0.98-1.00 from each format, where the
-    captured 118 KB records fed 0.698 on the same host with the disk 100% busy. The disk then feeds 4, the 4th
-    count from the stored size that fed it, and the captured rows say what size would fit the disk."""
+    captured 118 KB records fed 0.698 on the same host with the disk 100% busy. The disk then feeds 4 from records
+    stored at 256 and 3 from the captured ones, each said, and the captured rows say what size would fit the disk."""
     import os
 
     path = os.path.join(os.path.dirname(__file__), os.pardir, "results", "gpu-ranks-h200x4.jsonl")
     fed = report.render_markdown(report.build_report(load_results(path)), str(tmp_path / "r"), "r")
     fed = fed.split("## The answer")[1]
-    assert ("local feeds **4** NVIDIA H200s training resnet50 (from recordio (--resize 256)), measured with 1, 2, 3 "
-            "GPUs from recordio and 4 from recordio (--resize 256);") in fed
+    assert ("local feeds **4** NVIDIA H200s training resnet50 (from recordio (--resize 256)), measured with 4 GPUs "
+            "(as captured: 3 from recordio, measured with 1, 2, 3, 4 GPUs);") in fed
+    # Inference: 4 ranks fed from records stored at 160 px, q75 (session 12), whatever 2 ranks from the captured
+    # photos missed by.
+    assert ("local feeds **4** NVIDIA H200s running inference of resnet50 (from recordio (--resize 160 --quality 75)), "
+            "measured with 1, 4 GPUs (as captured: 0, measured with 1, 2 GPUs;") in fed
     for fmt, au in (("recordio", "99.9"), ("lmdb", "97.9"), ("tfrecord", "99.8")):
         assert f"| local | {fmt} (--resize 256) | 4 | 4: {au}% (cpu, read-ahead, region decode) | - |" in fed
     assert ("the loader itself limits this run: its reads kept the disk busy 100% of the time below the ceiling "
