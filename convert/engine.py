@@ -164,7 +164,7 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
 
 def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summary:
     from gpufeed.convert import manifest as manifest_mod
-    from gpufeed.convert.state import DestinationLock, Journal, state_dir_for
+    from gpufeed.convert.state import TAPERED_JOURNAL_VERSION, DestinationLock, Journal, state_dir_for
     from gpufeed.pipelines import open_source
 
     # Local paths absolute: the workers (Ray's, on this machine or others) do not run in this directory.
@@ -258,6 +258,10 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         for s, plan in list(plans.items()):
             items = items_by_split[s]
             planned = journal.planned_shards(s, plan.digest)
+            if planned is None and plan.tapered_from is not None and journal.version < TAPERED_JOURNAL_VERSION:
+                # A journal that an older gpufeed started, which reads no tapered plan: its splits are equal.
+                plan = plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
+                                             plan.tapered_from, identities=known_by_split[s])
             if planned is not None and planned != (len(plan.shards), plan.tapered_from):
                 # Resumed with the same options: the split keeps the shards it was planned in, even where this
                 # gpufeed's default count or taper differs from the one that started it.

@@ -79,7 +79,8 @@ def default_shards(n: int, shard_size: int | None = None, per_shard: int = SAMPL
 #: run (results/convert-node-h200x4.txt, session 22); the finer shards at the end fill those gaps, and a shard
 #: more costs its worker ~2.5 ms. The taper depends on the split alone, never on the workers. A journal records
 #: the count a tapered plan was cut from (``tapered_from``), and these constants decide the bounds it stands for:
-#: change them together with JOURNAL_VERSION (convert/state.py), or an older journal's resume plans other bounds.
+#: change them together with JOURNAL_VERSION (convert/state.py), or an older journal's resume plans other bounds
+#: (version 4 brought the taper in: a gpufeed that reads version 3 refuses a tapered journal instead of misreading it).
 TAPER_PART = 8
 TAPER_DIVISOR = 4
 TAPER_MIN_SHARDS = 64

@@ -30,7 +30,13 @@ JOURNAL = "journal.jsonl"
 #: Bumped when the journal's meaning changes, so an old journal is never misread. 3: a split's plan is
 #: journalled only once the names it writes were found free, or proven gpufeed's and cleared
 #: (:mod:`.destination`), so those names are this run's.
-JOURNAL_VERSION = 3
+#: 4: a split's plan may be tapered (its plan event carries ``tapered_from``, :func:`gpufeed.convert.plan.shard_bounds`),
+#: which a gpufeed that reads version 3 would take for equal shards.
+JOURNAL_VERSION = 4
+#: The versions this gpufeed resumes: a version 3 journal holds equal shards only, and its splits stay equal.
+RESUMABLE_JOURNAL_VERSIONS = (3, 4)
+#: The first version whose plans may be tapered.
+TAPERED_JOURNAL_VERSION = 4
 #: A local destination's state directory, ``DST/.gpufeed`` (a remote one keeps only spool files there).
 STATE_DIR = ".gpufeed"
 
@@ -149,6 +155,7 @@ class Journal:
         self.dir = state_dir
         self.path = os.path.join(state_dir, JOURNAL)
         self.events: list[dict] = []
+        self.version = JOURNAL_VERSION  # the version of the gpufeed that started it (open() reads it)
         self._append_lock = threading.Lock()
         self._f = None
 
@@ -170,6 +177,8 @@ class Journal:
         if start is None:
             j.events = []
             j.append({"event": "start", "version": JOURNAL_VERSION, "options": key})
+        else:
+            j.version = start["version"]
         return j
 
     @staticmethod
@@ -179,8 +188,8 @@ class Journal:
         if start is None:
             return
         old = recorded_options(start.get("options") or {}, key)
-        if start.get("version") != JOURNAL_VERSION or old != key:
-            diff = options_diff(old, key) if start.get("version") == JOURNAL_VERSION else (
+        if start.get("version") not in RESUMABLE_JOURNAL_VERSIONS or old != key:
+            diff = options_diff(old, key) if start.get("version") in RESUMABLE_JOURNAL_VERSIONS else (
                 f"journal version {start.get('version')}, now {JOURNAL_VERSION}")
             raise ConfigError(f"{out} holds a partial conversion made with other options "
                               f"({diff}): rerun with the journal's options to resume it, "

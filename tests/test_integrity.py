@@ -155,6 +155,40 @@ def test_a_resume_keeps_the_taper_its_conversion_was_planned_with(src, tmp_path,
     assert tree_bytes(out) == tree_bytes(fresh)
 
 
+def test_a_journal_an_older_gpufeed_started_resumes_with_equal_shards_and_a_newer_ones_is_refused(src, tmp_path,
+                                                                                                   monkeypatch):
+    """A version 3 journal (before the taper) that planned nothing yet: its splits are cut into equal shards, as
+    the gpufeed that started it reads them, and the output is one uninterrupted run's. A journal of a version this
+    gpufeed does not know is refused with both versions named, the destination left as it was."""
+    from gpufeed.convert import plan as plan_mod
+    from gpufeed.convert.state import JOURNAL, JOURNAL_VERSION, state_dir_for
+
+    def started_by(version, out):
+        opts = options(src, out, workers=1, splits=("train",), formats=("recordio",), shard_size=None)
+        os.makedirs(state_dir_for(str(out)))
+        with open(os.path.join(state_dir_for(str(out)), JOURNAL), "w") as f:
+            f.write(json.dumps({"event": "start", "version": version, "options": opts.output_key()}) + "\n")
+        return opts
+
+    opts = started_by(3, tmp_path / "out")
+    with monkeypatch.context() as m:
+        m.setattr(plan_mod, "MIN_SHARD_SAMPLES", 1)
+        m.setattr(plan_mod, "TAPER_MIN_SHARDS", 4)
+        assert plan_mod.plan_split("train", [str(i) for i in range(24)], 0, True, 16, taper=True).tapered_from == 16
+        summary = convert(opts)
+    assert summary.samples["train"]["shards"] == 16  # equal shards: tapered, this split makes 17
+    verify(str(tmp_path / "out"))
+    fresh = tmp_path / "fresh"
+    convert(options(src, fresh, workers=1, splits=("train",), formats=("recordio",), shard_size=1))
+    assert tree_bytes(tmp_path / "out") == tree_bytes(fresh)
+
+    opts = started_by(JOURNAL_VERSION + 1, tmp_path / "newer")
+    journal = (tmp_path / "newer" / ".gpufeed" / JOURNAL).read_bytes()
+    with pytest.raises(ConfigError, match=f"journal version {JOURNAL_VERSION + 1}, now {JOURNAL_VERSION}"):
+        convert(opts)
+    assert (tmp_path / "newer" / ".gpufeed" / JOURNAL).read_bytes() == journal
+
+
 def options_items(opts):
     from gpufeed.pipelines import open_source
 
