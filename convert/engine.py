@@ -257,19 +257,18 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
             journal.append({"event": "joined", "manifest": joined})
         for s, plan in list(plans.items()):
             items = items_by_split[s]
-            planned = journal.planned_shards(s, plan.digest)
+            # Resumed with the same options: the split keeps the shards it was planned in, even where this
+            # gpufeed's default count or taper differs from the one that started it; a split a journal an older
+            # gpufeed started has not planned yet is cut into equal shards, the only ones that gpufeed reads.
+            planned = want = journal.planned_shards(s, plan.digest)
             if planned is None and plan.tapered_from is not None and journal.version < TAPERED_JOURNAL_VERSION:
-                # A journal that an older gpufeed started, which reads no tapered plan: its splits are equal.
-                plan = plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
-                                             plan.tapered_from, identities=known_by_split[s])
-            if planned is not None and planned != (len(plan.shards), plan.tapered_from):
-                # Resumed with the same options: the split keeps the shards it was planned in, even where this
-                # gpufeed's default count or taper differs from the one that started it.
-                count, tapered_from = planned
+                want = (plan.tapered_from, None)
+            if want is not None and want != (len(plan.shards), plan.tapered_from):
+                count, tapered_from = want
                 plan = plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
                                              tapered_from or count, identities=known_by_split[s],
                                              taper=tapered_from is not None, taper_min=0)
-                if progress is not None:
+                if progress is not None and planned is not None:
                     progress.phase(f"resuming {s} in the {count} shards it was planned in")
             journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
                 identities([items[i] for i in plan.order[sp.start:sp.stop]], options.strict)))

@@ -89,8 +89,9 @@ TAPER_MIN_SHARDS = 64
 def shard_bounds(n: int, k: int, taper: bool = False) -> list[tuple[int, int]]:
     """The planned positions ``[start, stop)`` of each shard: ``k`` equal shards (TensorFlow's
     build_imagenet_data.py spacing: shard i covers ``[i*n//k, (i+1)*n//k)``), or with ``taper`` the first
-    ``k - k // TAPER_PART`` of those and the rest of the split in ``TAPER_DIVISOR`` times as many shards."""
-    if not taper or k < TAPER_PART:
+    ``k - k // TAPER_PART`` of those and the rest of the split in ``TAPER_DIVISOR`` times as many shards (all
+    ``k`` equal where ``k`` is under ``TAPER_PART``)."""
+    if not taper:
         return [(i * n // k, (i + 1) * n // k) for i in range(k)]
     head = k - k // TAPER_PART
     start = head * n // k
