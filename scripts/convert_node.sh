@@ -34,6 +34,12 @@ REPO=$PWD
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
+# APPEND=1: first what the single .rec's commit thread pays to append fragments from the memory spools to this
+# disk, in the kernel against streamed through Python (bench/experiments/append_copy.py)
+if [ "${APPEND:-0}" = 1 ]; then
+  mkdir -p "${WORK:-/tmp/gpufeed-node}"
+  python3 -m gpufeed.bench.experiments.append_copy "${WORK:-/tmp/gpufeed-node}" 2>&1 | tee "$OUT/append-copy.jsonl"
+fi
 python3 -m gpufeed.bench.experiments.convert_node --n "${N:-120000}" --unique "${UNIQUE:-3000}" --workers "${WORKERS:-16}" \
   --pass-n "${PASS_N:-40000}" --layout "${LAYOUT:-folder}" --mix "${MIX:-default}" --runs "${RUNS:-limit,recordio,tfrecord,lmdb,all,pass,pass-recordio,cp}" \
   --work "${WORK:-/tmp/gpufeed-node}" "${COMPARE_ARGS[@]}" --results "$OUT/${RESULTS_NAME:-convert-node.jsonl}" 2>&1 | tee "$OUT/convert-node.log"

@@ -143,3 +143,52 @@ def test_rec_fragments_committed_in_one_batch_equal_one_at_a_time(tmp_path):
     assert fields_one == fields_many
     assert [f["records"] for f in fields_many] == [4, 4, 9, 12]
     assert fields_many[-1]["lengths"][".rec"] == len(many["train.rec"])
+
+
+def _memory_folder(tmp_path):
+    """A folder on another filesystem than ``tmp_path``'s: where memory spools live (``/dev/shm``)."""
+    from gpufeed.convert.sinks import MEMORY_ROOT
+
+    if not os.path.isdir(MEMORY_ROOT) or os.stat(MEMORY_ROOT).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"{MEMORY_ROOT} is not a filesystem of its own here")
+    import tempfile
+
+    return tempfile.mkdtemp(dir=MEMORY_ROOT, prefix="gpufeed-test-")
+
+
+@pytest.mark.parametrize("where", ["same filesystem", "memory spool"])
+def test_a_fragment_is_appended_by_the_kernel_within_and_across_filesystems(tmp_path, where):
+    """A spool in memory appended to the ``.rec`` on the disk: Linux refuses copy_file_range across
+    filesystems (EXDEV), and the copy must stay in the kernel anyway (sendfile), not stream through Python."""
+    import shutil
+
+    from gpufeed.formats.assembly import append_file, kernel_copy
+
+    folder = _memory_folder(tmp_path) if where == "memory spool" else str(tmp_path)
+    try:
+        src = os.path.join(folder, "frag.rec")
+        data = os.urandom(3 << 20) + b"tail"
+        with open(src, "wb") as f:
+            f.write(data)
+        with open(tmp_path / "whole.rec", "w+b") as dst:
+            dst.write(b"head")
+            dst.flush()
+            with open(src, "rb") as f:
+                assert kernel_copy(f.fileno(), dst.fileno(), len(data)) == len(data)
+            dst.seek(0, os.SEEK_END)
+            assert append_file(src, dst) == len(data)
+            assert dst.tell() == 4 + 2 * len(data)
+        assert (tmp_path / "whole.rec").read_bytes() == b"head" + data + data
+    finally:
+        if folder != str(tmp_path):
+            shutil.rmtree(folder)
+
+
+def test_the_kernel_copy_says_how_much_it_copied_of_a_file_shorter_than_asked(tmp_path):
+    """What append_file compares with the spool's size, to refuse a spool that shrank under the copy."""
+    from gpufeed.formats.assembly import kernel_copy
+
+    src = tmp_path / "frag.rec"
+    src.write_bytes(b"x" * 1000)
+    with open(src, "rb") as f, open(tmp_path / "out.rec", "w+b") as dst:
+        assert kernel_copy(f.fileno(), dst.fileno(), 4000) == 1000
