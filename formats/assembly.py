@@ -613,8 +613,9 @@ def kernel_copy(src_fd: int, dst_fd: int, size: int) -> int:
     ``copy_file_range`` within one filesystem (a reflink where the filesystem shares blocks); across two,
     where Linux refuses it (EXDEV since 5.19: memory spools in ``/dev/shm`` appended to a ``.rec`` on the disk),
     ``sendfile``, one copy from page cache to page cache. Streaming through Python copies each byte twice
-    and, in 8 MB chunks, maps fresh memory for each: on the 2-core machine 16 MB fragments went 2.2-2.4x
-    faster by ``sendfile`` (results/append-copy-dev.txt)."""
+    and, in 8 MB chunks, maps fresh memory for each (the commit thread's CPU per GB: 0.35-0.48 s by sendfile
+    against 0.50-2.63 streamed on the 2-core machine, 0.50-0.70 against 0.58-0.65 on a 2x H200 host;
+    results/append-copy-dev.txt)."""
     for call in (_copy_file_range, _sendfile):
         done = 0
         try:
