@@ -102,13 +102,15 @@ class _Clock:
         # The driver's CPU time: its main thread's (made on the thread that runs convert()), and every thread's.
         self.cpu0 = (time.thread_time(), time.process_time())
         self.marks = {}
-        # commit_sync: the part of commit spent waiting for the sinks' output to reach the disk (SplitSink.sync_s);
-        # commit_writeback: the part spent starting the writes to the disk (SplitSink.writeback_s);
-        # commit_cpu: the commit threads' own CPU time in their commits, the kernel's copies included;
+        # commit: the appending threads' time adding shards to the split outputs (SplitSink.append_many);
+        # commit_cpu: their own CPU time in it, the kernel's copies included;
         # commit_run_queue: the part they were runnable but waiting for a core (the workers had them all); the
-        # rest of a commit's time waited for the disk or the kernel's locks
-        self.busy = {"commit": 0.0, "commit_sync": 0.0, "commit_writeback": 0.0, "commit_cpu": 0.0,
-                     "commit_run_queue": 0.0, "finish": 0.0}
+        # rest of it waited for the disk or the kernel's locks.
+        # On the syncing threads, beside them: commit_sync, waiting for what was appended to reach the disk
+        # (SplitSink.sync_s); commit_writeback, starting those writes (SplitSink.writeback_s); commit_journal,
+        # journalling the commits (a write and an fsync of the journal each time).
+        self.busy = {"commit": 0.0, "commit_cpu": 0.0, "commit_run_queue": 0.0, "commit_sync": 0.0,
+                     "commit_writeback": 0.0, "commit_journal": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
@@ -616,20 +618,27 @@ def _awaiting(splits) -> int:
 
 
 class _Committer:
-    """Commits finished shards into the split sinks (and finishes each split's output) on a thread per sink,
-    so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec`` append
-    runs, and the sinks of one run (LMDB beside a ``.rec``) commit side by side. Commits stay in shard order
-    per split and sink, journalled as they complete; the first failure stops its thread and is raised in the
-    driver's loop (:meth:`check`)."""
+    """Commits finished shards into the split sinks (and finishes each split's output) on two threads per
+    sink, so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec`` append
+    runs, and the sinks of one run (LMDB beside a ``.rec``) commit side by side. One thread appends the shards
+    next in line (:meth:`SplitSink.append_many`); the other makes what was appended durable with one sync for
+    every batch appended meanwhile, journals those commits and drops their spools, so that a ``.rec``'s
+    copies go on while the disk flushes the fragments before them. Commits stay in shard order per split and
+    sink; the first failure stops both threads and is raised in the driver's loop (:meth:`check`)."""
 
     def __init__(self, sink_names, journal, spool_dir: str, progress, clock):
         import queue
 
-        self._args = (journal, spool_dir, progress, clock)
+        self._journal, self._spool_dir, self._progress, self._clock = journal, spool_dir, progress, clock
         self.error = None
         self._queues = {name: queue.SimpleQueue() for name in sink_names}
-        self._threads = [threading.Thread(target=self._loop, args=(name, q), name=f"gpufeed-commit-{name}",
-                                          daemon=True) for name, q in self._queues.items()]
+        self._threads = []
+        for name, q in self._queues.items():
+            synced = queue.SimpleQueue()
+            self._threads += [threading.Thread(target=self._append_loop, args=(name, q, synced), daemon=True,
+                                               name=f"gpufeed-commit-{name}"),
+                              threading.Thread(target=self._sync_loop, args=(name, synced), daemon=True,
+                                               name=f"gpufeed-sync-{name}")]
         for t in self._threads:
             t.start()
 
@@ -638,15 +647,47 @@ class _Committer:
         for q in self._queues.values():
             q.put(st)
 
-    def _loop(self, name: str, q) -> None:
-        while (st := q.get()) is not None:
+    def _append_loop(self, name: str, q, synced) -> None:
+        try:
+            while (st := q.get()) is not None:
+                while self.error is None and (appended := _append_ready(st, name, self._spool_dir, self._clock)):
+                    synced.put((st, appended))
+                if self.error is None:
+                    synced.put((st, None))  # a split with nothing left to append may be finished
+        except BaseException as e:  # raised in the driver's loop
+            self._failed(e)
+        finally:
+            synced.put(None)
+
+    def _sync_loop(self, name: str, synced) -> None:
+        import queue
+
+        done = False
+        while not done:
+            items = [synced.get()]
+            while True:  # every batch appended meanwhile, made durable together
+                try:
+                    items.append(synced.get_nowait())
+                except queue.Empty:
+                    break
+            done = None in items
             if self.error is not None:
                 continue
             try:
-                _commit_ready(st, *self._args, only=name)
+                by_split = {}
+                for item in items:
+                    if item is not None:
+                        by_split.setdefault(id(item[0]), (item[0], []))[1].append(item[1])
+                for st, appended in by_split.values():
+                    if batches := [a for a in appended if a is not None]:
+                        _sync_appended(st, name, batches, self._journal, self._spool_dir, self._clock)
+                    _finish_if_complete(st, name, self._journal, self._progress, self._clock)
             except BaseException as e:  # raised in the driver's loop
-                if self.error is None:
-                    self.error = e
+                self._failed(e)
+
+    def _failed(self, e: BaseException) -> None:
+        if self.error is None:
+            self.error = e
 
     def check(self) -> None:
         if self.error is not None:
@@ -755,45 +796,66 @@ def _journal_shard(journal, state_dir, result) -> dict:
 
 def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None,
                   only: str | None = None) -> None:
-    """Give the ordered sinks (``only`` that one) every shard that is next in line and complete; finish a
-    split when done."""
-    shards = st.plan.shards
-    for sink_name, sink in list(st.sinks.items()):
+    """Give the ordered sinks (``only`` that one) every shard that is next in line and complete, durably and
+    journalled; finish a split when done. (The driver's :class:`_Committer` does the same on two threads a sink.)"""
+    for sink_name in list(st.sinks):
         if only is not None and sink_name != only:
             continue
-        while True:
-            # The journalled shards next in line (a result still being landed or journalled has no "event"
-            # yet), committed together: a sink may make them durable at once.
-            batch, i = [], st.next[sink_name]
-            while i < len(shards) and len(batch) < COMMIT_BATCH and st.results.get(i, {}).get("event"):
-                batch.append((sinks.spool_path(spool_dir, st.plan.split, sink_name, i), st.results[i]["files"]))
-                i += 1
-            if not batch:
-                break
-            st.taken[sink_name] = i
-            synced, kicked = sink.sync_s, sink.writeback_s
-            with clock.timed("commit") if clock else contextlib.nullcontext():
-                committed = sink.commit_many(batch)
-            if clock:
-                clock.add("commit_sync", sink.sync_s - synced)
-                clock.add("commit_writeback", sink.writeback_s - kicked)
-            first = st.next[sink_name]
-            journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
-                                  **fields} for k, fields in enumerate(committed)])
-            for spool, _ in batch:
-                for path in sink.spool_files(spool):
-                    sinks.remove(path)
-            st.next[sink_name] = first + len(batch)
-        if st.next[sink_name] == len(shards):
-            if progress is not None:
-                progress.phase(f"finishing the {st.plan.split} {sink_name} output")
-            with clock.timed("finish") if clock else contextlib.nullcontext():
-                files = [file_entry(f) for f in sink.finish()]
-            journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
-            st.finished[sink_name] = files
-            st.sinks.pop(sink_name)
-            st.taken.pop(sink_name, None)
-            st.next.pop(sink_name)
+        while appended := _append_ready(st, sink_name, spool_dir, clock):
+            _sync_appended(st, sink_name, [appended], journal, spool_dir, clock)
+        _finish_if_complete(st, sink_name, journal, progress, clock)
+
+
+def _append_ready(st: _Split, sink_name: str, spool_dir: str, clock: _Clock | None):
+    """Append to ``sink_name``'s output the journalled shards next in line (a result still being landed or
+    journalled has no "event" yet), at most :data:`COMMIT_BATCH`, not yet durable: ``(first shard, batch, what
+    the journal will record of each)``, or None where none is ready."""
+    shards = st.plan.shards
+    first = st.taken.get(sink_name)  # gone once the split is finished (by the syncing thread)
+    batch, i = [], first
+    while i is not None and i < len(shards) and len(batch) < COMMIT_BATCH and st.results.get(i, {}).get("event"):
+        batch.append((sinks.spool_path(spool_dir, st.plan.split, sink_name, i), st.results[i]["files"]))
+        i += 1
+    if not batch:
+        return None
+    st.taken[sink_name] = i
+    with clock.timed("commit") if clock else contextlib.nullcontext():
+        committed = st.sinks[sink_name].append_many(batch)
+    return first, batch, committed
+
+
+def _sync_appended(st: _Split, sink_name: str, appended: list, journal, spool_dir: str,
+                   clock: _Clock | None) -> None:
+    """Make the ``appended`` batches (:func:`_append_ready`'s, in order) durable with one sync, journal their
+    commits, and drop their spools."""
+    sink = st.sinks[sink_name]
+    synced, kicked = sink.sync_s, sink.writeback_s
+    sink.sync()
+    if clock:
+        clock.add("commit_sync", sink.sync_s - synced)
+        clock.add("commit_writeback", sink.writeback_s - kicked)
+    with clock.timed("commit_journal") if clock else contextlib.nullcontext():
+        journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
+                              **fields} for first, _, committed in appended for k, fields in enumerate(committed)])
+    for first, batch, _ in appended:
+        for spool, _ in batch:
+            for path in sink.spool_files(spool):
+                sinks.remove(path)
+        st.next[sink_name] = first + len(batch)
+
+
+def _finish_if_complete(st: _Split, sink_name: str, journal, progress, clock: _Clock | None) -> None:
+    if sink_name not in st.next or st.next[sink_name] != len(st.plan.shards):
+        return
+    if progress is not None:
+        progress.phase(f"finishing the {st.plan.split} {sink_name} output")
+    with clock.timed("finish") if clock else contextlib.nullcontext():
+        files = [file_entry(f) for f in st.sinks[sink_name].finish()]
+    journal.append({"event": "final", "sink": sink_name, "split": st.plan.split, "files": files})
+    st.finished[sink_name] = files
+    st.sinks.pop(sink_name)
+    st.taken.pop(sink_name, None)
+    st.next.pop(sink_name)
 
 
 def _records_per_format(formats, st: _Split) -> dict:

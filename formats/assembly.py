@@ -9,8 +9,9 @@ the conversion's driver commits the shards in order as they complete while the w
   records to the LMDB format's writer without copying them, one transaction per shard (``putmulti``); that
   environment becomes the output in place at the end.
 * Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver has
-  the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``; the
-  fragments waiting when it gets to them are appended together and flushed to the disk once.
+  the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``; one
+  fsync makes every fragment appended since the last durable, on a thread of its own while the next are
+  appended.
 
 Partial outputs live in the local state directory and are renamed (or uploaded) to their final names only
 when the split is complete.
@@ -149,7 +150,9 @@ class SplitSink:
     the journal holds; :meth:`commit` takes one shard's spool (written by the shard's worker with
     :meth:`spool_writer`) and returns what the journal records of it (:meth:`commit_many`: several shards next
     in line, made durable together); :meth:`finish` completes the output
-    under its final name; :meth:`close` gives up (a resumed run goes on from the journal). The engine knows
+    under its final name; :meth:`close` gives up (a resumed run goes on from the journal). A commit is
+    :meth:`append_many` then :meth:`sync`, which the driver may run on two threads: one appends the next
+    shards while the other waits for the disk to hold those before and journals them. The engine knows
     no more of a format than this.
     """
 
@@ -159,12 +162,11 @@ class SplitSink:
 
     def __init__(self, state_dir: str, out: str, split: str, float_dtype: str | None = None):
         self.state_dir, self.out, self.split, self.float_dtype = state_dir, out, split, float_dtype
-        #: Seconds :meth:`commit_many` has waited for its output to reach the disk, where it waits apart from
-        #: writing (RecordIO's fsync of each batch); the rest of a commit is the writing.
+        #: Seconds :meth:`sync` has waited for the output to reach the disk (RecordIO's fsync).
         self.sync_s = 0.0
-        #: Seconds :meth:`commit_many` spent handing written bytes to the kernel's writeback (RecordIO's
-        #: :func:`start_writeback` after each fragment): the caller's thread submits the writes, and waits where
-        #: the disk's queue is full.
+        #: Seconds :meth:`sync` spent handing the appended bytes to the kernel's writeback (RecordIO's
+        #: :func:`start_writeback`): the calling thread submits the writes, and waits where the disk's queue
+        #: is full.
         self.writeback_s = 0.0
 
     @staticmethod
@@ -184,9 +186,20 @@ class SplitSink:
         raise NotImplementedError
 
     def commit_many(self, batch: list) -> list[dict]:
-        """Commit ``[(spool, files)]`` in order (shards next in line): what the journal records of each.
-        Nothing of the batch is journalled before this returns, so a sink may make the batch durable once."""
+        """Commit ``[(spool, files)]`` in order (shards next in line) and make them durable: what the journal
+        records of each."""
+        fields = self.append_many(batch)
+        self.sync()
+        return fields
+
+    def append_many(self, batch: list) -> list[dict]:
+        """Add ``[(spool, files)]`` to the output in order, not yet durable (:meth:`sync`): what the journal
+        will record of each. Called from one thread at a time, which may run beside :meth:`sync`'s."""
         return [self.commit(spool, files) for spool, files in batch]
+
+    def sync(self) -> None:
+        """Make everything :meth:`append_many` has returned so far durable; its shards may then be journalled.
+        (A sink whose every append is a durable transaction has nothing to do.)"""
 
     def finish(self) -> list[WrittenFile]:
         raise NotImplementedError
@@ -378,6 +391,8 @@ class RecordIOSink(SplitSink):
         self._sha = {}
         self.parts = []  # [bytes, sha256] of each fragment in the .rec, in order
         self.records = 0
+        self._fds = {}  # the open partial files' descriptors, which sync() may use beside an append
+        self._appended = self._synced = 0  # the .rec's end after the last append, and after the last sync
 
     @staticmethod
     def spool_writer(fmt, path: str):
@@ -425,6 +440,8 @@ class RecordIOSink(SplitSink):
         self.parts = [c["part"] for c in commits if c.get("part")]
         self.records = last["records"] if last else 0
         self.sidecar = last and last["sidecar"]
+        self._fds = {ext: f.fileno() for ext, f in self._files.items()}
+        self._appended = self._synced = self._files[".rec"].tell()
         return self
 
     def lengths(self) -> dict:
@@ -435,25 +452,34 @@ class RecordIOSink(SplitSink):
         fields: lengths, records, the fragment's part and the sidecar."""
         return self.commit_many([(spool, files)])[0]
 
-    def commit_many(self, batch: list) -> list[dict]:
-        """Append several fragments in order, then make them durable with one fsync per file: a commit
-        thread that has fallen behind catches up with one disk flush for all the shards waiting (their
-        journal entries follow that flush)."""
+    def append_many(self, batch: list) -> list[dict]:
+        """Append several fragments in order; the side files' buffers are handed to the kernel, so that a
+        :meth:`sync` on another thread (file descriptors only) makes them durable with the ``.rec``."""
         rec = self._files[".rec"]
-        fields = []
         try:
-            for spool, files in batch:
-                start = rec.tell()
-                fields.append(self._append(spool, files, rec))
-                kicked = time.perf_counter()
-                start_writeback(rec, start, rec.tell() - start)
-                self.writeback_s += time.perf_counter() - kicked
+            fields = [self._append(spool, files, rec) for spool, files in batch]
+            for ext in (".idx", ".lst"):
+                self._files[ext].flush()
+        except OSError as e:
+            raise output_error(self.partial[".rec"], e) from e
+        self._appended = rec.tell()
+        return fields
+
+    def sync(self) -> None:
+        """Start the writeback of what was appended since the last sync, then fsync the three files together:
+        one disk flush for every fragment appended meanwhile (a sync that waits for the disk lets several
+        batches gather for the next)."""
+        end = self._appended
+        try:
+            kicked = time.perf_counter()
+            start_writeback(self._fds[".rec"], self._synced, end - self._synced)
             synced = time.perf_counter()
-            fsync_together(self._files.values())
+            self.writeback_s += synced - kicked
+            fsync_together(self._fds.values(), flush=False)
             self.sync_s += time.perf_counter() - synced
         except OSError as e:
             raise output_error(self.partial[".rec"], e) from e
-        return fields
+        self._synced = end
 
     def _append(self, spool: str, files: list[dict], rec) -> dict:
         base = spool[:-len(".rec")]
@@ -534,28 +560,29 @@ class RecordIOSink(SplitSink):
 
 def start_writeback(f, offset: int, length: int) -> None:
     """Have the kernel start writing ``length`` bytes of ``f`` from ``offset`` to the disk now, without
-    waiting (Linux: ``POSIX_FADV_DONTNEED`` starts the range's writeback, then drops only its clean pages). A
-    batch's fragments are then written while the next ones are copied, and the batch's fsync waits for what
-    is left instead of for all of it (one 64-core warm run: the .rec's disk was busy 24% of the time, each
-    fragment copied, then flushed, in turn)."""
+    waiting (Linux: ``POSIX_FADV_DONTNEED`` starts the range's writeback, then drops only its clean pages).
+    :meth:`RecordIOSink.sync` starts the writes this way before its fsync waits for them, so that the two are
+    timed apart (submitting the writes is CPU work on the calling thread; the rest is the disk)."""
     if length > 0 and hasattr(os, "posix_fadvise"):
         try:
-            os.posix_fadvise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(f if isinstance(f, int) else f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass  # a hint: the fsync that follows makes the bytes durable either way
 
 
-def fsync_together(files) -> None:
-    """Flush and fsync ``files`` side by side (threads: the waits release the GIL), so that a filesystem
-    with a journal commits their metadata once rather than once a file."""
+def fsync_together(files, flush: bool = True) -> None:
+    """Flush and fsync ``files`` (file objects, or descriptors with ``flush=False``) side by side (threads:
+    the waits release the GIL), so that a filesystem with a journal commits their metadata once rather than
+    once a file."""
     files = list(files)
-    for f in files:
-        f.flush()
+    if flush:
+        for f in files:
+            f.flush()
     errors = []
 
     def sync(f):
         try:
-            os.fsync(f.fileno())
+            os.fsync(f if isinstance(f, int) else f.fileno())
         except OSError as e:
             errors.append(e)
 

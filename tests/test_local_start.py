@@ -48,12 +48,11 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     shards = sum(p["shards"] for p in _manifest(out)["splits"].values())
     assert timeline["shards_converted_locally"] == timeline["local_shards"] == shards, timeline
     assert "ray_shards" not in timeline and "shards_converted_before_ray" not in timeline
-    # The driver's commits, and the part of them spent waiting for the .rec's fsyncs (LMDB syncs as it writes).
-    assert 0 < timeline["driver_commit_sync_s"] <= timeline["driver_commit_s"], timeline
-    # The part spent starting the writeback of each appended fragment (tiny here: a few KB each).
-    writing = timeline["driver_commit_s"] - timeline["driver_commit_sync_s"]
-    assert 0 <= timeline["driver_commit_writeback_s"] <= writing + 0.002, timeline
-    # And the commit threads' own CPU time within them (the copies and hashing; waits excluded).
+    # The driver's appends to the split outputs and, on the syncing threads beside them, the waits for the
+    # .rec's fsyncs (LMDB syncs as it writes), the writeback handed to the kernel and the journal's writes.
+    assert timeline["driver_commit_s"] > 0 and timeline["driver_commit_sync_s"] > 0, timeline
+    assert timeline["driver_commit_writeback_s"] >= 0 and timeline["driver_commit_journal_s"] > 0, timeline
+    # And the appending threads' own CPU time within them (the copies; waits excluded).
     assert 0 < timeline["driver_commit_cpu_s"] <= timeline["driver_commit_s"] + 0.01, timeline
     # And the part they waited for a core.
     off_core = timeline["driver_commit_s"] - timeline["driver_commit_cpu_s"]

@@ -192,3 +192,30 @@ def test_the_kernel_copy_says_how_much_it_copied_of_a_file_shorter_than_asked(tm
     src.write_bytes(b"x" * 1000)
     with open(src, "rb") as f, open(tmp_path / "out.rec", "w+b") as dst:
         assert kernel_copy(f.fileno(), dst.fileno(), 4000) == 1000
+
+
+def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equal_one_commit_each(tmp_path):
+    """The driver appends on one thread and syncs on another (engine._Committer): the files and the journal
+    fields are those of committing each shard in turn."""
+    import threading
+
+    from gpufeed.formats.assembly import RecordIOSink
+
+    sizes = (4, 0, 5, 3, 7, 2)
+    one, fields_one = _commit_rec(tmp_path, "one", sizes, (1,) * len(sizes))
+    work = tmp_path / "two"
+    work.mkdir()
+    frags = _fragments(work, sizes)
+    sink = RecordIOSink(str(work / "state"), str(work / "out"), "train").open([])
+    fields, syncing = [], None
+    for frag in frags:
+        fields += sink.append_many([frag])  # beside the sync of the fragments before
+        if syncing is not None:
+            syncing.join()  # one sync at a time, as the driver's syncing thread
+        syncing = threading.Thread(target=sink.sync)
+        syncing.start()
+    syncing.join()
+    sink.finish()
+    out = work / "out" / "recordio"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == one and fields == fields_one
+    assert sink.sync_s > 0
