@@ -105,10 +105,10 @@ class _Clock:
         # commit: the appending threads' time adding shards to the split outputs (SplitSink.append_many);
         # commit_cpu: their own CPU time in it, the kernel's copies included;
         # commit_run_queue: the part they were runnable but waiting for a core (the workers had them all); the
-        # rest of it waited for the disk or the kernel's locks.
+        # rest of it waited for the disk or the kernel's locks; commit_writeback: the part spent starting the
+        # appended bytes' writes to the disk (SplitSink.writeback_s).
         # On the syncing threads, beside them: commit_sync, waiting for what was appended to reach the disk
-        # (SplitSink.sync_s); commit_writeback, starting those writes (SplitSink.writeback_s); commit_journal,
-        # journalling the commits (a write and an fsync of the journal each time).
+        # (SplitSink.sync_s); commit_journal, journalling the commits (a write and an fsync of the journal).
         self.busy = {"commit": 0.0, "commit_cpu": 0.0, "commit_run_queue": 0.0, "commit_sync": 0.0,
                      "commit_writeback": 0.0, "commit_journal": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
@@ -621,8 +621,8 @@ class _Committer:
     """Commits finished shards into the split sinks (and finishes each split's output) on two threads per
     sink, so the driver's loop goes on handing shards to workers while an LMDB transaction or a ``.rec`` append
     runs, and the sinks of one run (LMDB beside a ``.rec``) commit side by side. One thread appends the shards
-    next in line (:meth:`SplitSink.append_many`); the other makes what was appended durable with one sync for
-    every batch appended meanwhile, journals those commits and drops their spools, so that a ``.rec``'s
+    next in line (:meth:`SplitSink.append_many`) and drops their spools; the other makes what was appended
+    durable with one sync for every batch appended meanwhile and journals those commits, so that a ``.rec``'s
     copies go on while the disk flushes the fragments before them. Commits stay in shard order per split and
     sink; the first failure stops both threads and is raised in the driver's loop (:meth:`check`)."""
 
@@ -819,29 +819,34 @@ def _append_ready(st: _Split, sink_name: str, spool_dir: str, clock: _Clock | No
     if not batch:
         return None
     st.taken[sink_name] = i
+    sink = st.sinks[sink_name]
+    kicked = sink.writeback_s
     with clock.timed("commit") if clock else contextlib.nullcontext():
-        committed = st.sinks[sink_name].append_many(batch)
+        committed = sink.append_many(batch)
+    if clock:
+        clock.add("commit_writeback", sink.writeback_s - kicked)
+    # The spools go now, not once journalled: a shard journalled as converted whose spool is gone and whose
+    # commit is not journalled is converted again on resume, as any shard whose spool was lost.
+    for spool, _ in batch:
+        for path in sink.spool_files(spool):
+            sinks.remove(path)
     return first, batch, committed
 
 
 def _sync_appended(st: _Split, sink_name: str, appended: list, journal, spool_dir: str,
                    clock: _Clock | None) -> None:
-    """Make the ``appended`` batches (:func:`_append_ready`'s, in order) durable with one sync, journal their
-    commits, and drop their spools."""
+    """Make the ``appended`` batches (:func:`_append_ready`'s, in order) durable with one sync and journal their
+    commits."""
     sink = st.sinks[sink_name]
-    synced, kicked = sink.sync_s, sink.writeback_s
+    synced = sink.sync_s
     sink.sync()
     if clock:
         clock.add("commit_sync", sink.sync_s - synced)
-        clock.add("commit_writeback", sink.writeback_s - kicked)
     with clock.timed("commit_journal") if clock else contextlib.nullcontext():
         journal.append_many([{"event": "commit", "sink": sink_name, "split": st.plan.split, "shard": first + k,
                               **fields} for first, _, committed in appended for k, fields in enumerate(committed)])
-    for first, batch, _ in appended:
-        for spool, _ in batch:
-            for path in sink.spool_files(spool):
-                sinks.remove(path)
-        st.next[sink_name] = first + len(batch)
+    first, batch, _ = appended[-1]
+    st.next[sink_name] = first + len(batch)
 
 
 def _finish_if_complete(st: _Split, sink_name: str, journal, progress, clock: _Clock | None) -> None:

@@ -782,13 +782,13 @@ def table(rows: list[dict]) -> str:
                 split += f"; shards held back by the commits for {line['held_by_commit_window_s']} s"
             if "driver_commit_sync_s" in line:
                 split += f"; the driver appended {line['driver_commit_s']} s"
+                if "driver_commit_writeback_s" in line:
+                    split += f", {line['driver_commit_writeback_s']} s of it starting writeback"
                 if "driver_commit_cpu_s" in line:
                     split += f", {line['driver_commit_cpu_s']} s of it on a core"
                 if "driver_commit_run_queue_s" in line:
                     split += f", {line['driver_commit_run_queue_s']} s waiting for one"
                 split += f"; beside it, {line['driver_commit_sync_s']} s waiting for fsyncs"
-                if "driver_commit_writeback_s" in line:
-                    split += f", {line['driver_commit_writeback_s']} s starting writeback"
                 if "driver_commit_journal_s" in line:
                     split += f", {line['driver_commit_journal_s']} s journalling"
             if "driver_cpu_s" in line:
