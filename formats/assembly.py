@@ -561,8 +561,8 @@ def start_writeback(f, offset: int, length: int) -> None:
     waiting (Linux: ``POSIX_FADV_DONTNEED`` starts the range's writeback, then drops only its clean pages). A
     fragment is then written while the next ones are copied, and the sync waits for what is left instead of
     for all of it (one 64-core warm run: the .rec's disk was busy 24% of the time, each fragment copied, then
-    flushed, in turn; kicked only at each sync, the syncs waited 3-4x longer and the conversion ran 5-18%
-    slower, results/convert-node-h200x2.txt session 23)."""
+    flushed, in turn; a build that kicked it only at each sync, and kept the spools until journalled, waited
+    3-4x longer in its syncs and converted 5-18% slower: results/convert-node-h200x2.txt, session 23)."""
     if length > 0 and hasattr(os, "posix_fadvise"):
         try:
             os.posix_fadvise(f if isinstance(f, int) else f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
