@@ -86,6 +86,41 @@ def test_spools_of_a_local_run_stay_in_memory_and_a_killed_run_resumes_from_them
     assert not os.path.exists(memory_spool_dir(out))
 
 
+def test_a_run_killed_between_an_append_and_its_journal_line_redoes_those_shards(src, tmp_path):
+    """The appending thread drops a shard's spool once appended; the syncing thread journals the commit after
+    the fsync. Killed between the two, the journal holds the shard as converted but not committed, and its spool
+    is gone: the rerun cuts the partial outputs back to the last journalled commit and converts those shards
+    again, to the same bytes."""
+    import json
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
+    _start_and_kill(args, None, out, after=3)
+    journal = os.path.join(out, ".gpufeed", "journal.jsonl")
+    with open(journal, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    commits = [i for i, line in enumerate(lines) if json.loads(line)["event"] == "commit"]
+    assert commits, "the killed run committed nothing; kill it later"
+    # The last commit line of each sink taken out: what a kill before the syncing thread journalled it leaves
+    # (its spool already removed by the appending thread, which the kill above did too).
+    last = {}
+    for i in commits:
+        last[json.loads(lines[i])["sink"]] = i
+    with open(journal, "wb") as f:
+        f.writelines(line for i, line in enumerate(lines) if i not in last.values())
+    from gpufeed.convert.sinks import memory_spool_dir, spool_path
+
+    for i in last.values():
+        e = json.loads(lines[i])
+        assert not os.path.exists(spool_path(memory_spool_dir(out), e["split"], e["sink"], e["shard"]))
+    code, _, err = _finish(cli(args))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+    verify(out)
+
+
 @pytest.mark.parametrize("kind", ["symlink", "open folder"])
 def test_a_memory_spool_path_gpufeed_did_not_make_is_neither_used_nor_removed(tmp_path, kind):
     """Only a private folder of this user's at the spool path is gpufeed's: a symlink there (to anything) or a
