@@ -219,3 +219,66 @@ def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equa
     out = work / "out" / "recordio"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == one and fields == fields_one
     assert sink.sync_s > 0
+
+
+def _direct_or_skip(path, end=0):
+    from gpufeed.formats.assembly import DirectAppend
+
+    direct = DirectAppend.open(str(path), end)
+    if direct is None:
+        pytest.skip(f"{path}'s filesystem does not take O_DIRECT here")
+    return direct
+
+
+def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path):
+    """DirectAppend writes block-aligned spans (the last partial block rewritten with what follows it, the
+    file padded past its length between appends): the file is the fragments in order, cut to its length, also
+    when reopened at a journalled length mid-block, as a resume does, and for an empty fragment."""
+    sizes = (1, 0, 4095, 4096, 4097, 10_000, (3 << 20) + 5, 7)
+    frags = []
+    for i, n in enumerate(sizes):
+        frags.append(tmp_path / f"f{i}.rec")
+        frags[-1].write_bytes(os.urandom(n))
+    whole = b"".join(f.read_bytes() for f in frags)
+    rec = tmp_path / "whole.rec"
+    rec.write_bytes(b"")
+    direct = _direct_or_skip(rec)
+    for f in frags[:5]:
+        assert direct.append(str(f)) == f.stat().st_size
+        assert rec.stat().st_size >= direct.end and rec.read_bytes()[:direct.end] == whole[:direct.end]
+    direct.close(cut=False)  # killed: the padding stays, the journal holds the length
+    journalled = sum(sizes[:4])  # a commit before the last one: the resume cuts the file back to it
+    with open(rec, "r+b") as f:
+        f.truncate(journalled)
+    direct = _direct_or_skip(rec, journalled)
+    for f in frags[4:]:
+        direct.append(str(f))
+    direct.close()
+    assert rec.read_bytes() == whole
+
+
+
+def test_a_rec_from_memory_spools_is_written_past_the_page_cache_to_the_same_bytes(tmp_path):
+    """Spools on another filesystem than the .rec (memory): DirectAppend; beside it: copy_file_range. The
+    files and journal fields are the same, also when a batch ends mid-block and the next carries it on."""
+    import shutil
+
+    from gpufeed.formats.assembly import RecordIOSink
+
+    sizes = (4, 0, 5, 3, 1)
+    disk, fields_disk = _commit_rec(tmp_path, "disk", sizes, (2, 1, 2))
+    folder = _memory_folder(tmp_path)
+    try:
+        frags = _fragments(__import__("pathlib").Path(folder), sizes)
+        work = tmp_path / "mem"
+        sink = RecordIOSink(str(work / "state"), str(work / "out"), "train").open([])
+        direct = sink._direct
+        if direct is None:
+            pytest.skip("the disk here does not take O_DIRECT")
+        fields = sink.commit_many(frags[:2]) + sink.commit_many(frags[2:3]) + sink.commit_many(frags[3:])
+        assert direct.appended == 4  # every non-empty fragment past the page cache
+        sink.finish()
+        assert {p.name: p.read_bytes() for p in (work / "out" / "recordio").iterdir()} == disk
+        assert fields == fields_disk
+    finally:
+        shutil.rmtree(folder)

@@ -2,7 +2,9 @@
 append the workers' fragments, side by side in one run: fragments in the memory spool folder (``/dev/shm``)
 appended to a file in FOLDER (the disk) by the kernel (:func:`gpufeed.formats.assembly.append_file`: sendfile
 across filesystems) and streamed through Python (what it did where copy_file_range refused the two
-filesystems), the ways alternated, each commit's writeback started and synced as the sink does.
+filesystems), the ways alternated, each commit's writeback started and synced as the sink does; and past the
+page cache (``direct``: :class:`gpufeed.formats.assembly.DirectAppend`, what the sink uses where the filesystem
+takes ``O_DIRECT``), each fragment fsync'd as a commit is.
 
 One JSON line per way and round: GB/s appended and the commit thread's CPU seconds per GB.
 """
@@ -30,19 +32,28 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
             with open(paths[-1], "wb") as f:
                 f.write(os.urandom(fragment_mb << 20))
         cross = os.stat(spools).st_dev != os.stat(folder).st_dev
+        ways = [("kernel", append_file), ("stream", stream_file), ("direct", None)]
         for r in range(rounds):
-            for way, append in (("kernel", append_file), ("stream", stream_file)):
+            for way, append in ways:
                 out = os.path.join(folder, f"append-copy-{way}.rec")
-                with open(out, "w+b") as dst:
+                if way == "direct":
                     wall, cpu = time.perf_counter(), time.thread_time()
-                    for p in paths:
-                        start = dst.tell()
-                        append(p, dst)
-                        start_writeback(dst, start, dst.tell() - start)
-                        fsync_together([dst])
+                    size = _append_direct(paths, out)
                     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-                    size = dst.tell()
-                os.remove(out)
+                    os.remove(out)
+                    if not size:
+                        continue  # the filesystem refuses O_DIRECT
+                else:
+                    with open(out, "w+b") as dst:
+                        wall, cpu = time.perf_counter(), time.thread_time()
+                        for p in paths:
+                            start = dst.tell()
+                            append(p, dst)
+                            start_writeback(dst, start, dst.tell() - start)
+                            fsync_together([dst])
+                        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                        size = dst.tell()
+                    os.remove(out)
                 row = {"bench": "append-copy", "way": way, "round": r, "across_filesystems": cross,
                        "fragment_mb": fragment_mb, "fragments": fragments, "gb": round(size / 1e9, 3),
                        "gb_per_s": round(size / 1e9 / wall, 3), "cpu_s_per_gb": round(cpu / (size / 1e9), 3)}
@@ -51,6 +62,24 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
     finally:
         shutil.rmtree(spools, ignore_errors=True)
     return rows
+
+
+def _append_direct(paths: list[str], out: str) -> int:
+    """Append ``paths`` to ``out`` past the page cache, each fragment made durable before the next; returns the
+    file's length (0 where the filesystem does not take O_DIRECT)."""
+    from gpufeed.formats.assembly import DirectAppend
+
+    open(out, "wb").close()
+    direct = DirectAppend.open(out, 0)
+    if direct is None:
+        return 0
+    try:
+        for p in paths:
+            direct.append(p)
+            os.fsync(direct.fd)
+    finally:
+        direct.close()
+    return direct.end
 
 
 def main(argv=None) -> int:
