@@ -689,11 +689,14 @@ class DirectAppend:
     #: The alignment asked of offsets, lengths and buffers: a page covers every disk's logical block.
     ALIGN = 4096
 
+    #: Bytes read from the source per write: the buffer's size (a page-aligned anonymous map) beyond one block.
+    CHUNK = 16 << 20
+
     def __init__(self, fd: int, end: int, carry: bytes):
         import mmap
 
         self.fd, self.end = fd, end
-        self._buf = mmap.mmap(-1, 16 << 20)  # page-aligned; grows to the largest fragment
+        self._buf = mmap.mmap(-1, self.CHUNK + self.ALIGN)
         self._buf[:len(carry)] = carry
         self.appended = 0  # fragments written this way
 
@@ -715,70 +718,69 @@ class DirectAppend:
         return cls(fd, end, carry)
 
     def append(self, src: str) -> int:
-        """Append the file ``src``; returns its length. An ``OSError`` of ``EINVAL`` with :attr:`appended` 0: the
-        filesystem took the open but not the writes, and nothing was written."""
-        if io.is_local(src):
-            with open(io.local_path(src), "rb", buffering=0) as f:
+        """Append the file ``src`` (any URL; a local one read with ``preadv``); returns its length. An
+        ``OSError`` of ``EINVAL`` with :attr:`appended` 0: the filesystem took the open but not the writes, and
+        nothing was written."""
+        local = io.is_local(src)
+        with (open(io.local_path(src), "rb", buffering=0) if local else io.open_file(src, "rb")) as f:
+            if local:
                 n = os.fstat(f.fileno()).st_size
-                view = self._room(n)
-                try:
-                    done = 0
-                    while done < n:
-                        got = os.preadv(f.fileno(), [view[self._carry + done:self._carry + n]], done)
-                        if got == 0:
-                            raise OutputError(f"{src}: {done} bytes read of {n}; the spool was changed: rerun the "
-                                              "same command to redo the shard")
-                        done += got
-                    self._write(view, n)
-                finally:
-                    view.release()
-        else:
-            with io.open_file(src, "rb") as f:
-                data = f.read()
-            n = len(data)
-            view = self._room(n)
-            try:
-                view[self._carry:self._carry + n] = data
-                self._write(view, n)
-            finally:
-                view.release()
+
+                def read(into, at):
+                    return os.preadv(f.fileno(), [into], at)
+            else:
+                n = f.size if isinstance(getattr(f, "size", None), int) else None
+
+                def read(into, at):
+                    return f.readinto(into)
+            n = self._copy(read, n, src)
         io.charge(n)
         io.charge(n, write=True)
         return n
 
-    @property
-    def _carry(self) -> int:
-        return self.end % self.ALIGN
-
-    def _room(self, n: int) -> memoryview:
-        """The buffer, with room for the carried bytes and ``n`` more rounded up to a block."""
-        import mmap
-
-        need = -(-(self._carry + n) // self.ALIGN) * self.ALIGN
-        if need > len(self._buf):
-            grown = mmap.mmap(-1, need + (16 << 20))
-            grown[:self._carry] = self._buf[:self._carry]
-            self._buf.close()
-            self._buf = grown
-        return memoryview(self._buf)
-
-    def _write(self, view: memoryview, n: int) -> None:
-        """Write the carried bytes and the ``n`` after them in the buffer, zero-padded to a block, at the last
-        partial block's start; keep the new last partial block at the buffer's start."""
-        if not n:
-            return
-        carry = self._carry
-        block = self.end - carry
-        span = -(-(carry + n) // self.ALIGN) * self.ALIGN
-        view[carry + n:span] = bytes(span - carry - n)
-        done = 0
-        while done < span:
-            done += os.pwrite(self.fd, view[done:span], block + done)
-        self.end += n
-        self.appended += 1
-        moved = self.end - self.end % self.ALIGN - block  # where the new partial block starts in the buffer
-        if moved:
-            view[:self._carry] = view[moved:moved + self._carry]
+    def _copy(self, read, n: int | None, src: str) -> int:
+        """Read the source (``n`` bytes, or to its end where None) a chunk at a time behind the carried bytes,
+        writing each aligned span at its block; the last is padded with zeros. The file's length moves only once
+        the whole source is written."""
+        view = memoryview(self._buf)
+        try:
+            carry = self.end % self.ALIGN
+            block = self.end - carry  # where the buffer's first byte goes
+            done = 0
+            while True:
+                got = 0
+                while got < self.CHUNK and (n is None or done + got < n):
+                    k = read(view[carry + got:carry + self.CHUNK if n is None else
+                                  carry + min(self.CHUNK, n - done)], done + got)
+                    if not k:
+                        break
+                    got += k
+                if n is not None and got < min(self.CHUNK, n - done):
+                    raise OutputError(f"{src}: {done + got} bytes read of {n}; the spool was changed: rerun the "
+                                      "same command to redo the shard")
+                done += got
+                last = got < self.CHUNK or done == n
+                total = carry + got
+                span = -(-total // self.ALIGN) * self.ALIGN if last else total - total % self.ALIGN
+                if not done:
+                    return 0
+                if last:
+                    view[total:span] = bytes(span - total)
+                written = 0
+                while written < span:
+                    written += os.pwrite(self.fd, view[written:span], block + written)
+                if last:
+                    break
+                carry = total - span
+                view[:carry] = view[span:total]  # less than a block: the next chunk follows it
+                block += span
+            self.end += done
+            self.appended += 1
+            tail = self.end % self.ALIGN
+            view[:tail] = view[total - tail:total]  # the new last partial block, carried into the next append
+            return done
+        finally:
+            view.release()
 
     def close(self, cut: bool = True) -> None:
         """Stop; ``cut``: the file cut to :attr:`end` (its padding past the last fragment dropped)."""

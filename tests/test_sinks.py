@@ -221,19 +221,22 @@ def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equa
     assert sink.sync_s > 0
 
 
-def _direct_or_skip(path, end=0):
+def _direct_or_skip(path, end=0, chunk=None):
     from gpufeed.formats.assembly import DirectAppend
 
-    direct = DirectAppend.open(str(path), end)
+    cls = DirectAppend if chunk is None else type("SmallChunks", (DirectAppend,), {"CHUNK": chunk})
+    direct = cls.open(str(path), end)
     if direct is None:
         pytest.skip(f"{path}'s filesystem does not take O_DIRECT here")
     return direct
 
 
-def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path):
+@pytest.mark.parametrize("chunk", [None, 8192])
+def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path, chunk):
     """DirectAppend writes block-aligned spans (the last partial block rewritten with what follows it, the
     file padded past its length between appends): the file is the fragments in order, cut to its length, also
-    when reopened at a journalled length mid-block, as a resume does, and for an empty fragment."""
+    when reopened at a journalled length mid-block, as a resume does, and for an empty fragment; read in its
+    default chunks and in chunks of two blocks (a fragment then spans many, each write carrying a part block)."""
     sizes = (1, 0, 4095, 4096, 4097, 10_000, (3 << 20) + 5, 7)
     frags = []
     for i, n in enumerate(sizes):
@@ -242,7 +245,7 @@ def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reo
     whole = b"".join(f.read_bytes() for f in frags)
     rec = tmp_path / "whole.rec"
     rec.write_bytes(b"")
-    direct = _direct_or_skip(rec)
+    direct = _direct_or_skip(rec, chunk=chunk)
     for f in frags[:5]:
         assert direct.append(str(f)) == f.stat().st_size
         assert rec.stat().st_size >= direct.end and rec.read_bytes()[:direct.end] == whole[:direct.end]
@@ -250,7 +253,7 @@ def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reo
     journalled = sum(sizes[:4])  # a commit before the last one: the resume cuts the file back to it
     with open(rec, "r+b") as f:
         f.truncate(journalled)
-    direct = _direct_or_skip(rec, journalled)
+    direct = _direct_or_skip(rec, journalled, chunk)
     for f in frags[4:]:
         direct.append(str(f))
     direct.close()
