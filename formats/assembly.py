@@ -517,7 +517,7 @@ class RecordIOSink(SplitSink):
         if self._direct is not None and not self._direct.appended and _same_filesystem(spool, self.partial[".rec"]):
             # Spools beside the .rec (a cluster's, in DST/.gpufeed): copy_file_range, which shares the blocks
             # where the filesystem has reflinks; past the page cache only from another filesystem (memory).
-            self._direct.close(cut=False)
+            self._direct.close()
             self._direct = None
             rec.seek(0, os.SEEK_END)
         if self._direct is not None:
@@ -526,8 +526,9 @@ class RecordIOSink(SplitSink):
             except OSError as e:
                 if e.errno != errno.EINVAL or self._direct.appended:
                     raise
-                # The filesystem took O_DIRECT's open but not its writes, and nothing was written that way.
-                self._direct.close(cut=False)
+                # The filesystem took O_DIRECT's open but not its writes: no fragment was written that way (the
+                # file cut back to its length, in case a first chunk was).
+                self._direct.close()
                 self._direct = None
                 rec.seek(0, os.SEEK_END)
         return append_file(spool, rec)
