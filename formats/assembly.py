@@ -720,8 +720,8 @@ class DirectAppend:
 
     def append(self, src: str) -> int:
         """Append the file ``src`` (any URL; a local one read with ``preadv``); returns its length. An
-        ``OSError`` of ``EINVAL`` with :attr:`appended` 0: the filesystem took the open but not the writes, and
-        nothing was written."""
+        ``OSError`` of ``EINVAL`` with :attr:`appended` 0: the filesystem took the open but not the writes; no
+        fragment was written (a first chunk may have been, past :attr:`end`: :meth:`close` cuts it off)."""
         local = io.is_local(src)
         with (open(io.local_path(src), "rb", buffering=0) if local else io.open_file(src, "rb")) as f:
             if local:
