@@ -270,8 +270,10 @@ class Journal:
                                       "or add --no-resume to start over")
                 planned = e.get("shard_digests") or []
                 changed = []
-                for i, done in sorted((ev["shard"], ev) for ev in self.events
-                                      if ev["event"] == "shard" and ev["split"] == split):
+                # A shard converted again (its spool lost before its commit was journalled) has several events:
+                # the last counts, as in shards_done().
+                done_now = {ev["shard"]: ev for ev in self.events if ev["event"] == "shard" and ev["split"] == split}
+                for i, done in sorted(done_now.items()):
                     was = done.get("digest") or (planned[i] if i < len(planned) else None)
                     if was is None:
                         continue

@@ -90,7 +90,8 @@ def test_a_run_killed_between_an_append_and_its_journal_line_redoes_those_shards
     """The appending thread drops a shard's spool once appended; the syncing thread journals the commit after
     the fsync. Killed between the two, the journal holds the shard as converted but not committed, and its spool
     is gone: the rerun cuts the partial outputs back to the last journalled commit and converts those shards
-    again, to the same bytes."""
+    again, to the same bytes; killed again once it has, the journal holds those shards twice, and the next
+    rerun still resumes (it once failed comparing the two events)."""
     import json
 
     ref = tmp_path / "ref"
@@ -115,6 +116,10 @@ def test_a_run_killed_between_an_append_and_its_journal_line_redoes_those_shards
     for i in last.values():
         e = json.loads(lines[i])
         assert not os.path.exists(spool_path(memory_spool_dir(out), e["split"], e["sink"], e["shard"]))
+    _start_and_kill(args, None, out, after=2)
+    with open(journal, "rb") as f:
+        shards = [(e["split"], e["shard"]) for e in map(json.loads, f) if e["event"] == "shard"]
+    assert len(shards) > len(set(shards)), "no shard was journalled twice; kill the rerun later"
     code, _, err = _finish(cli(args))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
