@@ -680,7 +680,7 @@ class _Committer:
                         by_split.setdefault(id(item[0]), (item[0], []))[1].append(item[1])
                 for st, appended in by_split.values():
                     if batches := [a for a in appended if a is not None]:
-                        _sync_appended(st, name, batches, self._journal, self._spool_dir, self._clock)
+                        _sync_appended(st, name, batches, self._journal, self._clock)
                     _finish_if_complete(st, name, self._journal, self._progress, self._clock)
             except BaseException as e:  # raised in the driver's loop
                 self._failed(e)
@@ -794,15 +794,12 @@ def _journal_shard(journal, state_dir, result) -> dict:
     return event
 
 
-def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None,
-                  only: str | None = None) -> None:
-    """Give the ordered sinks (``only`` that one) every shard that is next in line and complete, durably and
+def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None) -> None:
+    """Give the ordered sinks every shard that is next in line and complete, durably and
     journalled; finish a split when done. (The driver's :class:`_Committer` does the same on two threads a sink.)"""
     for sink_name in list(st.sinks):
-        if only is not None and sink_name != only:
-            continue
         while appended := _append_ready(st, sink_name, spool_dir, clock):
-            _sync_appended(st, sink_name, [appended], journal, spool_dir, clock)
+            _sync_appended(st, sink_name, [appended], journal, clock)
         _finish_if_complete(st, sink_name, journal, progress, clock)
 
 
@@ -833,8 +830,7 @@ def _append_ready(st: _Split, sink_name: str, spool_dir: str, clock: _Clock | No
     return first, batch, committed
 
 
-def _sync_appended(st: _Split, sink_name: str, appended: list, journal, spool_dir: str,
-                   clock: _Clock | None) -> None:
+def _sync_appended(st: _Split, sink_name: str, appended: list, journal, clock: _Clock | None) -> None:
     """Make the ``appended`` batches (:func:`_append_ready`'s, in order) durable with one sync and journal their
     commits."""
     sink = st.sinks[sink_name]

@@ -480,7 +480,7 @@ class RecordIOSink(SplitSink):
         that waits for the disk lets several batches gather for the next)."""
         try:
             synced = time.perf_counter()
-            fsync_together(self._fds.values(), flush=False)
+            fsync_together(self._fds.values())
             self.sync_s += time.perf_counter() - synced
         except OSError as e:
             raise output_error(self.partial[".rec"], e) from e
@@ -600,32 +600,28 @@ def start_writeback(f, offset: int, length: int) -> None:
     3-4x longer in its syncs and converted 5-18% slower: results/convert-node-h200x2.txt, session 23)."""
     if length > 0 and hasattr(os, "posix_fadvise"):
         try:
-            os.posix_fadvise(f if isinstance(f, int) else f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(f.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass  # a hint: the fsync that follows makes the bytes durable either way
 
 
-def fsync_together(files, flush: bool = True) -> None:
-    """Flush and fsync ``files`` (file objects, or descriptors with ``flush=False``) side by side (threads:
-    the waits release the GIL), so that a filesystem with a journal commits their metadata once rather than
-    once a file."""
-    files = list(files)
-    if flush:
-        for f in files:
-            f.flush()
+def fsync_together(fds) -> None:
+    """fsync the file descriptors ``fds`` side by side (threads: the waits release the GIL), so that a filesystem
+    with a journal commits their metadata once rather than once a file."""
+    fds = list(fds)
     errors = []
 
     def sync(f):
         try:
-            os.fsync(f if isinstance(f, int) else f.fileno())
+            os.fsync(f)
         except OSError as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=sync, args=(f,)) for f in files[1:]]
+    threads = [threading.Thread(target=sync, args=(f,)) for f in fds[1:]]
     for t in threads:
         t.start()
-    if files:
-        sync(files[0])
+    if fds:
+        sync(fds[0])
     for t in threads:
         t.join()
     if errors:

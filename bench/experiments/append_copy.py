@@ -50,7 +50,8 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
                             start = dst.tell()
                             append(p, dst)
                             start_writeback(dst, start, dst.tell() - start)
-                            fsync_together([dst])
+                            dst.flush()
+                            fsync_together([dst.fileno()])
                         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
                         size = dst.tell()
                     os.remove(out)
