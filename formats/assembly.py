@@ -456,9 +456,10 @@ class RecordIOSink(SplitSink):
         return self.commit_many([(spool, files)])[0]
 
     def append_many(self, batch: list) -> list[dict]:
-        """Append several fragments in order, each fragment's writeback started as soon as it is appended; the
-        side files' buffers are handed to the kernel, so that a :meth:`sync` on another thread (file
-        descriptors only) makes them durable with the ``.rec``."""
+        """Append several fragments in order: past the page cache, written by the time this returns; else each
+        fragment's writeback started as soon as it is appended. The side files' buffers are handed to the
+        kernel, so that a :meth:`sync` on another thread (file descriptors only) makes them durable with the
+        ``.rec``."""
         rec = self._files[".rec"]
         fields = []
         try:
@@ -469,6 +470,8 @@ class RecordIOSink(SplitSink):
                     kicked = time.perf_counter()
                     start_writeback(rec, start, rec.tell() - start)
                     self.writeback_s += time.perf_counter() - kicked
+            if self._direct is not None:
+                self._direct.flush()  # the batch's writes done, its last partial block written
             for ext in (".idx", ".lst"):
                 self._files[ext].flush()
         except OSError as e:
@@ -521,16 +524,7 @@ class RecordIOSink(SplitSink):
             self._direct = None
             rec.seek(0, os.SEEK_END)
         if self._direct is not None:
-            try:
-                return self._direct.append(spool)
-            except OSError as e:
-                if e.errno != errno.EINVAL or self._direct.appended:
-                    raise
-                # The filesystem took O_DIRECT's open but not its writes: no fragment was written that way (the
-                # file cut back to its length, in case a first chunk was).
-                self._direct.close()
-                self._direct = None
-                rec.seek(0, os.SEEK_END)
+            return self._direct.append(spool)
         return append_file(spool, rec)
 
     def _check_layout(self, fragment: str, side: dict) -> None:
@@ -670,36 +664,57 @@ def _same_filesystem(a: str, b: str) -> bool:
 
 class DirectAppend:
     """Appends files to one local file past the page cache (``O_DIRECT``): a single ``.rec``'s fragments,
-    each read into a block-aligned buffer behind the bytes of the file's last partial block, and the aligned
-    span written straight to the disk. A buffered append copies every byte into the page cache on the one
-    thread that commits, and that copy (0.75-1.0 CPU s per GB on the 4x H200 hosts) set the pace of warm
-    64-worker conversions; here the disk's DMA does it (2-core machine: 0.17-0.29 CPU s per GB against
-    0.35-2.6 through the page cache, and the appending thread's CPU in a conversion 3-7x lower;
-    results/append-copy-dev.txt). Between appends the file may run up to a block past
-    its length, padded with zeros; :attr:`end` is the length, which the journal records and a resume cuts the
-    file back to, and :meth:`close` cuts it there. Where the filesystem refuses ``O_DIRECT`` (tmpfs before
-    Linux 6.6, some network filesystems) :meth:`open` gives None, and where it refuses the first write's
-    alignment (EINVAL, nothing written) the sink goes on through the page cache. The sink uses it for spools
-    from another filesystem (memory spools); spools beside the ``.rec`` go by ``copy_file_range``, which
-    shares their blocks where the filesystem has reflinks."""
+    cut into block-aligned spans, each read into a block-aligned buffer and written straight to the disk by one
+    of :attr:`DEPTH` threads, so that several writes are in flight while the appending thread plans the next.
+    A buffered append copies every byte into the page cache on the one thread that commits, and that copy
+    (0.75-1.0 CPU s per GB on the 4x H200 hosts) set the pace of warm 64-worker conversions; one synchronous
+    writer past the page cache halved the thread's CPU but left it waiting for each write in turn (busy 18-21 s of
+    a 25-27 s run, results/convert-node-h200x4.txt, session 24). Here the thread only cuts the spans and hands
+    them out; the copies from the spools and the disk's writes overlap on the writers.
+
+    Every block is written once, in one span, except the file's last partial block: :meth:`flush` writes it
+    padded with zeros once the spans before it are done, and the next append rewrites it whole after that, so two
+    writes of one block are never in flight together. Bytes are on the disk only once :meth:`flush` returns (the
+    sink flushes each batch before it is synced and journalled); between flushes the file may run up to a block
+    past its length; :attr:`end` is the length, which the journal records and a resume cuts the file back to,
+    and :meth:`close` cuts it there. A source's bytes are read by the writers through a duplicate of its
+    descriptor, so the caller may remove it once :meth:`append` returns. Where the filesystem refuses
+    ``O_DIRECT`` (tmpfs before Linux 6.6, some network filesystems), or the alignment of a first probe write,
+    :meth:`open` gives None and the sink goes on through the page cache. The sink uses it for spools from another
+    filesystem (memory spools); spools beside the ``.rec`` go by ``copy_file_range``, which shares their blocks
+    where the filesystem has reflinks."""
 
     #: The alignment asked of offsets, lengths and buffers: a page covers every disk's logical block.
     ALIGN = 4096
+    #: The most bytes one write takes (a writer's buffer, a page-aligned anonymous map, is this size): a
+    #: ~12 MB fragment, often a batch of its own, goes out as six writes side by side.
+    CHUNK = 2 << 20
+    #: Writes in flight at once (one thread each); the appending thread waits only when twice as many are queued.
+    DEPTH = 4
 
-    #: Bytes read from the source per write: the buffer's size (a page-aligned anonymous map) beyond one block.
-    CHUNK = 16 << 20
-
-    def __init__(self, fd: int, end: int, carry: bytes):
+    def __init__(self, fd: int, end: int, carry: bytes, chunk: int | None = None, depth: int | None = None):
+        import concurrent.futures
         import mmap
+        import queue
 
         self.fd, self.end = fd, end
-        self._buf = mmap.mmap(-1, self.CHUNK + self.ALIGN)
-        self._buf[:len(carry)] = carry
-        self.appended = 0  # fragments written this way
+        self.chunk = chunk or self.CHUNK
+        self.depth = depth or self.DEPTH
+        if self.chunk % self.ALIGN:
+            raise ValueError(f"chunk {self.chunk} is not a multiple of {self.ALIGN}")
+        self._carry = carry  # the file's last partial block, not on the disk past the last flush
+        self._buffers = queue.SimpleQueue()
+        self._maps = [mmap.mmap(-1, self.chunk) for _ in range(self.depth)]
+        for m in self._maps:
+            self._buffers.put(m)
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.depth, thread_name_prefix="gpufeed-direct")
+        self._inflight = []  # futures of the writes handed out since the last wait, oldest first
+        self.appended = 0  # non-empty fragments appended this way
 
     @classmethod
-    def open(cls, path: str, end: int) -> "DirectAppend | None":
-        """Append to the local file ``path`` from its length ``end``; None where ``O_DIRECT`` does not apply."""
+    def open(cls, path: str, end: int, **kw) -> "DirectAppend | None":
+        """Append to the local file ``path`` from its length ``end``; None where ``O_DIRECT`` does not apply.
+        The file's last partial block is written again, padded (the probe: nothing is written where refused)."""
         if not hasattr(os, "O_DIRECT"):
             return None
         try:
@@ -708,88 +723,157 @@ class DirectAppend:
             if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
                 return None
             raise
-        block = end - end % cls.ALIGN
-        with open(path, "rb") as f:  # the last partial block, rewritten with what follows it
-            f.seek(block)
-            carry = f.read(end - block)
-        return cls(fd, end, carry)
+        try:
+            block = end - end % cls.ALIGN
+            with open(path, "rb") as f:  # the last partial block, rewritten with what follows it
+                f.seek(block)
+                carry = f.read(end - block)
+            direct = cls(fd, end, carry, **kw)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            direct._write([carry], block, cls.ALIGN, path)
+        except OSError as e:
+            direct.close(cut=False)
+            if e.errno == errno.EINVAL:  # the filesystem took the open, not the aligned write
+                return None
+            raise
+        return direct
 
     def append(self, src: str) -> int:
-        """Append the file ``src`` (any URL; a local one read with ``preadv``); returns its length. An
-        ``OSError`` of ``EINVAL`` with :attr:`appended` 0: the filesystem took the open but not the writes; no
-        fragment was written (a first chunk may have been, past :attr:`end`: :meth:`close` cuts it off)."""
-        local = io.is_local(src)
-        with (open(io.local_path(src), "rb", buffering=0) if local else io.open_file(src, "rb")) as f:
-            if local:
-                n = os.fstat(f.fileno()).st_size
+        """Append the file ``src`` (any URL; a local one read by the writers with ``preadv``); returns its
+        length. Its bytes are on the disk once :meth:`flush` returns; a failed write raises from a later
+        :meth:`append` or :meth:`flush`."""
+        if io.is_local(src):
+            with open(io.local_path(src), "rb", buffering=0) as f:
+                done = self._plan_local(f.fileno(), os.fstat(f.fileno()).st_size, src)
+        else:
+            with io.open_file(src, "rb") as f:
+                done = self._plan_stream(f, src)
+        if done:
+            self.appended += 1
+        io.charge(done)
+        io.charge(done, write=True)
+        return done
 
-                def read(into, at):
-                    return os.preadv(f.fileno(), [into], at)
-            else:
-                n = f.size if isinstance(getattr(f, "size", None), int) else None
-
-                def read(into, at):
-                    return f.readinto(into)
-            n = self._copy(read, n, src)
-        io.charge(n)
-        io.charge(n, write=True)
+    def _plan_local(self, fd: int, n: int, src: str) -> int:
+        """Cut the ``n`` bytes of ``fd`` into block-aligned spans behind the carried bytes, each handed to a
+        writer with a duplicate of ``fd``; what is left past the last whole block is carried."""
+        carry, done = self._carry, 0
+        block = self.end - len(carry)
+        while len(carry) + n - done >= self.ALIGN:
+            total = min(self.chunk, len(carry) + n - done)
+            take = total - total % self.ALIGN - len(carry)
+            self._submit([carry, (os.dup(fd), done, take)], block, len(carry) + take, src)
+            block, done, carry = block + len(carry) + take, done + take, b""
+        tail = os.pread(fd, n - done, done) if n > done else b""
+        if len(tail) != n - done:
+            raise self._changed(src, done + len(tail), n)
+        self._carry = carry + tail
+        self.end += n
         return n
 
-    def _copy(self, read, n: int | None, src: str) -> int:
-        """Read the source (``n`` bytes, or to its end where None) a chunk at a time behind the carried bytes,
-        writing each aligned span at its block; the last is padded with zeros. The file's length moves only once
-        the whole source is written."""
-        view = memoryview(self._buf)
+    def _plan_stream(self, f, src: str) -> int:
+        """As :meth:`_plan_local`, for a source read in turn here (another filesystem's: a cluster's spools)."""
+        carry, done = self._carry, 0
+        block = self.end - len(carry)
+        while data := f.read(self.chunk):
+            done += len(data)
+            carry += data
+            span = len(carry) - len(carry) % self.ALIGN
+            if span:
+                self._submit([carry[:span]], block, span, src)
+                block, carry = block + span, carry[span:]
+        self._carry = carry
+        self.end += done
+        return done
+
+    @staticmethod
+    def _changed(src: str, got: int, n: int) -> OutputError:
+        return OutputError(f"{src}: {got} bytes read of {n}; the spool was changed: rerun the same command to "
+                           "redo the shard")
+
+    def _submit(self, pieces: list, block: int, span: int, src: str) -> None:
+        if len(self._inflight) >= 2 * self.depth:
+            self._inflight.pop(0).result()
         try:
-            carry = self.end % self.ALIGN
-            block = self.end - carry  # where the buffer's first byte goes
-            done = 0
-            while True:
-                got = 0
-                while got < self.CHUNK and (n is None or done + got < n):
-                    k = read(view[carry + got:carry + self.CHUNK if n is None else
-                                  carry + min(self.CHUNK, n - done)], done + got)
-                    if not k:
-                        break
-                    got += k
-                if n is not None and got < min(self.CHUNK, n - done):
-                    raise OutputError(f"{src}: {done + got} bytes read of {n}; the spool was changed: rerun the "
-                                      "same command to redo the shard")
-                done += got
-                last = got < self.CHUNK or done == n
-                total = carry + got
-                span = -(-total // self.ALIGN) * self.ALIGN if last else total - total % self.ALIGN
-                if not done:
-                    return 0
-                if last:
-                    view[total:span] = bytes(span - total)
-                written = 0
-                while written < span:
-                    written += os.pwrite(self.fd, view[written:span], block + written)
-                if last:
-                    break
-                carry = total - span
-                view[:carry] = view[span:total]  # less than a block: the next chunk follows it
-                block += span
-            self.end += done
-            self.appended += 1
-            tail = self.end % self.ALIGN
-            view[:tail] = view[total - tail:total]  # the new last partial block, carried into the next append
-            return done
+            self._inflight.append(self._pool.submit(self._write, pieces, block, span, src))
+        except BaseException:
+            _close_pieces(pieces)
+            raise
+
+    def _write(self, pieces: list, block: int, span: int, src: str) -> None:
+        """Fill a buffer with ``pieces`` (bytes, or ``(fd, offset, length)`` read and closed here), pad it with
+        zeros to ``span`` and write it at ``block``."""
+        buf = self._buffers.get()
+        view = memoryview(buf)
+        try:
+            at = 0
+            for p in pieces:
+                if isinstance(p, tuple):
+                    fd, offset, length = p
+                    got = 0
+                    while got < length:
+                        k = os.preadv(fd, [view[at + got:at + length]], offset + got)
+                        if not k:
+                            raise self._changed(src, offset + got, offset + length)
+                        got += k
+                    at += length
+                else:
+                    view[at:at + len(p)] = p
+                    at += len(p)
+            view[at:span] = bytes(span - at)
+            written = 0
+            while written < span:
+                written += os.pwrite(self.fd, view[written:span], block + written)
         finally:
             view.release()
+            self._buffers.put(buf)
+            _close_pieces(pieces)
+
+    def flush(self) -> None:
+        """Write the last partial block (padded) once every span before it is written: every byte appended is
+        then on the disk (the caller's fsync makes it durable); raises the first failed write's error."""
+        self._wait()
+        if self._carry:
+            self._write([self._carry], self.end - len(self._carry), self.ALIGN, "")
+
+    def _wait(self) -> None:
+        error = None
+        for future in self._inflight:
+            try:
+                future.result()
+            except BaseException as e:  # every write waited for before any is reported
+                error = error or e
+        self._inflight = []
+        if error is not None:
+            raise error
 
     def close(self, cut: bool = True) -> None:
-        """Stop; ``cut``: the file cut to :attr:`end` (its padding past the last fragment dropped)."""
+        """Stop; ``cut``: the bytes flushed and the file cut to :attr:`end` (its padding dropped). Without, the
+        writes in flight are waited for and the file left as it is (a resume cuts it to the journalled length)."""
         if self.fd is None:
             return
         try:
             if cut:
+                self.flush()
                 os.ftruncate(self.fd, self.end)
         finally:
+            with contextlib.suppress(BaseException):
+                self._wait()
+            self._pool.shutdown(wait=True)
             os.close(self.fd)
             self.fd = None
-            self._buf.close()
+            for m in self._maps:
+                m.close()
+
+
+def _close_pieces(pieces: list) -> None:
+    for p in pieces:
+        if isinstance(p, tuple):
+            with contextlib.suppress(OSError):
+                os.close(p[0])
 
 
 #: Errors with which the kernel refuses a copy between two files before copying anything: the call does not

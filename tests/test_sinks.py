@@ -221,22 +221,23 @@ def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equa
     assert sink.sync_s > 0
 
 
-def _direct_or_skip(path, end=0, chunk=None):
+def _direct_or_skip(path, end=0, chunk=None, depth=None):
     from gpufeed.formats.assembly import DirectAppend
 
-    cls = DirectAppend if chunk is None else type("SmallChunks", (DirectAppend,), {"CHUNK": chunk})
-    direct = cls.open(str(path), end)
+    direct = DirectAppend.open(str(path), end, chunk=chunk, depth=depth)
     if direct is None:
         pytest.skip(f"{path}'s filesystem does not take O_DIRECT here")
     return direct
 
 
-@pytest.mark.parametrize("chunk", [None, 8192])
-def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path, chunk):
+@pytest.mark.parametrize("chunk,depth", [(None, None), (8192, 1), (8192, 8)])
+def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path, chunk,
+                                                                                             depth):
     """DirectAppend writes block-aligned spans (the last partial block rewritten with what follows it, the
-    file padded past its length between appends): the file is the fragments in order, cut to its length, also
-    when reopened at a journalled length mid-block, as a resume does, and for an empty fragment; read in its
-    default chunks and in chunks of two blocks (a fragment then spans many, each write carrying a part block)."""
+    file padded past its length between flushes): the file is the fragments in order, cut to its length, also
+    when reopened at a journalled length mid-block, as a resume does, and for an empty fragment; in its default
+    chunks and in chunks of two blocks (a fragment then spans many, each write carrying a part block), one write
+    at a time or eight in flight, each flushed fragment on the disk in order before the next."""
     sizes = (1, 0, 4095, 4096, 4097, 10_000, (3 << 20) + 5, 7)
     frags = []
     for i, n in enumerate(sizes):
@@ -245,20 +246,70 @@ def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reo
     whole = b"".join(f.read_bytes() for f in frags)
     rec = tmp_path / "whole.rec"
     rec.write_bytes(b"")
-    direct = _direct_or_skip(rec, chunk=chunk)
+    direct = _direct_or_skip(rec, chunk=chunk, depth=depth)
     for f in frags[:5]:
         assert direct.append(str(f)) == f.stat().st_size
+        direct.flush()
         assert rec.stat().st_size >= direct.end and rec.read_bytes()[:direct.end] == whole[:direct.end]
     direct.close(cut=False)  # killed: the padding stays, the journal holds the length
     journalled = sum(sizes[:4])  # a commit before the last one: the resume cuts the file back to it
     with open(rec, "r+b") as f:
         f.truncate(journalled)
-    direct = _direct_or_skip(rec, journalled, chunk)
-    for f in frags[4:]:
+    direct = _direct_or_skip(rec, journalled, chunk, depth)
+    for f in frags[4:]:  # unflushed between them: the closing flush writes what is still carried
         direct.append(str(f))
     direct.close()
     assert rec.read_bytes() == whole
 
+
+
+def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(tmp_path):
+    """The writers read a local source through descriptors of their own, so the sink may drop a spool as soon
+    as :meth:`append` returns, before its spans are written; many spans queued at once (more than the writers'
+    queue holds: the appending thread waits for the oldest); a source from another filesystem (an fsspec URL)
+    is read here in chunks and comes out the same."""
+    import fsspec
+
+    frags = []
+    for i, n in enumerate((5, 50_000, 4096 * 9 + 3, 0, 123_457)):
+        frags.append(tmp_path / f"f{i}.rec")
+        frags[-1].write_bytes(os.urandom(n))
+    rec = tmp_path / "whole.rec"
+    rec.write_bytes(b"")
+    direct = _direct_or_skip(rec, chunk=8192, depth=2)
+    for f in frags:
+        direct.append(str(f))
+        f_bytes = f.read_bytes()
+        f.unlink()
+        f.write_bytes(f_bytes)  # the same name, another file: the writers still read the first
+    url = f"memory://direct-{os.getpid()}/f.rec"
+    streamed = os.urandom(3 * 8192 + 77)
+    with fsspec.open(url, "wb") as f:
+        f.write(streamed)
+    assert direct.append(url) == len(streamed)
+    direct.close()
+    assert rec.read_bytes() == b"".join(f.read_bytes() for f in frags) + streamed
+    fsspec.filesystem("memory").rm(url)
+
+
+def test_a_spool_cut_short_before_its_spans_are_written_is_an_error_naming_it(tmp_path):
+    """A spool shorter when a writer reads it than when it was planned (changed under the run): the flush
+    raises, naming the spool and the fix; nothing is taken from the changed file unnoticed."""
+    import threading
+
+    frag = tmp_path / "f.rec"
+    frag.write_bytes(os.urandom(64 * 8192))
+    rec = tmp_path / "whole.rec"
+    rec.write_bytes(b"")
+    direct = _direct_or_skip(rec, chunk=32 * 8192, depth=1)
+    gate = threading.Event()
+    direct._pool.submit(gate.wait)  # the one writer busy: both spans of the fragment wait in line
+    direct.append(str(frag))
+    os.truncate(frag, 8192)
+    gate.set()
+    with pytest.raises(OutputError, match=f"{frag}: .* bytes read of .*the spool was changed: rerun the same"):
+        direct.flush()
+    direct.close(cut=False)
 
 
 def test_a_rec_from_memory_spools_is_written_past_the_page_cache_to_the_same_bytes(tmp_path):

@@ -4,9 +4,11 @@ appended to a file in FOLDER (the disk) by the kernel (:func:`gpufeed.formats.as
 across filesystems) and streamed through Python (what it did where copy_file_range refused the two
 filesystems), the ways alternated, each commit's writeback started and synced as the sink does; and past the
 page cache (``direct``: :class:`gpufeed.formats.assembly.DirectAppend`, what the sink uses where the filesystem
-takes ``O_DIRECT``), each fragment fsync'd as a commit is.
+takes ``O_DIRECT``, its default writes in flight; ``direct-1``: one 16 MB write at a time, as it was before
+session 24; ``direct-8``: eight in flight), each fragment flushed and fsync'd as a commit is.
 
-One JSON line per way and round: GB/s appended and the commit thread's CPU seconds per GB.
+One JSON line per way and round: GB/s appended, the process's CPU seconds per GB (the writers' threads
+included) and the appending thread's own.
 """
 
 from __future__ import annotations
@@ -32,32 +34,36 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
             with open(paths[-1], "wb") as f:
                 f.write(os.urandom(fragment_mb << 20))
         cross = os.stat(spools).st_dev != os.stat(folder).st_dev
-        ways = [("kernel", append_file), ("stream", stream_file), ("direct", None)]
+        ways = [("kernel", append_file), ("stream", stream_file), ("direct", {}),
+                ("direct-1", {"depth": 1, "chunk": 16 << 20}), ("direct-8", {"depth": 8})]
         for r in range(rounds):
             for way, append in ways:
                 out = os.path.join(folder, f"append-copy-{way}.rec")
-                if way == "direct":
-                    wall, cpu = time.perf_counter(), time.thread_time()
-                    size = _append_direct(paths, out)
-                    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                if way.startswith("direct"):
+                    wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
+                    size = _append_direct(paths, out, **append)
+                    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                    own = time.thread_time() - own
                     os.remove(out)
                     if not size:
                         continue  # the filesystem refuses O_DIRECT
                 else:
                     with open(out, "w+b") as dst:
-                        wall, cpu = time.perf_counter(), time.thread_time()
+                        wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
                         for p in paths:
                             start = dst.tell()
                             append(p, dst)
                             start_writeback(dst, start, dst.tell() - start)
                             dst.flush()
                             fsync_together([dst.fileno()])
-                        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                        own = time.thread_time() - own
                         size = dst.tell()
                     os.remove(out)
                 row = {"bench": "append-copy", "way": way, "round": r, "across_filesystems": cross,
                        "fragment_mb": fragment_mb, "fragments": fragments, "gb": round(size / 1e9, 3),
-                       "gb_per_s": round(size / 1e9 / wall, 3), "cpu_s_per_gb": round(cpu / (size / 1e9), 3)}
+                       "gb_per_s": round(size / 1e9 / wall, 3), "cpu_s_per_gb": round(cpu / (size / 1e9), 3),
+                       "thread_cpu_s_per_gb": round(own / (size / 1e9), 3)}
                 rows.append(row)
                 emit(json.dumps(row))
     finally:
@@ -65,18 +71,19 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
     return rows
 
 
-def _append_direct(paths: list[str], out: str) -> int:
+def _append_direct(paths: list[str], out: str, **kw) -> int:
     """Append ``paths`` to ``out`` past the page cache, each fragment made durable before the next; returns the
     file's length (0 where the filesystem does not take O_DIRECT)."""
     from gpufeed.formats.assembly import DirectAppend
 
     open(out, "wb").close()
-    direct = DirectAppend.open(out, 0)
+    direct = DirectAppend.open(out, 0, **kw)
     if direct is None:
         return 0
     try:
         for p in paths:
             direct.append(p)
+            direct.flush()
             os.fsync(direct.fd)
     finally:
         direct.close()
