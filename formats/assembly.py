@@ -393,6 +393,8 @@ class RecordIOSink(SplitSink):
         self.records = 0
         self._fds = {}  # the open partial files' descriptors, which sync() may use beside an append
         self._direct = None  # the .rec's DirectAppend, where its filesystem takes O_DIRECT
+        self._writing = []  # its writes handed out by append_many and not yet waited for by sync()
+        self._writing_lock = threading.Lock()
 
     @staticmethod
     def spool_writer(fmt, path: str):
@@ -456,10 +458,10 @@ class RecordIOSink(SplitSink):
         return self.commit_many([(spool, files)])[0]
 
     def append_many(self, batch: list) -> list[dict]:
-        """Append several fragments in order: past the page cache, written by the time this returns; else each
-        fragment's writeback started as soon as it is appended. The side files' buffers are handed to the
-        kernel, so that a :meth:`sync` on another thread (file descriptors only) makes them durable with the
-        ``.rec``."""
+        """Append several fragments in order: past the page cache, their writes handed to the writers (the last
+        partial block written here), for :meth:`sync` to wait for; else each fragment's writeback started as soon
+        as it is appended. The side files' buffers are handed to the kernel, so that a :meth:`sync` on another
+        thread (file descriptors and the writes' futures only) makes them durable with the ``.rec``."""
         rec = self._files[".rec"]
         fields = []
         try:
@@ -471,7 +473,9 @@ class RecordIOSink(SplitSink):
                     start_writeback(rec, start, rec.tell() - start)
                     self.writeback_s += time.perf_counter() - kicked
             if self._direct is not None:
-                self._direct.flush()  # the batch's writes done, its last partial block written
+                written = self._direct.seal()  # the last partial block written; the spans may be in flight
+                with self._writing_lock:
+                    self._writing += written
             for ext in (".idx", ".lst"):
                 self._files[ext].flush()
         except OSError as e:
@@ -479,10 +483,14 @@ class RecordIOSink(SplitSink):
         return fields
 
     def sync(self) -> None:
-        """fsync the three files together: one disk flush for every fragment appended since the last (a sync
-        that waits for the disk lets several batches gather for the next)."""
+        """Wait for the ``.rec``'s writes in flight, then fsync the three files together: one disk flush for every
+        fragment appended since the last (a sync that waits for the disk lets several batches gather for the
+        next)."""
         try:
             synced = time.perf_counter()
+            with self._writing_lock:
+                writing, self._writing = self._writing, []
+            wait_all(writing)
             fsync_together(self._fds.values())
             self.sync_s += time.perf_counter() - synced
         except OSError as e:
@@ -708,7 +716,8 @@ class DirectAppend:
         for m in self._maps:
             self._buffers.put(m)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.depth, thread_name_prefix="gpufeed-direct")
-        self._inflight = []  # futures of the writes handed out since the last wait, oldest first
+        self._inflight = []  # futures of the latest writes handed out, oldest first: at most twice the depth
+        self._submitted = []  # futures of every write handed out since the last flush() or take_submitted()
         self.appended = 0  # non-empty fragments appended this way
 
     @classmethod
@@ -798,10 +807,12 @@ class DirectAppend:
         if len(self._inflight) >= 2 * self.depth:
             self._inflight.pop(0).result()
         try:
-            self._inflight.append(self._pool.submit(self._write, pieces, block, span, src))
+            future = self._pool.submit(self._write, pieces, block, span, src)
         except BaseException:
             _close_pieces(pieces)
             raise
+        self._inflight.append(future)
+        self._submitted.append(future)
 
     def _write(self, pieces: list, block: int, span: int, src: str) -> None:
         """Fill a buffer with ``pieces`` (bytes, or ``(fd, offset, length)`` read and closed here), pad it with
@@ -832,23 +843,26 @@ class DirectAppend:
             self._buffers.put(buf)
             _close_pieces(pieces)
 
-    def flush(self) -> None:
-        """Write the last partial block (padded) once every span before it is written: every byte appended is
-        then on the disk (the caller's fsync makes it durable); raises the first failed write's error."""
-        self._wait()
+    def seal(self) -> list:
+        """Write the last partial block now (padded), beside the spans still in flight (none of them covers it,
+        and the next append's first span, which rewrites it, is handed out only after this returns); returns
+        the futures of the writes handed out since the last :meth:`flush` or :meth:`seal`. Once they are done
+        every byte appended is on the disk: :func:`wait_all` of them, then an fsync, makes it durable, on any
+        thread, while this one appends the next (the sink's commit: appends on one thread, syncs beside it)."""
         if self._carry:
             self._write([self._carry], self.end - len(self._carry), self.ALIGN, "")
+        submitted, self._submitted = self._submitted, []
+        return submitted
+
+    def flush(self) -> None:
+        """:meth:`seal`, waiting for every write: every byte appended is then on the disk (the caller's fsync
+        makes it durable); raises the first failed write's error."""
+        self._inflight = []
+        wait_all(self.seal())
 
     def _wait(self) -> None:
-        error = None
-        for future in self._inflight:
-            try:
-                future.result()
-            except BaseException as e:  # every write waited for before any is reported
-                error = error or e
-        self._inflight = []
-        if error is not None:
-            raise error
+        submitted, self._submitted, self._inflight = self._submitted, [], []
+        wait_all(submitted)
 
     def close(self, cut: bool = True) -> None:
         """Stop; ``cut``: the bytes flushed and the file cut to :attr:`end` (its padding dropped). Without, the
@@ -867,6 +881,18 @@ class DirectAppend:
             self.fd = None
             for m in self._maps:
                 m.close()
+
+
+def wait_all(futures) -> None:
+    """Wait for every future, then raise the first one's error, if any."""
+    error = None
+    for future in futures:
+        try:
+            future.result()
+        except BaseException as e:  # every write waited for before any is reported
+            error = error or e
+    if error is not None:
+        raise error
 
 
 def _close_pieces(pieces: list) -> None:

@@ -71,7 +71,7 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert "| convert tfrecord |" in text and "| pass-through to recordio / cp |" in text
     assert "| convert (standing Ray) recordio |" in text
     # The commits: copying, apart from waiting; and the driver's CPU, its main thread's apart.
-    assert " s waiting for fsyncs, " in text and " s of it on a core" in text and " s of it starting writeback" in text
+    assert " s waiting for writes and fsyncs, " in text and " s of it on a core" in text and " s of it starting writeback" in text
     assert "; the driver's CPU " in text and " s, its main thread's " in text
     assert "| limit writing 1 copy, 1 processes |" in text and "of the limit writing as many copies" in text
     capsys.readouterr()

@@ -194,9 +194,13 @@ def test_the_kernel_copy_says_how_much_it_copied_of_a_file_shorter_than_asked(tm
         assert kernel_copy(f.fileno(), dst.fileno(), 4000) == 1000
 
 
-def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equal_one_commit_each(tmp_path):
+@pytest.mark.parametrize("where", ["beside the .rec", "memory spools"])
+def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equal_one_commit_each(tmp_path, where):
     """The driver appends on one thread and syncs on another (engine._Committer): the files and the journal
-    fields are those of committing each shard in turn."""
+    fields are those of committing each shard in turn; from memory spools the ``.rec``'s writes are in flight
+    when append_many returns, and the sync waits for them."""
+    import pathlib
+    import shutil
     import threading
 
     from gpufeed.formats.assembly import RecordIOSink
@@ -205,17 +209,28 @@ def test_rec_fragments_synced_on_another_thread_while_the_next_are_appended_equa
     one, fields_one = _commit_rec(tmp_path, "one", sizes, (1,) * len(sizes))
     work = tmp_path / "two"
     work.mkdir()
-    frags = _fragments(work, sizes)
+    if where == "memory spools":
+        folder = _memory_folder(tmp_path)
+        frags = _fragments(pathlib.Path(folder), sizes)
+    else:
+        folder, frags = None, _fragments(work, sizes)
     sink = RecordIOSink(str(work / "state"), str(work / "out"), "train").open([])
+    if folder is not None and sink._direct is None:
+        pytest.skip("the disk here does not take O_DIRECT")
     fields, syncing = [], None
     for frag in frags:
         fields += sink.append_many([frag])  # beside the sync of the fragments before
+        if folder is not None:  # gone once appended, as the driver drops them: the writers hold their own
+            for path in sink.spool_files(frag[0]):
+                os.remove(path)
         if syncing is not None:
             syncing.join()  # one sync at a time, as the driver's syncing thread
         syncing = threading.Thread(target=sink.sync)
         syncing.start()
     syncing.join()
     sink.finish()
+    if folder is not None:
+        shutil.rmtree(folder)
     out = work / "out" / "recordio"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == one and fields == fields_one
     assert sink.sync_s > 0
@@ -261,6 +276,52 @@ def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reo
     direct.close()
     assert rec.read_bytes() == whole
 
+
+
+def test_sealed_appends_waited_for_on_another_thread_hold_every_byte_up_to_their_end(tmp_path):
+    """The sink's commit: appends sealed on one thread (the last partial block written there, the spans left in
+    flight) and waited for and synced on another while the next are appended, which rewrite that block. After
+    each wait every byte up to the sealed length is on the file, as the journal line written then promises."""
+    import queue
+    import random
+    import threading
+
+    from gpufeed.formats.assembly import wait_all
+
+    rng = random.Random(7)
+    sizes = [0, 1, 4095, 4096, 8191, 3] + [rng.randrange(60_000) for _ in range(40)]
+    frags = []
+    for i, n in enumerate(sizes):
+        frags.append(tmp_path / f"f{i}.rec")
+        frags[-1].write_bytes(rng.randbytes(n))
+    whole = b"".join(f.read_bytes() for f in frags)
+    rec = tmp_path / "whole.rec"
+    rec.write_bytes(b"")
+    direct = _direct_or_skip(rec, chunk=8192, depth=4)
+    sealed, checked = queue.Queue(), []
+
+    def sync():
+        while (item := sealed.get()) is not None:
+            futures, end = item
+            wait_all(futures)
+            os.fsync(direct.fd)
+            with open(rec, "rb") as f:
+                checked.append(f.read(end) == whole[:end])
+
+    syncing = threading.Thread(target=sync)
+    syncing.start()
+    try:
+        for i, f in enumerate(frags):
+            direct.append(str(f))
+            if i % 3 == 2:
+                sealed.put((direct.seal(), direct.end))
+        sealed.put((direct.seal(), direct.end))
+    finally:
+        sealed.put(None)
+        syncing.join()
+    direct.close()
+    assert len(checked) == len(frags) // 3 + 1 and all(checked)
+    assert rec.read_bytes() == whole
 
 
 def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(tmp_path):

@@ -788,7 +788,7 @@ def table(rows: list[dict]) -> str:
                     split += f", {line['driver_commit_cpu_s']} s of it on a core"
                 if "driver_commit_run_queue_s" in line:
                     split += f", {line['driver_commit_run_queue_s']} s waiting for one"
-                split += f"; beside it, {line['driver_commit_sync_s']} s waiting for fsyncs"
+                split += f"; beside it, {line['driver_commit_sync_s']} s waiting for writes and fsyncs"
                 if "driver_commit_journal_s" in line:
                     split += f", {line['driver_commit_journal_s']} s journalling"
             if "driver_cpu_s" in line:
