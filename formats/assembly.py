@@ -680,11 +680,12 @@ class DirectAppend:
     a 25-27 s run, results/convert-node-h200x4.txt, session 24). Here the thread only cuts the spans and hands
     them out; the copies from the spools and the disk's writes overlap on the writers.
 
-    Every block is written once, in one span, except the file's last partial block: :meth:`flush` writes it
-    padded with zeros once the spans before it are done, and the next append rewrites it whole after that, so two
-    writes of one block are never in flight together. Bytes are on the disk only once :meth:`flush` returns (the
-    sink flushes each batch before it is synced and journalled); between flushes the file may run up to a block
-    past its length; :attr:`end` is the length, which the journal records and a resume cuts the file back to,
+    Every block is written once, in one span, except the file's last partial block: :meth:`seal` (or
+    :meth:`flush`) writes it padded with zeros, at once and beside the spans in flight (none covers it), and the
+    next append rewrites it whole after that, so two writes of one block are never in flight together. Bytes are on
+    the disk once the futures :meth:`seal` returns are done (the sink seals each batch, and its syncing thread
+    waits for them before the fsync and the journal line), or once :meth:`flush` returns; between them the file
+    may run up to a block past its length; :attr:`end` is the length, which the journal records and a resume cuts the file back to,
     and :meth:`close` cuts it there. A source's bytes are read by the writers through a duplicate of its
     descriptor, so the caller may remove it once :meth:`append` returns. Where the filesystem refuses
     ``O_DIRECT`` (tmpfs before Linux 6.6, some network filesystems), or the alignment of a first probe write,

@@ -5,7 +5,9 @@ across filesystems) and streamed through Python (what it did where copy_file_ran
 filesystems), the ways alternated, each commit's writeback started and synced as the sink does; and past the
 page cache (``direct``: :class:`gpufeed.formats.assembly.DirectAppend`, what the sink uses where the filesystem
 takes ``O_DIRECT``, its default writes in flight; ``direct-1``: one 16 MB write at a time, as it was before
-session 24; ``direct-8``: eight in flight), each fragment flushed and fsync'd as a commit is.
+session 24; ``direct-8``: eight in flight), each fragment flushed and fsync'd as a commit is; and
+``direct-sealed``, as the sink commits: each fragment sealed (its writes left in flight) while another thread
+waits for the writes of every fragment sealed meanwhile and fsyncs them together.
 
 One JSON line per way and round: GB/s appended, the process's CPU seconds per GB (the writers' threads
 included) and the appending thread's own.
@@ -35,7 +37,8 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
                 f.write(os.urandom(fragment_mb << 20))
         cross = os.stat(spools).st_dev != os.stat(folder).st_dev
         ways = [("kernel", append_file), ("stream", stream_file), ("direct", {}),
-                ("direct-1", {"depth": 1, "chunk": 16 << 20}), ("direct-8", {"depth": 8})]
+                ("direct-1", {"depth": 1, "chunk": 16 << 20}), ("direct-8", {"depth": 8}),
+                ("direct-sealed", {"sealed": True})]
         for r in range(rounds):
             for way, append in ways:
                 out = os.path.join(folder, f"append-copy-{way}.rec")
@@ -71,17 +74,48 @@ def run(folder: str, fragment_mb: int = 16, fragments: int = 64, rounds: int = 3
     return rows
 
 
-def _append_direct(paths: list[str], out: str, **kw) -> int:
-    """Append ``paths`` to ``out`` past the page cache, each fragment made durable before the next; returns the
-    file's length (0 where the filesystem does not take O_DIRECT)."""
-    from gpufeed.formats.assembly import DirectAppend
+def _append_direct(paths: list[str], out: str, sealed: bool = False, **kw) -> int:
+    """Append ``paths`` to ``out`` past the page cache, each fragment made durable before the next (``sealed``:
+    made durable on another thread while the next are appended); returns the file's length (0 where the
+    filesystem does not take O_DIRECT)."""
+    import queue
+    import threading
+
+    from gpufeed.formats.assembly import DirectAppend, wait_all
 
     open(out, "wb").close()
     direct = DirectAppend.open(out, 0, **kw)
     if direct is None:
         return 0
     try:
-        for p in paths:
+        if sealed:
+            written, failed = queue.Queue(), []
+
+            def sync():
+                done = False
+                while not done:
+                    batch = [written.get()]
+                    while not written.empty():
+                        batch.append(written.get())
+                    done = None in batch
+                    try:
+                        wait_all([f for futures in batch if futures is not None for f in futures])
+                        os.fsync(direct.fd)
+                    except OSError as e:  # raised here once the appends end: a figure of failed writes is none
+                        failed.append(e)
+
+            syncing = threading.Thread(target=sync)
+            syncing.start()
+            try:
+                for p in paths:
+                    direct.append(p)
+                    written.put(direct.seal())
+            finally:
+                written.put(None)
+                syncing.join()
+            if failed:
+                raise failed[0]
+        for p in paths if not sealed else ():
             direct.append(p)
             direct.flush()
             os.fsync(direct.fd)
