@@ -324,6 +324,53 @@ def test_sealed_appends_waited_for_on_another_thread_hold_every_byte_up_to_their
     assert rec.read_bytes() == whole
 
 
+_REFUSED_WRITE = """
+import json, resource, signal, sys
+from gpufeed.errors import OutputError
+from gpufeed.formats.assembly import RecordIOSink
+
+work, frags = sys.argv[1], json.loads(sys.argv[2])
+sink = RecordIOSink(work + "/state", work + "/out", "train").open([])
+if sink._direct is None:
+    print("no O_DIRECT")
+    sys.exit(0)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+try:
+    for frag in frags:
+        sink.append_many([frag])
+        sink.sync()
+except OutputError as e:
+    print("OutputError:", e)
+finally:
+    sink.close()
+"""
+
+
+def test_a_write_the_disk_refuses_on_a_writer_thread_fails_the_commit_naming_the_output(tmp_path):
+    """A ``.rec`` write past the page cache that fails on one of the writers' threads (here: past the process's
+    file size limit, EFBIG, standing in for a full disk) fails the commit's sync with the output's name and the
+    fix, before anything is journalled; nothing waits forever for it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    folder = _memory_folder(tmp_path)
+    try:
+        frags = _fragments(__import__("pathlib").Path(folder), (60, 60, 60))
+        proc = subprocess.run([sys.executable, "-c", _REFUSED_WRITE, str(tmp_path), json.dumps(frags)],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(folder)
+    if proc.stdout.strip() == "no O_DIRECT":
+        pytest.skip("the disk here does not take O_DIRECT")
+    partial = tmp_path / "state" / "partial" / "train.rec"
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (f"OutputError: {partial}: cannot be written (File too large); free space on the "
+                                   "destination (or fix its permissions) and rerun the same command to resume")
+
+
 def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(tmp_path):
     """The writers read a local source through descriptors of their own, so the sink may drop a spool as soon
     as :meth:`append` returns, before its spans are written; many spans queued at once (more than the writers'
