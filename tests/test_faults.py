@@ -116,10 +116,19 @@ def test_a_run_killed_between_an_append_and_its_journal_line_redoes_those_shards
     for i in last.values():
         e = json.loads(lines[i])
         assert not os.path.exists(spool_path(memory_spool_dir(out), e["split"], e["sink"], e["shard"]))
-    _start_and_kill(args, None, out, after=2)
-    with open(journal, "rb") as f:
-        shards = [(e["split"], e["shard"]) for e in map(json.loads, f) if e["event"] == "shard"]
-    assert len(shards) > len(set(shards)), "no shard was journalled twice; kill the rerun later"
+    def journalled_twice() -> bool:
+        with open(journal, "rb") as f:
+            shards = [(e["split"], e["shard"]) for e in map(json.loads, f) if e["event"] == "shard"]
+        return len(shards) > len(set(shards))
+
+    # Killed once it has journalled a shard again (whichever shards it converts first).
+    proc = cli(args)
+    deadline = time.time() + 120
+    while not journalled_twice() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None and journalled_twice(), _finish(proc)
+    proc.send_signal(signal.SIGKILL)
+    _finish(proc)
     code, _, err = _finish(cli(args))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
