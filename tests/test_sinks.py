@@ -245,6 +245,17 @@ def _direct_or_skip(path, end=0, chunk=None, depth=None):
     return direct
 
 
+def _fragment_files(tmp_path, sizes, rand=os.urandom):
+    """Files of ``sizes`` random bytes, their concatenation, and an empty ``whole.rec`` to append them to."""
+    frags = []
+    for i, n in enumerate(sizes):
+        frags.append(tmp_path / f"f{i}.rec")
+        frags[-1].write_bytes(rand(n))
+    rec = tmp_path / "whole.rec"
+    rec.write_bytes(b"")
+    return frags, b"".join(f.read_bytes() for f in frags), rec
+
+
 @pytest.mark.parametrize("chunk,depth", [(None, None), (8192, 1), (8192, 8)])
 def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reopen_goes_on(tmp_path, chunk,
                                                                                              depth):
@@ -254,13 +265,7 @@ def test_fragments_appended_past_the_page_cache_are_the_bytes_in_order_and_a_reo
     chunks and in chunks of two blocks (a fragment then spans many, each write carrying a part block), one write
     at a time or eight in flight, each flushed fragment on the disk in order before the next."""
     sizes = (1, 0, 4095, 4096, 4097, 10_000, (3 << 20) + 5, 7)
-    frags = []
-    for i, n in enumerate(sizes):
-        frags.append(tmp_path / f"f{i}.rec")
-        frags[-1].write_bytes(os.urandom(n))
-    whole = b"".join(f.read_bytes() for f in frags)
-    rec = tmp_path / "whole.rec"
-    rec.write_bytes(b"")
+    frags, whole, rec = _fragment_files(tmp_path, sizes)
     direct = _direct_or_skip(rec, chunk=chunk, depth=depth)
     for f in frags[:5]:
         assert direct.append(str(f)) == f.stat().st_size
@@ -290,13 +295,7 @@ def test_sealed_appends_waited_for_on_another_thread_hold_every_byte_up_to_their
 
     rng = random.Random(7)
     sizes = [0, 1, 4095, 4096, 8191, 3] + [rng.randrange(60_000) for _ in range(40)]
-    frags = []
-    for i, n in enumerate(sizes):
-        frags.append(tmp_path / f"f{i}.rec")
-        frags[-1].write_bytes(rng.randbytes(n))
-    whole = b"".join(f.read_bytes() for f in frags)
-    rec = tmp_path / "whole.rec"
-    rec.write_bytes(b"")
+    frags, whole, rec = _fragment_files(tmp_path, sizes, rng.randbytes)
     direct = _direct_or_skip(rec, chunk=8192, depth=4)
     sealed, checked = queue.Queue(), []
 
@@ -378,12 +377,7 @@ def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(
     is read here in chunks and comes out the same."""
     import fsspec
 
-    frags = []
-    for i, n in enumerate((5, 50_000, 4096 * 9 + 3, 0, 123_457)):
-        frags.append(tmp_path / f"f{i}.rec")
-        frags[-1].write_bytes(os.urandom(n))
-    rec = tmp_path / "whole.rec"
-    rec.write_bytes(b"")
+    frags, whole, rec = _fragment_files(tmp_path, (5, 50_000, 4096 * 9 + 3, 0, 123_457))
     direct = _direct_or_skip(rec, chunk=8192, depth=2)
     for f in frags:
         direct.append(str(f))
@@ -396,7 +390,7 @@ def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(
         f.write(streamed)
     assert direct.append(url) == len(streamed)
     direct.close()
-    assert rec.read_bytes() == b"".join(f.read_bytes() for f in frags) + streamed
+    assert rec.read_bytes() == whole + streamed
     fsspec.filesystem("memory").rm(url)
 
 
@@ -405,10 +399,7 @@ def test_a_spool_cut_short_before_its_spans_are_written_is_an_error_naming_it(tm
     raises, naming the spool and the fix; nothing is taken from the changed file unnoticed."""
     import threading
 
-    frag = tmp_path / "f.rec"
-    frag.write_bytes(os.urandom(64 * 8192))
-    rec = tmp_path / "whole.rec"
-    rec.write_bytes(b"")
+    (frag,), _, rec = _fragment_files(tmp_path, (64 * 8192,))
     direct = _direct_or_skip(rec, chunk=32 * 8192, depth=1)
     gate = threading.Event()
     direct._pool.submit(gate.wait)  # the one writer busy: both spans of the fragment wait in line
