@@ -685,13 +685,13 @@ class DirectAppend:
     next append rewrites it whole after that, so two writes of one block are never in flight together. Bytes are on
     the disk once the futures :meth:`seal` returns are done (the sink seals each batch, and its syncing thread
     waits for them before the fsync and the journal line), or once :meth:`flush` returns; between them the file
-    may run up to a block past its length; :attr:`end` is the length, which the journal records and a resume cuts the file back to,
-    and :meth:`close` cuts it there. A source's bytes are read by the writers through a duplicate of its
-    descriptor, so the caller may remove it once :meth:`append` returns. Where the filesystem refuses
-    ``O_DIRECT`` (tmpfs before Linux 6.6, some network filesystems), or the alignment of a first probe write,
-    :meth:`open` gives None and the sink goes on through the page cache. The sink uses it for spools from another
-    filesystem (memory spools); spools beside the ``.rec`` go by ``copy_file_range``, which shares their blocks
-    where the filesystem has reflinks."""
+    may run up to a block past its length; :attr:`end` is the length, which the journal records and a resume
+    cuts the file back to, and :meth:`close` cuts it there. A source's bytes are read by the writers through a
+    duplicate of its descriptor, so the caller may remove it once :meth:`append` returns. Where the filesystem
+    refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some network filesystems), or the alignment of a first probe
+    write, :meth:`open` gives None and the sink goes on through the page cache. The sink uses it for spools from
+    another filesystem (memory spools); spools beside the ``.rec`` go by ``copy_file_range``, which shares their
+    blocks where the filesystem has reflinks."""
 
     #: The alignment asked of offsets, lengths and buffers: a page covers every disk's logical block.
     ALIGN = 4096
@@ -711,14 +711,14 @@ class DirectAppend:
         self.depth = depth or self.DEPTH
         if self.chunk % self.ALIGN:
             raise ValueError(f"chunk {self.chunk} is not a multiple of {self.ALIGN}")
-        self._carry = carry  # the file's last partial block, not on the disk past the last flush
+        self._carry = carry  # the file's last partial block: on the disk once the next seal() or flush() writes it
         self._buffers = queue.SimpleQueue()
         self._maps = [mmap.mmap(-1, self.chunk) for _ in range(self.depth)]
         for m in self._maps:
             self._buffers.put(m)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.depth, thread_name_prefix="gpufeed-direct")
         self._inflight = []  # futures of the latest writes handed out, oldest first: at most twice the depth
-        self._submitted = []  # futures of every write handed out since the last flush() or take_submitted()
+        self._submitted = []  # futures of every write handed out since the last seal() or flush()
         self.appended = 0  # non-empty fragments appended this way
 
     @classmethod
@@ -753,8 +753,9 @@ class DirectAppend:
 
     def append(self, src: str) -> int:
         """Append the file ``src`` (any URL; a local one read by the writers with ``preadv``); returns its
-        length. Its bytes are on the disk once :meth:`flush` returns; a failed write raises from a later
-        :meth:`append` or :meth:`flush`."""
+        length. Its bytes are on the disk once the futures of the next :meth:`seal` are done, or the next
+        :meth:`flush` returns; a failed write raises from there (or from a later :meth:`append`, which waits for
+        the oldest writes when too many are queued)."""
         if io.is_local(src):
             with open(io.local_path(src), "rb", buffering=0) as f:
                 done = self._plan_local(f.fileno(), os.fstat(f.fileno()).st_size, src)
