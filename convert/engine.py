@@ -108,7 +108,8 @@ class _Clock:
         # rest of it waited for the disk or the kernel's locks; commit_writeback: the part spent starting the
         # appended bytes' writes to the disk (SplitSink.writeback_s).
         # On the syncing threads, beside them: commit_sync, waiting for what was appended to reach the disk
-        # (SplitSink.sync_s: a .rec's writes in flight, then the fsync); commit_journal, journalling the commits (a write and an fsync of the journal).
+        # (SplitSink.sync_s: a .rec's writes in flight, then the fsync); commit_journal, journalling the commits
+        # (a write and an fsync of the journal).
         self.busy = {"commit": 0.0, "commit_cpu": 0.0, "commit_run_queue": 0.0, "commit_sync": 0.0,
                      "commit_writeback": 0.0, "commit_journal": 0.0, "finish": 0.0}
         self._lock = threading.Lock()

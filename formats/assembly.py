@@ -9,9 +9,9 @@ the conversion's driver commits the shards in order as they complete while the w
   records to the LMDB format's writer without copying them, one transaction per shard (``putmulti``); that
   environment becomes the output in place at the end.
 * Single ``.rec`` (:class:`RecordIOSink`): each worker writes a complete RecordIO fragment; the driver
-  writes it past the page cache (:class:`DirectAppend`) or has the kernel append it (no byte through Python), shifts the ``.idx`` offsets and appends the ``.lst``; one
-  fsync makes every fragment appended since the last durable, on a thread of its own while the next are
-  appended.
+  writes it past the page cache (:class:`DirectAppend`) or has the kernel append it (no byte through Python),
+  shifts the ``.idx`` offsets and appends the ``.lst``; one fsync makes every fragment appended since the last
+  durable, on a thread of its own while the next are appended.
 
 Partial outputs live in the local state directory and are renamed (or uploaded) to their final names only
 when the split is complete.
@@ -369,9 +369,9 @@ class RecordIOSink(SplitSink):
     Each worker writes its shard as a complete RecordIO fragment (records are 4-byte aligned, so fragments
     concatenate) and hashes it as it writes. The sink appends the fragment's ``.rec`` past the page cache from
     a memory spool (:class:`DirectAppend`), else with an in-kernel copy (:func:`kernel_copy`: no byte passes
-    through Python, and filesystems with reflinks share the blocks), shifts the ``.idx`` offsets and appends the ``.lst`` lines. The ``.rec``'s checksum is a hash
-    list: the SHA-256 of each fragment as its worker wrote it (``parts`` in the manifest, checked range by
-    range by ``gpufeed verify``), so nothing is read back to hash it.
+    through Python, and filesystems with reflinks share the blocks), shifts the ``.idx`` offsets and appends the
+    ``.lst`` lines. The ``.rec``'s checksum is a hash list: the SHA-256 of each fragment as its worker wrote it
+    (``parts`` in the manifest, checked range by range by ``gpufeed verify``), so nothing is read back to hash it.
     """
 
     format = "recordio"
@@ -791,11 +791,13 @@ class DirectAppend:
         block = self.end - len(carry)
         while data := f.read(self.chunk):
             done += len(data)
-            carry += data
-            span = len(carry) - len(carry) % self.ALIGN
-            if span:
-                self._submit([carry[:span]], block, span, src)
-                block, carry = block + span, carry[span:]
+            span = (len(carry) + len(data)) // self.ALIGN * self.ALIGN
+            if not span:
+                carry += data
+                continue
+            take = span - len(carry)  # the chunk's bytes copied once, by the writer
+            self._submit([carry, memoryview(data)[:take]], block, span, src)
+            block, carry = block + span, data[take:]
         self._carry = carry
         self.end += done
         return done
