@@ -22,6 +22,7 @@ import gc
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 from gpufeed import io
 from gpufeed.convert import faults, sinks
@@ -33,7 +34,7 @@ from gpufeed.convert.worker import ShardJob, file_entry, run_shard, stats_shard
 from gpufeed.errors import ConfigError, GpufeedError, OutputError
 from gpufeed.formats.base import PER_SPLIT
 from gpufeed.machine import run_queue_seconds, usable_cores
-from gpufeed.pipelines.base import all_local_files, item_key
+from gpufeed.pipelines.base import Item, all_local_files, keys_of
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
@@ -79,7 +80,7 @@ class Summary:
 class _Split:
     """Driver-side state of one split: plan, items, ordered sinks and how far they have committed."""
 
-    def __init__(self, plan: SplitPlan, items: list):
+    def __init__(self, plan: SplitPlan, items: Sequence[Item]):
         self.plan = plan
         self.items = items
         self.sinks = {}  # a per-split format's name -> its sink
@@ -199,13 +200,13 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         shards = options.shards
         if options.shard_bytes is not None:
             shards = max(1, round(input_bytes(items, cache) / options.shard_bytes))
-        plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
+        plans[s] = plan_split(s, keys_of(items), options.seed, options.effective_shuffle,
                               shards, options.shard_size, identities=known,
                               per_shard=options.default_shard_samples, taper=options.tapers)
         items_by_split[s], known_by_split[s] = items, known
-    # The listing's objects (a million items for ImageNet) live until the run ends and make no garbage: the
-    # collector leaves them out of its passes from here (each pass over them held the GIL, which the driver's
-    # loop and commit threads need, for ~0.1 s per 300,000 items). convert() hands them back when it returns.
+    # The listing's objects (a million names and keys for ImageNet; items where listed one by one) live until
+    # the run ends and make no garbage: the collector leaves them out of its passes from here (each pass over
+    # them held the GIL, which the driver's loop and commit threads need, for ~0.1 s per 300,000 items). convert() hands them back when it returns.
     # Not where the program running convert() froze objects of its own: there is no unfreezing ours alone.
     if not gc.get_freeze_count():
         gc.freeze()
@@ -268,7 +269,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
                 want = (plan.tapered_from, None)
             if want is not None and want != (len(plan.shards), plan.tapered_from):
                 count, tapered_from = want
-                plan = plans[s] = plan_split(s, list(map(item_key, items)), options.seed, options.effective_shuffle,
+                plan = plans[s] = plan_split(s, keys_of(items), options.seed, options.effective_shuffle,
                                              tapered_from or count, identities=known_by_split[s],
                                              taper=tapered_from is not None, taper_min=0)
                 if progress is not None and planned is not None:

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.io import is_local, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
-from gpufeed.pipelines.base import ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key
+from gpufeed.pipelines.base import (ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key,
+                                    keys_of)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,14 +332,18 @@ class BaseSource:
     def _list(self, split: str) -> list[Item]:
         raise NotImplementedError
 
-    def items(self, split: str) -> list[Item]:
+    def items(self, split: str) -> Sequence[Item]:
         if split not in self.splits():
             raise ConfigError(f"{self.root}: no split {split!r} in this {self.name} source; "
                               f"it has {', '.join(self.splits()) or 'none'}")
         if split not in self._items:
             with gc_paused():
                 items = self._list(split)
-                self._items[split] = self.unique(items if self.listed_order else sorted(items, key=item_key))
+                if not self.listed_order:
+                    keys = keys_of(items)
+                    if keys != sorted(keys):  # (a folder walked in order is sorted already, its items still unmade)
+                        items = sorted(items, key=item_key)
+                self._items[split] = self.unique(items)
         return self._items[split]
 
     #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
@@ -346,7 +351,7 @@ class BaseSource:
 
     def unique(self, items: list[Item]) -> list[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
-        if len(set(map(item_key, items))) == len(items):
+        if len(set(keys_of(items))) == len(items):
             return items  # the usual case, checked without a Python step per item
         out: list[Item] = []
         seen: dict[str, Item] = {}

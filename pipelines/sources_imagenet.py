@@ -16,7 +16,7 @@ import re
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
-from gpufeed.pipelines.base import ClassInfo, FileRef, Item, Skipped, TarMemberRef
+from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, Skipped, TarMemberRef
 from gpufeed.pipelines.sources import BaseSource, Root, read_url
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
@@ -51,12 +51,12 @@ def _is_image(name: str) -> bool:
 class _ImageSource(BaseSource):
     """Listing helpers shared by ImageNet and folder datasets."""
 
-    def _tree_items(self, top: str, label_of: dict[str, int], meta_of, flat_file=None) -> list[Item]:
+    def _tree_items(self, top: str, label_of: dict[str, int], meta_of, flat_file=None) -> ListedItems:
         """Items of ``top/<class>/**``; a class folder not in ``label_of`` is an unknown class.
 
         A file directly in ``top`` goes to ``flat_file(name)`` (flat ImageNet val) or is reported as unlabelled.
         """
-        items = []
+        items = ListedItems()
         for cls, is_dir in self.root.listdir(top):
             path = self.root.join(top, cls)
             if not is_dir:
@@ -71,11 +71,11 @@ class _ImageSource(BaseSource):
             meta, label = meta_of(cls), label_of[cls]
             rels = self.root.walk_files(path)
             # Per file this is the listing's cost (a million files in ImageNet): the common case, a folder of
-            # ASCII names with image extensions, is taken in two comprehensions; _file_item says what is wrong
-            # with a name otherwise.
+            # ASCII names with image extensions, is checked in one comprehension and kept as its names;
+            # _file_item says what is wrong with a name otherwise.
             url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
             if all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels]):
-                items += [Item(f"{cls}/{rel}", label, FileRef(url + rel), meta) for rel in rels]
+                items.add_files(f"{cls}/", url, label, meta, rels)
                 continue
             for rel in rels:
                 if rel.isascii() and _is_image(rel):

@@ -14,7 +14,7 @@ from PIL import Image
 
 from gpufeed.errors import ConfigError, LabelError, SourceNotFound
 from gpufeed.pipelines import open_source
-from gpufeed.pipelines.base import FileRef, TarMemberRef, read_item
+from gpufeed.pipelines.base import FileRef, TarMemberRef, all_local_files, read_item
 from gpufeed.pipelines.sources import read_ref, write_class_list
 from gpufeed.pipelines.synth import synth_imagenet
 
@@ -192,6 +192,7 @@ def test_memory_filesystem(both):
         mem = open_source("imagenet", "memory://inet", layout=layout)
         assert snapshot(mem, "val") == snapshot(open_source("imagenet", both), "val")
         assert mem.items("train")[0].ref.url.startswith("memory://")
+        assert not all_local_files(mem.items("train"))  # a folder's URL prefix stands for its files
     written = write_class_list(mem.classes(), "memory://out/run1")
     text = fs.cat("/out/run1/classes.txt").decode()
     assert written == ["memory://out/run1/classes.txt"]
@@ -259,7 +260,7 @@ def test_a_train_split_missing_classes_the_devkit_lists_is_an_error_unless_allow
 def test_all_local_files_tells_local_files_from_urls_members_and_inline_data():
     """The driver digests local files in the workers only where every input is one: told per item in C where no
     URL is present, and each URL then checked (a file:// URL is a local file)."""
-    from gpufeed.pipelines.base import FileRef, InlineRef, Item, TarMemberRef, all_local_files
+    from gpufeed.pipelines.base import InlineRef, Item
 
     def item(ref):
         return Item("k", 0, ref)
@@ -270,3 +271,39 @@ def test_all_local_files_tells_local_files_from_urls_members_and_inline_data():
     assert not all_local_files(local + [item(FileRef("s3://bucket/c.JPEG"))])
     assert not all_local_files(local + [item(TarMemberRef("/data/t.tar", 512, 10, "m.JPEG"))])
     assert not all_local_files(local + [item(InlineRef(b"x"))])
+
+
+def test_a_tree_listing_keeps_folders_as_names_and_makes_the_same_items(tmp_path):
+    """A class folder of image names is kept as its names (ListedItems); each Item is made when asked for, by
+    position (numpy's integers too, negative ones, slices) or in turn, and is what listing file by file makes."""
+    from gpufeed.pipelines.base import ListedItems, keys_of
+
+    for cls, names in {"n01": ["a.JPEG", "b.jpg"], "n02": ["c.JPEG", "d ü.JPEG", "notes.txt"], "n03": []}.items():
+        os.makedirs(tmp_path / "train" / cls, exist_ok=True)
+        for name in names:
+            write(str(tmp_path / "train" / cls / name), jpeg(len(name)))
+    src = open_source("imagenet", str(tmp_path), on_error="skip")
+    items = src.items("train")
+    assert isinstance(items, ListedItems)
+    keys = ["n01/a.JPEG", "n01/b.jpg", "n02/c.JPEG", "n02/d ü.JPEG"]  # notes.txt skipped, and listed
+    assert keys_of(items) == keys and len(items) == 4
+    made = [(it.key, it.label, it.ref, dict(it.meta)) for it in items]
+    url = str(tmp_path / "train") + os.sep
+    assert [(k, lab, ref) for k, lab, ref, _ in made] == [(k, int(k[2]) - 1, FileRef(url + k)) for k in keys]
+    assert [(it.key, it.ref) for it in (items[np.int64(1)], items[-1], items[0])] == [
+        (keys[1], FileRef(url + keys[1])), (keys[3], FileRef(url + keys[3])), (keys[0], FileRef(url + keys[0]))]
+    assert [it.key for it in items[1:3]] == keys[1:3] and [it.key for it in items[::-2]] == keys[::-2]
+    with pytest.raises(IndexError):
+        items[4]
+    assert [s.origin for s in src.skipped()] == [url + "n02/notes.txt"]
+    assert all_local_files(items)
+    assert [read_item(items[i]) for i in range(4)] == [jpeg(len(k.split("/")[1])) for k in keys]
+
+
+def test_a_listing_walked_out_of_key_order_is_sorted_by_key(tmp_path):
+    """Folders walked in name order give keys out of order where one class name is another's prefix
+    ("a-b/x" sorts before "a/x"): the split is still sorted by key."""
+    for cls in ("a", "a-b"):
+        write(str(tmp_path / "train" / cls / "x.png"), jpeg(1))
+    src = open_source("folder", str(tmp_path))
+    assert [(it.key, it.label) for it in src.items("train")] == [("a-b/x.png", 1), ("a/x.png", 0)]
