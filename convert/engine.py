@@ -34,7 +34,7 @@ from gpufeed.convert.worker import ShardJob, file_entry, run_shard, stats_shard
 from gpufeed.errors import ConfigError, GpufeedError, OutputError
 from gpufeed.formats.base import PER_SPLIT
 from gpufeed.machine import run_queue_seconds, usable_cores
-from gpufeed.pipelines.base import Item, all_local_files, keys_of
+from gpufeed.pipelines.base import Item, all_local_files, keys_of, take_items
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
@@ -89,8 +89,8 @@ class _Split:
         self.results = {}  # shard -> journalled shard event
         self.finished = {}  # sink -> files, once the split's ordered output is final
 
-    def shard_items(self, sp: ShardPlan) -> list:
-        return [self.items[i] for i in self.plan.order[sp.start:sp.stop]]
+    def shard_items(self, sp: ShardPlan) -> Sequence[Item]:
+        return take_items(self.items, self.plan.order[sp.start:sp.stop])
 
 
 class _Clock:
@@ -275,7 +275,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
                 if progress is not None and planned is not None:
                     progress.phase(f"resuming {s} in the {count} shards it was planned in")
             journal.check_plan(s, plan, items, options.strict, lambda sp, plan=plan, items=items: shard_digest(
-                identities([items[i] for i in plan.order[sp.start:sp.stop]], options.strict)))
+                identities(take_items(items, plan.order[sp.start:sp.stop]), options.strict)))
         return _run(options, out, source, plans, items_by_split, journal, state_dir, progress, t0, ray_start)
     finally:
         if journal is not None:

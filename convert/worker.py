@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Sequence
 
 from gpufeed import io
 from gpufeed.convert import faults, sinks
@@ -23,7 +24,7 @@ from gpufeed.convert.plan import ShardPlan, shard_digest
 from gpufeed.errors import INPUT_ERRORS, GpufeedError, InputError
 from gpufeed.formats.base import PER_SHARD
 from gpufeed.machine import run_queue_seconds
-from gpufeed.pipelines.base import FileRef, TarMemberRef, item_size, needs_read, read_item
+from gpufeed.pipelines.base import FileRef, Item, TarMemberRef, item_size, needs_read, read_item
 
 
 #: Inputs read ahead of the one being converted, inside each worker: enough to keep a cold disk's latency
@@ -147,7 +148,7 @@ def _open_outputs(job: ShardJob, out: str, spool_dir: str) -> list:
     return outputs
 
 
-def run_shard(job: ShardJob, items: list) -> dict:
+def run_shard(job: ShardJob, items: Sequence[Item]) -> dict:
     """Convert one shard (runs in a Ray worker). Returns a small dict; raises gpufeed errors on failure.
 
     With ``job.driver_writes`` the files are written into a worker-local directory and returned as bytes
@@ -155,6 +156,7 @@ def run_shard(job: ShardJob, items: list) -> dict:
     import tempfile
 
     _worker_setup()
+    items = list(items)  # an ItemBatch's items made once, here
     from gpufeed.pipelines.transforms import ChannelStats
 
     t0, c0, started = time.perf_counter(), time.process_time(), time.time()

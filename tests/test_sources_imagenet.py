@@ -298,6 +298,19 @@ def test_a_tree_listing_keeps_folders_as_names_and_makes_the_same_items(tmp_path
     assert [s.origin for s in src.skipped()] == [url + "n02/notes.txt"]
     assert all_local_files(items)
     assert [read_item(items[i]) for i in range(4)] == [jpeg(len(k.split("/")[1])) for k in keys]
+    # A shard's items handed out (pickled to a worker) as a batch: folder-file pairs and the loose Items.
+    import pickle
+
+    from gpufeed.pipelines.base import ItemBatch, take_items
+
+    batch = pickle.loads(pickle.dumps(take_items(items, np.array([3, 0, 2]))))
+    assert isinstance(batch, ItemBatch) and len(batch) == 3
+    assert [(it.key, it.label, it.ref) for it in batch] == [(it.key, it.label, it.ref) for it in
+                                                            (items[3], items[0], items[2])]
+    assert [it.key for it in batch[1:]] == [keys[0], keys[2]] and batch[0].key == keys[3]
+    assert take_items(list(items), [1])[0].key == keys[1]
+    with pytest.raises(IndexError):
+        take_items(items, [0, 4])
 
 
 def test_a_listing_walked_out_of_key_order_is_sorted_by_key(tmp_path):
