@@ -206,7 +206,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         items_by_split[s], known_by_split[s] = items, known
     # The listing's objects (a million names and keys for ImageNet; items where listed one by one) live until
     # the run ends and make no garbage: the collector leaves them out of its passes from here (each pass over
-    # them held the GIL, which the driver's loop and commit threads need, for ~0.1 s per 300,000 items). convert() hands them back when it returns.
+    # them held the GIL, which the driver's loop and commit threads need, for ~0.1 s per 300,000 items).
+    # convert() hands them back when it returns.
     # Not where the program running convert() froze objects of its own: there is no unfreezing ours alone.
     if not gc.get_freeze_count():
         gc.freeze()

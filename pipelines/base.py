@@ -221,9 +221,9 @@ class ListedItems(Sequence):
 
 class ItemBatch(Sequence):
     """Items handed to a worker as ``(folder, name)`` pairs (:meth:`ListedItems.take`), each made into an
-    :class:`Item` when asked for: the conversion's driver pickles every shard it hands out, on the thread that
-    also hands out and commits, and a pair pickles in a sixth of an Item's time (0.26 against 1.6 us, 2 cores;
-    a folder's tuple once per batch). A worker that uses the items more than once makes them once
+    :class:`Item` when asked for: the conversion's driver pickles every shard it hands out, in threads that share
+    the GIL with its commits, and a pair pickles in a sixth of an Item's time (0.26 against 1.6 us, 2 cores; a
+    folder's tuple once per batch). A worker that uses the items more than once makes them once
     (``list(batch)``)."""
 
     __slots__ = ("_entries",)

@@ -349,7 +349,7 @@ class BaseSource:
     #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
     listed_order = False
 
-    def unique(self, items: list[Item]) -> list[Item]:
+    def unique(self, items: Sequence[Item]) -> Sequence[Item]:
         """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
         if len(set(keys_of(items))) == len(items):
             return items  # the usual case, checked without a Python step per item
