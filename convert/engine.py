@@ -111,8 +111,9 @@ class _Clock:
         # On the syncing threads, beside them: commit_sync, waiting for what was appended to reach the disk
         # (SplitSink.sync_s: a .rec's writes in flight, then the fsync); commit_journal, journalling the commits
         # (a write and an fsync of the journal).
+        # On the main thread: shard_journal, journalling each converted shard (and saving its statistics).
         self.busy = {"commit": 0.0, "commit_cpu": 0.0, "commit_run_queue": 0.0, "commit_sync": 0.0,
-                     "commit_writeback": 0.0, "commit_journal": 0.0, "finish": 0.0}
+                     "commit_writeback": 0.0, "commit_journal": 0.0, "shard_journal": 0.0, "finish": 0.0}
         self._lock = threading.Lock()
 
     def mark(self, name: str) -> None:
@@ -564,7 +565,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                 tasks.submit()
                 if driver_writes:
                     sinks.land(result.pop("blobs"), result["files"], out, spool_dir)
-                event = _journal_shard(journal, state_dir, result)
+                with t0.timed("shard_journal"):
+                    event = _journal_shard(journal, state_dir, spool_dir, result)
                 st.results[sp.shard] = event
                 if progress is not None:
                     progress.update(result["written"] + len(result["skipped"]), result["bytes"])
@@ -785,7 +787,12 @@ def shard_seconds_spread(events: list) -> dict:
     return {"shard_s_p50": at(0.5), "shard_s_p90": at(0.9), "shard_s_max": round(seconds[-1], 3)}
 
 
-def _journal_shard(journal, state_dir, result) -> dict:
+def _journal_shard(journal, state_dir: str, spool_dir: str, result) -> dict:
+    """Journal a converted shard. Where all it wrote is spools for the split sinks (a single ``.rec``, an LMDB),
+    its line goes to the disk with the next commit's flush instead of one of its own: a crash of the machine
+    that loses the line loses the spools too (they are in memory, or not synced), and the shard is converted
+    again either way. A shard that wrote files of its own (TFRecord shards) or statistics is journalled durably,
+    as it names files outside the spools that this run made."""
     stats = result.pop("stats")
     if stats is not None:
         from gpufeed.convert.manifest import save_stats
@@ -793,7 +800,7 @@ def _journal_shard(journal, state_dir, result) -> dict:
         save_stats(stats, os.path.join(state_dir, "stats", f"{result['split']}-{result['shard']:05d}.npz"))
     event = dict(result, event="shard", skipped=[list(x) for x in result["skipped"]],
                  converted=[list(x) for x in result["converted"]])
-    journal.append(event)
+    journal.append(event, durable=stats is not None or not all(_is_spool(f, spool_dir) for f in event["files"]))
     return event
 
 

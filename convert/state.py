@@ -225,22 +225,27 @@ class Journal:
         except FileNotFoundError:
             pass
 
-    def append(self, event: dict) -> None:
-        """Write one event durably (the driver's loop and its committer threads all append)."""
-        self.append_many([event])
+    def append(self, event: dict, durable: bool = True) -> None:
+        """Write one event (the driver's loop and its committer threads all append)."""
+        self.append_many([event], durable)
 
-    def append_many(self, events: list[dict]) -> None:
-        """Write several events durably with one flush to the disk (a commit batch's events)."""
+    def append_many(self, events: list[dict], durable: bool = True) -> None:
+        """Write several events with one flush to the disk (a commit batch's events). ``durable=False`` leaves
+        the flush to the next durable append (every line before it reaches the disk with it): for an event
+        whose loss in a crash of the machine costs only work redone, where the run's own kill loses nothing
+        either way (the kernel holds what was written). The flush is made outside the lock, so a thread that
+        appends does not wait for another's flush to the disk."""
         data = b"".join(json.dumps(e, sort_keys=True, separators=(",", ":")).encode() + b"\n" for e in events)
-        with self._append_lock:
-            try:
+        try:
+            with self._append_lock:
                 self._f.write(data)
                 self._f.flush()
+                self.events.extend(events)
+            if durable:
                 os.fsync(self._f.fileno())
-            except OSError as e:
-                raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
-                                  "destination and rerun the same command to resume") from e
-            self.events.extend(events)
+        except OSError as e:
+            raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
+                              "destination and rerun the same command to resume") from e
 
     def planned_shards(self, split: str, digest: str) -> tuple[int, int | None] | None:
         """How ``split`` was cut when this conversion started, where its inputs' keys are the same now
