@@ -800,8 +800,14 @@ def _journal_shard(journal, state_dir: str, spool_dir: str, result) -> dict:
         save_stats(stats, os.path.join(state_dir, "stats", f"{result['split']}-{result['shard']:05d}.npz"))
     event = dict(result, event="shard", skipped=[list(x) for x in result["skipped"]],
                  converted=[list(x) for x in result["converted"]])
-    journal.append(event, durable=stats is not None or not all(_is_spool(f, spool_dir) for f in event["files"]))
+    journal.append(event, durable=shard_line_durable(event, spool_dir, stats is not None))
     return event
+
+
+def shard_line_durable(event: dict, spool_dir: str, has_stats: bool) -> bool:
+    """Whether a converted shard's journal line needs an fsync of its own: where it names a file outside the
+    spools (a TFRecord or WebDataset shard: a file in DST this run made) or statistics saved beside it."""
+    return has_stats or not all(_is_spool(f, spool_dir) for f in event["files"])
 
 
 def _commit_ready(st: _Split, journal, spool_dir: str, progress=None, clock: _Clock | None = None) -> None:

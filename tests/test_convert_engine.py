@@ -524,3 +524,20 @@ def test_work_is_cut_finer_where_no_shard_is_a_file_and_the_bytes_do_not_change(
         tapered = convert(opts(("recordio",), "tapered", local_start=True, executor="pool"))
     assert tapered.samples["train"]["shards"] == 22
     assert tree_bytes(tmp_path / "tapered") == tree_bytes(tmp_path / "coarse")
+
+
+def test_a_shard_line_is_synced_on_its_own_only_where_it_names_files_outside_the_spools(tmp_path):
+    """A converted shard's journal line waits for the next commit's flush where it names only spools for the
+    split outputs (lost with them in a crash of the machine: the shard is redone); one that names a file of its
+    own in DST (a TFRecord shard) or statistics saved beside it is synced as it is written."""
+    from gpufeed.convert import sinks
+    from gpufeed.convert.engine import shard_line_durable
+
+    spool_dir = str(tmp_path / "spools")
+    spool = {"path": sinks.spool_path(spool_dir, "train", "recordio", 3), "role": "spool", "bytes": 10}
+    lmdb = {"path": sinks.spool_path(spool_dir, "train", "lmdb", 3), "role": "spool", "bytes": 10}
+    shard = {"path": str(tmp_path / "dst" / "tfrecord" / "train-00003-of-00008"), "role": "data", "bytes": 10}
+    assert not shard_line_durable({"files": [spool, lmdb]}, spool_dir, has_stats=False)
+    assert shard_line_durable({"files": [spool, lmdb]}, spool_dir, has_stats=True)
+    assert shard_line_durable({"files": [spool, shard]}, spool_dir, has_stats=False)
+    assert shard_line_durable({"files": [shard]}, spool_dir, has_stats=False)
