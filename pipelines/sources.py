@@ -339,19 +339,19 @@ class BaseSource:
         if split not in self._items:
             with gc_paused():
                 items = self._list(split)
-                if not self.listed_order:
+                keys = keys_of(items)
+                if not self.listed_order and keys != sorted(keys):  # (a folder walked in order is sorted already)
+                    items = sorted(items, key=item_key)
                     keys = keys_of(items)
-                    if keys != sorted(keys):  # (a folder walked in order is sorted already, its items still unmade)
-                        items = sorted(items, key=item_key)
-                self._items[split] = self.unique(items)
+                self._items[split] = self.unique(items, keys)
         return self._items[split]
 
     #: Items keep the order the source lists them in (a list file's lines), instead of sorted by key.
     listed_order = False
 
-    def unique(self, items: Sequence[Item]) -> Sequence[Item]:
-        """Items with a key already seen are a :class:`LabelError` (or skipped, by policy)."""
-        if len(set(keys_of(items))) == len(items):
+    def unique(self, items: Sequence[Item], keys: list[str]) -> Sequence[Item]:
+        """Items with a key already seen are a :class:`LabelError` (or skipped, by policy); ``keys`` are theirs."""
+        if len(set(keys)) == len(items):
             return items  # the usual case, checked without a Python step per item
         out: list[Item] = []
         seen: dict[str, Item] = {}

@@ -115,10 +115,11 @@ def _append_direct(paths: list[str], out: str, sealed: bool = False, **kw) -> in
                 syncing.join()
             if failed:
                 raise failed[0]
-        for p in paths if not sealed else ():
-            direct.append(p)
-            direct.flush()
-            os.fsync(direct.fd)
+        else:
+            for p in paths:
+                direct.append(p)
+                direct.flush()
+                os.fsync(direct.fd)
     finally:
         direct.close()
     return direct.end
