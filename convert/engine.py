@@ -466,11 +466,12 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
     if ordered and io.is_local(out) and options.address is None:
-        # Every worker is on this machine: spools in memory, never written back to the disk.
+        # Every worker is on this machine: spools in memory, never written back to the disk. The commit window
+        # bounds the shards whose spools exist at once.
         per_shard = max((sp.stop - sp.start for p in plans.values() for sp in p.shards), default=0)
         # Raw pixels (float stores, --encode raw) are many times an encoded image: sized for them too.
         raw = any(options.encode_for(f) == "raw" for f in ordered)
-        spool_dir = sinks.memory_spools(out, 2 * max(1, options.workers) * per_shard * len(ordered),
+        spool_dir = sinks.memory_spools(out, WINDOW_PER_WORKER * max(1, options.workers) * per_shard * len(ordered),
                                         sinks.RAW_SPOOL_SAMPLE_BYTES if raw else sinks.SPOOL_SAMPLE_BYTES) or spool_dir
     float_dtype = options.image.store_dtype if options.image.store_dtype != "uint8" else None
     for fmt in options.formats:
