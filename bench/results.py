@@ -266,6 +266,38 @@ def disk_delta(before: dict | None, after: dict | None, seconds: float) -> dict[
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
+def pressure_totals() -> dict[str, float]:
+    """Seconds of stall Linux's pressure stall information has counted since boot (/proc/pressure, 4.20+), by
+    resource and kind: ``cpu_some`` (some task runnable without a core), ``memory_some`` / ``memory_full``
+    (some / every non-idle task stalled in reclaim, refaults or a memory limit's throttling), ``io_some`` /
+    ``io_full``; empty where the kernel does not keep them. Two readings give what stalled in between."""
+    out: dict[str, float] = {}
+    for resource in ("cpu", "memory", "io"):
+        try:
+            with open(f"/proc/pressure/{resource}") as f:
+                out.update(parse_pressure(resource, f.read()))
+        except OSError:
+            continue
+    return out
+
+
+def parse_pressure(resource: str, text: str) -> dict[str, float]:
+    """One /proc/pressure file's ``total=`` (microseconds) of each line, in seconds, as ``<resource>_<kind>``."""
+    out = {}
+    for line in text.splitlines():
+        kind, *fields = line.split()
+        for field in fields:
+            name, _, value = field.partition("=")
+            if name == "total":
+                out[f"{resource}_{kind}"] = int(value) / 1e6
+    return out
+
+
+def pressure_delta(before: dict, after: dict) -> dict[str, float]:
+    """Between two :func:`pressure_totals` readings: ``pressure_<resource>_<kind>_s``, the seconds of stall."""
+    return {f"pressure_{k}_s": round(after[k] - before[k], 3) for k in before if k in after}
+
+
 def cpu_times() -> dict[str, int]:
     """Jiffies of all CPUs from /proc/stat by kind (user, system, idle, iowait, ...; ``total`` too)."""
     with open("/proc/stat") as f:

@@ -731,9 +731,9 @@ def _is_spool(f: dict, spool_dir: str) -> bool:
 
 
 def _per_sample_costs(events: list) -> dict:
-    """The shards' wall, CPU, core-wait, read and output-closing milliseconds per sample, for those the local
-    processes ran and those Ray's workers ran apart (``local_`` / ``ray_`` keys; a resumed run's earlier shards
-    say neither)."""
+    """The shards' wall, CPU, core-wait, read, write and output-closing milliseconds per sample, and their
+    converting threads' sleeps and page faults per sample, for those the local processes ran and those Ray's
+    workers ran apart (``local_`` / ``ray_`` keys; a resumed run's earlier shards say neither)."""
     out = {}
     for where in ("local", "ray"):
         group = [ev for ev in events if "seconds" in ev and (ev.get("ran") == "local") == (where == "local")]
@@ -742,9 +742,12 @@ def _per_sample_costs(events: list) -> dict:
             continue
         out[f"{where}_shards"] = len(group)
         for key, name in (("seconds", "wall"), ("cpu_seconds", "cpu"), ("run_queue_seconds", "run_queue"),
-                          ("read_seconds", "read"), ("close_seconds", "close")):
+                          ("read_seconds", "read"), ("write_seconds", "write"), ("close_seconds", "close")):
             if all(key in ev for ev in group):
                 out[f"{where}_{name}_ms_per_sample"] = round(sum(ev[key] for ev in group) / samples * 1e3, 3)
+        for key in ("sleeps", "page_faults"):
+            if all(key in ev for ev in group):
+                out[f"{where}_{key}_per_sample"] = round(sum(ev[key] for ev in group) / samples, 2)
     return out
 
 

@@ -160,7 +160,7 @@ def run_shard(job: ShardJob, items: Sequence[Item]) -> dict:
     from gpufeed.pipelines.transforms import ChannelStats
 
     t0, c0, started = time.perf_counter(), time.process_time(), time.time()
-    q0 = run_queue_seconds()
+    q0, u0 = run_queue_seconds(), _thread_usage()
     local = tempfile.mkdtemp(prefix="gpufeed-shard-") if job.driver_writes else None
     try:
         out, spool_dir = job.out, job.spool_dir
@@ -175,10 +175,15 @@ def run_shard(job: ShardJob, items: Sequence[Item]) -> dict:
         if digest is not None:
             result["digest"] = digest
         result.update(seconds=time.perf_counter() - t0, cpu_seconds=time.process_time() - c0, started=started)
-        q1 = run_queue_seconds()
+        q1, u1 = run_queue_seconds(), _thread_usage()
         if q0 is not None and q1 is not None:
             # The converting thread's wait for a core: wall = its CPU + this + waits for reads and writes.
             result["run_queue_seconds"] = q1 - q0
+        if u0 is not None and u1 is not None:
+            # How often it slept (for a read, a write, a lock) and took a page fault: what the wall time
+            # beyond CPU and core waits went to, where that is not the reads or the writes.
+            result["sleeps"] = u1.ru_nvcsw - u0.ru_nvcsw
+            result["page_faults"] = u1.ru_minflt + u1.ru_majflt - u0.ru_minflt - u0.ru_majflt
         if local is not None:
             result["blobs"] = _collect(local)
             for f in result["files"]:
@@ -187,6 +192,14 @@ def run_shard(job: ShardJob, items: Sequence[Item]) -> dict:
     finally:
         if local is not None:
             shutil.rmtree(local, ignore_errors=True)
+
+
+def _thread_usage():
+    """The calling thread's resource usage (Linux's ``RUSAGE_THREAD``), else ``None``."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who) if who is not None else None
 
 
 def _collect(root: str) -> list:
@@ -310,6 +323,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
     counts, stored_bytes = [0] * len(outputs), [0] * len(outputs)
     ahead = _ReadAhead(items, lambda i: sp.start + i in job.exclude)
     read_s = 0.0  # in reads (the bytes of an input not read ahead yet: waits for the disk, or its CPU)
+    write_s = 0.0  # in the outputs' writes (spools and shard files, as the kernel takes them)
     try:
         for index, item in zip(range(sp.start, sp.stop), items):
             if index in job.exclude:
@@ -329,6 +343,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                     raise e
                 skipped.append((item.origin, e.reason))
                 continue
+            t = time.perf_counter()
             for k, ((_, writer, path), record) in enumerate(zip(outputs, records)):
                 try:
                     writer.write_encoded(record)
@@ -337,6 +352,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
                 out_bytes += len(record.value)
                 counts[k] += 1
                 stored_bytes[k] += stored[k]
+            write_s += time.perf_counter() - t
             if one is not None:
                 stats.merge(one)
             if change is not None:
@@ -361,7 +377,7 @@ def _convert_items(job: ShardJob, items: list, out: str, spool_dir: str, stats) 
             "records": {fmt.name: n for fmt, n in zip(fmts, counts)},
             "stored_bytes": {fmt.name: n for fmt, n in zip(fmts, stored_bytes)},
             "files": [file_entry(f) for f in files], "bytes": out_bytes, "stats": stats,
-            "read_seconds": read_s, "close_seconds": close_s}
+            "read_seconds": read_s, "write_seconds": write_s, "close_seconds": close_s}
 
 
 def _input_error(e: Exception, item) -> Exception:

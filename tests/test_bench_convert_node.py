@@ -41,6 +41,14 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     w = next(iter(ran))
     assert 0 < line[f"{w}_read_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
     assert 0 < line[f"{w}_close_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
+    # Writing the records (the TFRecord shard's, as the kernel takes them), and how often the converting
+    # thread slept or took a page fault: what its wall time beyond CPU and core waits went to.
+    assert 0 < line[f"{w}_write_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
+    assert line[f"{w}_sleeps_per_sample"] >= 0 and line[f"{w}_page_faults_per_sample"] > 0
+    # What stalled on the machine meanwhile (Linux's pressure stall information), for the loop and the run.
+    if os.path.exists("/proc/pressure/memory"):
+        for row in (conv, by_run["limit"]):
+            assert row["pressure_cpu_some_s"] >= 0 and row["pressure_memory_full_s"] >= 0
     # The machine's CPU by process role: the driver's and the role that ran the shard are there, and the
     # roles with what no role holds add up to the machine's figure.
     by_role = conv["cpu_ms_per_image_by_role"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -133,3 +134,22 @@ def test_a_window_says_the_reads_in_flight_and_their_size_from_the_devices_count
     got = window.stop()
     assert "disk_busy" in got
     assert ("disk_reads_in_flight" in got) == ("disk_read_request_kb" in got)
+
+
+def test_pressure_stall_totals_are_read_in_seconds_and_differenced():
+    """/proc/pressure's ``total=`` is in microseconds, one line per kind; a run's rows carry the difference."""
+    from gpufeed.bench.results import parse_pressure, pressure_delta, pressure_totals
+
+    text = ("some avg10=1.50 avg60=0.20 avg300=0.05 total=2500000\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=125000\n")
+    assert parse_pressure("memory", text) == {"memory_some": 2.5, "memory_full": 0.125}
+    before = {"memory_some": 2.5, "memory_full": 0.125, "io_some": 1.0}
+    after = {"memory_some": 4.0, "memory_full": 0.125}
+    assert pressure_delta(before, after) == {"pressure_memory_some_s": 1.5, "pressure_memory_full_s": 0.0}
+    # This machine's own counters, where its kernel keeps them: every kind read, none going backwards.
+    now = pressure_totals()
+    if os.path.exists("/proc/pressure/cpu"):
+        assert "cpu_some" in now and "memory_full" in now and "io_some" in now
+        assert all(v >= 0 for v in pressure_delta(now, pressure_totals()).values())
+    else:
+        assert now == {}

@@ -229,9 +229,9 @@ def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | Non
     """Images/s of the plain-multiprocessing limit loop over ``paths``, timed from when every process is up
     with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is),
     the machine's busy CPU seconds per image meanwhile, and what the disk holding ``paths`` did
-    (:func:`~gpufeed.bench.results.disk_delta`). With ``copies``, each image's JPEG is written that many
-    times into ``out`` (:func:`_limit_write`)."""
-    from gpufeed.bench.results import cpu_ticks, disk_counters, disk_delta
+    (:func:`~gpufeed.bench.results.disk_delta`) and what stalled (:func:`~gpufeed.bench.results.pressure_delta`).
+    With ``copies``, each image's JPEG is written that many times into ``out`` (:func:`_limit_write`)."""
+    from gpufeed.bench.results import cpu_ticks, disk_counters, disk_delta, pressure_delta, pressure_totals
 
     if copies:
         os.makedirs(out, exist_ok=True)
@@ -239,7 +239,7 @@ def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | Non
     with _POOLS.Pool(processes, initializer=_pool_init) as pool:
         pool.map(_pool_ready, range(processes), chunksize=1)
         busy0, _ = cpu_ticks()
-        disk0 = disk_counters(paths[0])
+        disk0, stall0 = disk_counters(paths[0]), pressure_totals()
         t0 = time.perf_counter()
         if copies:
             n = sum(pool.imap_unordered(_limit_write, tasks, chunksize=1))
@@ -247,7 +247,8 @@ def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | Non
             n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
         seconds = time.perf_counter() - t0
         busy1, _ = cpu_ticks()
-        return n / seconds, (busy1 - busy0) / _HZ / n, disk_delta(disk0, disk_counters(paths[0]), seconds)
+        return n / seconds, (busy1 - busy0) / _HZ / n, {**disk_delta(disk0, disk_counters(paths[0]), seconds),
+                                                         **pressure_delta(stall0, pressure_totals())}
 
 
 #: Jiffies per second in /proc/stat.
@@ -424,13 +425,13 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
                 dataset: str = "folder") -> dict:
     """One ``gpufeed convert DATASET`` process, timed from start to exit; its summary figures. ``path``: a
     folder whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
-    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta
+    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta, pressure_delta, pressure_totals
 
     cmd = [sys.executable, "-m", "gpufeed", "convert", dataset, src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
     roles = _CpuByRole()
     cpu0 = cpu_times()
-    disk0 = disk_counters(src)
+    disk0, stall0 = disk_counters(src), pressure_totals()
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
@@ -441,7 +442,8 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     cpu1 = cpu_times()
-    disk = disk_delta(disk0, disk_counters(src), wall)
+    # what stalled meanwhile (tasks waiting for a core, for memory, for I/O), beside what the disk did
+    disk = {**disk_delta(disk0, disk_counters(src), wall), **pressure_delta(stall0, pressure_totals())}
     by_role = roles.stop()
     rss.join()
     if proc.returncode != 0:
@@ -798,6 +800,15 @@ def table(rows: list[dict]) -> str:
                      for where in ("local", "ray") if f"{where}_close_ms_per_sample" in line]
             if waits:
                 split += f"; reading / closing outputs, ms/img: {', '.join(waits)}"
+            slept = [f"{where} {line[f'{where}_write_ms_per_sample']} ms writing, {line[f'{where}_sleeps_per_sample']}"
+                     f" sleeps and {line[f'{where}_page_faults_per_sample']} page faults"
+                     for where in ("local", "ray") if f"{where}_sleeps_per_sample" in line]
+            if slept:
+                split += f"; per image: {', '.join(slept)}"
+            stalls = [f"{k} {r[f'pressure_{k}_s']} s" for k in ("cpu_some", "memory_some", "memory_full", "io_some")
+                      if f"pressure_{k}_s" in r]
+            if stalls:
+                split += f"; stalled (the kernel's pressure totals): {', '.join(stalls)}"
             lines.append(f"| {what} {r['formats']}{_scope(r)} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} | {_disk(r)} |")
