@@ -46,6 +46,7 @@ def test_tiny_node_run_puts_convert_next_to_the_limit_loop(tmp_path, capsys):
     assert 0 < line[f"{w}_write_ms_per_sample"] < line[f"{w}_wall_ms_per_sample"]
     assert line[f"{w}_sleeps_per_sample"] >= 0 and line[f"{w}_page_faults_per_sample"] > 0
     # What stalled on the machine meanwhile (Linux's pressure stall information), for the loop and the run.
+    assert 0 <= conv["cpu_steal"] < 1 and 0 <= by_run["limit"]["cpu_steal"] < 1  # a virtual machine's host
     if os.path.exists("/proc/pressure/memory"):
         for row in (conv, by_run["limit"]):
             assert row["pressure_cpu_some_s"] >= 0 and row["pressure_memory_full_s"] >= 0

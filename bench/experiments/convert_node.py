@@ -231,14 +231,14 @@ def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | Non
     the machine's busy CPU seconds per image meanwhile, and what the disk holding ``paths`` did
     (:func:`~gpufeed.bench.results.disk_delta`) and what stalled (:func:`~gpufeed.bench.results.pressure_delta`).
     With ``copies``, each image's JPEG is written that many times into ``out`` (:func:`_limit_write`)."""
-    from gpufeed.bench.results import cpu_ticks, disk_counters, disk_delta, pressure_delta, pressure_totals
+    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta, pressure_delta, pressure_totals
 
     if copies:
         os.makedirs(out, exist_ok=True)
         tasks = [(i, paths[at:at + WRITE_CHUNK], copies, out) for i, at in enumerate(range(0, len(paths), WRITE_CHUNK))]
     with _POOLS.Pool(processes, initializer=_pool_init) as pool:
         pool.map(_pool_ready, range(processes), chunksize=1)
-        busy0, _ = cpu_ticks()
+        cpu0 = cpu_times()
         disk0, stall0 = disk_counters(paths[0]), pressure_totals()
         t0 = time.perf_counter()
         if copies:
@@ -246,9 +246,12 @@ def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | Non
         else:
             n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
         seconds = time.perf_counter() - t0
-        busy1, _ = cpu_ticks()
-        return n / seconds, (busy1 - busy0) / _HZ / n, {**disk_delta(disk0, disk_counters(paths[0]), seconds),
-                                                         **pressure_delta(stall0, pressure_totals())}
+        cpu1 = cpu_times()
+        used = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        busy = used["total"] - used["idle"] - used["iowait"]
+        return n / seconds, busy / _HZ / n, {**disk_delta(disk0, disk_counters(paths[0]), seconds),
+                                             **pressure_delta(stall0, pressure_totals()),
+                                             "cpu_steal": round(used["steal"] / max(used["total"], 1), 3)}
 
 
 #: Jiffies per second in /proc/stat.
@@ -473,6 +476,9 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             # where the rest of the machine's time went: waiting on the disk, and in the kernel
             "cpu_iowait": round(used("iowait") / used("total"), 3),
             "cpu_system": round((used("system") + used("irq") + used("softirq")) / used("total"), 3),
+            # and, in a virtual machine, to the host running something else on the vCPUs the workers ran on
+            # (counted busy above; a task's wall time beyond its CPU and core waits where it falls on them)
+            "cpu_steal": round(used("steal") / used("total"), 3),
             **disk,
             # the whole machine's busy CPU per image (driver, workers, Ray, the kernel), against the limit's
             "cpu_ms_per_image": round((used("total") - used("idle") - used("iowait")) / _HZ / max(written, 1) * 1e3,
@@ -809,6 +815,8 @@ def table(rows: list[dict]) -> str:
                       if f"pressure_{k}_s" in r]
             if stalls:
                 split += f"; stalled (the kernel's pressure totals): {', '.join(stalls)}"
+            if r.get("cpu_steal"):
+                split += f"; the vCPUs' time taken by the host: {r['cpu_steal']:.1%}"
             lines.append(f"| {what} {r['formats']}{_scope(r)} | {rate} | {of} | {r['cpu_busy']:.0%} | "
                          f"{r.get('cpu_ms_per_image', '')} | {r['first_shard_started_s']} s | {busy} | {split} | {marks} | "
                          f"{r['driver_anon_rss_mib'][0]} / {r['driver_anon_rss_mib'][1]} | {_disk(r)} |")
