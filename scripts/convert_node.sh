@@ -33,6 +33,13 @@ fi
 REPO=$PWD
 cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
+# what the kernel does with memory the workers allocate: huge pages, and the stalls compacting for them
+vm_state() {
+  echo "THP $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null) defrag" \
+    "$(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null);" \
+    $(grep -E '^(compact_stall|allocstall_normal|thp_fault_alloc|thp_fault_fallback|pgmajfault) ' /proc/vmstat 2>/dev/null)
+}
+vm_state
 df -h "${WORK:-/tmp/gpufeed-node}" 2>/dev/null | tail -1 || df -h /tmp | tail -1
 # APPEND=1: first what the single .rec's commit thread pays to append fragments from the memory spools to this
 # disk, in the kernel against streamed through Python (bench/experiments/append_copy.py)
@@ -57,4 +64,5 @@ if [ "${WORKER_COST:-0}" = 1 ]; then
     PYTHONPATH=$site python3 "$REPO/scripts/worker_cost.py" --n 600 --repeats 3 --profile ""
   done 2>&1 | tee "$OUT/worker-cost.txt"
 fi
+vm_state
 echo "[$(date -u +%H:%M:%S)] done"
