@@ -195,19 +195,25 @@ class _LocalStart:
 
         self.fn = fn
         # Its server may be running already: the command line starts it first thing (forkserver.start).
-        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=forkserver.context(),
+        ctx = forkserver.context()
+        try:
+            started = ctx.Barrier(workers)  # every process waits at it in its warm-up task: all are started
+        except (OSError, ImportError):  # no POSIX semaphores here: processes start as shards need them
+            started = None
+        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx,
                                                            initializer=forkserver.worker_init,
-                                                           initargs=(os.getpid(), WORKER_NICE))
+                                                           initargs=(os.getpid(), WORKER_NICE, started))
         self.futures: dict = {}  # future -> job
         self.usable = True
         self.shards = 0  # finished here
+        self.warming: list = []  # the warm-up tasks' futures (each gives its process's id)
         # Started while the driver lists: the fork server imports OpenCV and the formats, processes fork.
         threading.Thread(target=self._warm, args=(workers,), name="gpufeed-local-warm", daemon=True).start()
 
     def _warm(self, workers: int) -> None:
         try:
             for _ in range(workers):
-                self.pool.submit(warm_worker)
+                self.warming.append(self.pool.submit(warm_worker))
         except (RuntimeError, AttributeError):
             pass  # closed already (the run needed no workers)
 

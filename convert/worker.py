@@ -71,11 +71,13 @@ def _worker_setup() -> None:
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
-def warm_worker() -> None:
+def warm_worker() -> int:
     """Run once per worker while the driver is still listing: what a first shard would otherwise wait for
-    (OpenCV, the transforms, every format's module, the CRC-32C they compute)."""
+    (OpenCV, the transforms, every format's module, the CRC-32C they compute), and the pool's other processes'
+    start (:func:`gpufeed.convert.forkserver.wait_for_the_others`). Returns this process's id."""
     import importlib
 
+    from gpufeed.convert import forkserver
     from gpufeed.formats import _crc, format_modules
 
     _worker_setup()
@@ -84,6 +86,8 @@ def warm_worker() -> None:
     for module in format_modules():
         importlib.import_module(module)
     _crc.function()
+    forkserver.wait_for_the_others()
+    return os.getpid()
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):

@@ -247,6 +247,25 @@ def test_the_local_processes_run_below_the_driver_so_its_commits_get_a_core():
         local.close()
 
 
+def test_every_local_process_is_started_while_the_driver_lists():
+    """A pool starts a process for a task only where none is idle, and a warm-up task is over in microseconds:
+    each warm-up task now waits for the pool's other processes, so the warm-up starts every one of them (before,
+    64 warm-up tasks started 19 processes, and the driver forked the rest as it handed out its first shards)."""
+    import concurrent.futures
+
+    from gpufeed.convert.scheduler import _LocalStart
+
+    local = _LocalStart(6, os.getpid)
+    try:
+        deadline = time.monotonic() + 60
+        while len(local.warming) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done, _ = concurrent.futures.wait(local.warming, timeout=60)
+        assert len({f.result() for f in done}) == 6  # six warm-up tasks, six processes
+    finally:
+        local.close()
+
+
 _SERVER_SCRIPT = """
 import multiprocessing, os
 if __name__ == "__main__":
