@@ -779,16 +779,27 @@ def idle_worker_seconds(events: list, workers: int) -> dict:
 
 def shard_seconds_spread(events: list) -> dict:
     """How long this run's shards took in their workers: median, 90th percentile and longest (seconds). Shards
-    of one size that take unequal times end the last wave ragged (``idle_worker_s_last_wave``); this says by
-    how much. Empty without timed shards."""
-    seconds = sorted(ev["seconds"] for ev in events if "started" in ev and "seconds" in ev)
-    if not seconds:
+    of one size that take unequal times end the last wave ragged (``idle_worker_s_last_wave``), and one that
+    takes far longer than the rest holds the commit window's shards behind it; this says by how much, and of
+    the longest: its number, when it started (seconds after the first shard), and its CPU and core-wait seconds
+    (work of its own where its CPU is near its time, a worker kept from a core where it is far below). Empty
+    without timed shards."""
+    timed = sorted((ev for ev in events if "started" in ev and "seconds" in ev), key=lambda ev: ev["seconds"])
+    if not timed:
         return {}
 
     def at(q: float) -> float:
-        return round(seconds[min(len(seconds) - 1, int(q * len(seconds)))], 3)
+        return round(timed[min(len(timed) - 1, int(q * len(timed)))]["seconds"], 3)
 
-    return {"shard_s_p50": at(0.5), "shard_s_p90": at(0.9), "shard_s_max": round(seconds[-1], 3)}
+    longest = timed[-1]
+    out = {"shard_s_p50": at(0.5), "shard_s_p90": at(0.9), "shard_s_max": round(longest["seconds"], 3)}
+    if "shard" in longest:
+        out["shard_s_max_shard"] = longest["shard"]
+    out["shard_s_max_started"] = round(longest["started"] - min(ev["started"] for ev in timed), 3)
+    for key, name in (("cpu_seconds", "cpu"), ("run_queue_seconds", "run_queue")):
+        if key in longest:
+            out[f"shard_s_max_{name}"] = round(longest[key], 3)
+    return out
 
 
 def _journal_shard(journal, state_dir: str, spool_dir: str, result) -> dict:

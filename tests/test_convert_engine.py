@@ -492,9 +492,14 @@ def test_idle_worker_seconds_split_into_ramp_middle_and_last_wave():
 def test_shard_seconds_spread_says_how_ragged_the_last_wave_is():
     from gpufeed.convert.engine import shard_seconds_spread
 
-    events = [{"started": 0.0, "seconds": s} for s in (4.0, 4.2, 4.1, 4.3, 6.0, 4.0, 4.4, 4.1, 4.2, 4.5)]
+    events = [{"shard": i, "started": 10.0 + i, "seconds": s, "cpu_seconds": s * 0.9}
+              for i, s in enumerate((4.0, 4.2, 4.1, 4.3, 6.0, 4.0, 4.4, 4.1, 4.2, 4.5))]
+    events[4]["run_queue_seconds"] = 1.5
     events.append({"shard": 3})  # resumed: no timing
-    assert shard_seconds_spread(events) == {"shard_s_p50": 4.2, "shard_s_p90": 6.0, "shard_s_max": 6.0}
+    # and of the longest: which, when after the first shard's start, its CPU and its wait for a core
+    assert shard_seconds_spread(events) == {"shard_s_p50": 4.2, "shard_s_p90": 6.0, "shard_s_max": 6.0,
+                                            "shard_s_max_shard": 4, "shard_s_max_started": 4.0,
+                                            "shard_s_max_cpu": 5.4, "shard_s_max_run_queue": 1.5}
     assert shard_seconds_spread([]) == {}
 
 

@@ -786,6 +786,11 @@ def table(rows: list[dict]) -> str:
             if "shard_s_max" in line:
                 split += (f"; shards took {line['shard_s_p50']} / {line['shard_s_p90']} / {line['shard_s_max']} s "
                           "(median / p90 / longest)")
+                if "shard_s_max_cpu" in line:
+                    split += (f", the longest (shard {line.get('shard_s_max_shard', '?')}) started "
+                              f"{line['shard_s_max_started']} s in, on a core {line['shard_s_max_cpu']} s"
+                              + (f", waiting for one {line['shard_s_max_run_queue']} s"
+                                 if "shard_s_max_run_queue" in line else ""))
             if line.get("held_by_commit_window_s"):
                 split += f"; shards held back by the commits for {line['held_by_commit_window_s']} s"
             if "driver_commit_sync_s" in line:
