@@ -38,10 +38,13 @@ from gpufeed.pipelines.base import Item, all_local_files, keys_of, take_items
 
 #: Shards between submission and commit, per worker (in flight, or done and waiting for an ordered sink).
 #: At most ``workers`` run at once, also on a shared cluster, so ``--workers`` means what it says; the
-#: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle. A wider window
-#: held fewer shards back but fed slower: 4 a worker gave 0.716 and 0.764 of the plain loop against 0.830 and 0.810
-#: with 2 (64 workers, 300,000 images, warm; results/convert-node-h200x4.txt, session 13).
-WINDOW_PER_WORKER = 2
+#: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle. The shards in
+#: flight count (64 running and 8 queued at 64 workers), so 2 a worker left under one done shard a worker of room
+#: behind a slow one: a shard taking twice the median (most runs have one) held free workers back 0.3-1.6 s a run,
+#: where 3 a worker held none in 3 runs of 4 (32 workers, warm: results/convert-node-h200x2.txt, session 26). In
+#: session 13, with the commit then the pace, 4 a worker had fed slower than 2 (0.716 and 0.764 of the plain loop
+#: against 0.830 and 0.810; results/convert-node-h200x4.txt).
+WINDOW_PER_WORKER = 3
 #: At most this many shards a split sink commits together (one disk flush for them: see SplitSink.commit_many).
 COMMIT_BATCH = 16
 
