@@ -45,6 +45,9 @@ from gpufeed.pipelines.base import Item, all_local_files, keys_of, take_items
 #: session 13, with the commit then the pace, 4 a worker had fed slower than 2 (0.716 and 0.764 of the plain loop
 #: against 0.830 and 0.810; results/convert-node-h200x4.txt).
 WINDOW_PER_WORKER = 3
+#: The window where memory spools have room for this many shards a worker and not for WINDOW_PER_WORKER: spools
+#: in memory matter more than the wider window (on the disk they are written back for nothing).
+MIN_WINDOW_PER_WORKER = 2
 #: At most this many shards a split sink commits together (one disk flush for them: see SplitSink.commit_many).
 COMMIT_BATCH = 16
 
@@ -468,14 +471,16 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     driver_writes = options.driver_writes or out.startswith("memory://")
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
+    window = WINDOW_PER_WORKER
     if ordered and io.is_local(out) and options.address is None:
-        # Every worker is on this machine: spools in memory, never written back to the disk. The commit window
-        # bounds the shards whose spools exist at once.
+        # Every worker is on this machine: spools in memory, never written back to the disk.
         per_shard = max((sp.stop - sp.start for p in plans.values() for sp in p.shards), default=0)
         # Raw pixels (float stores, --encode raw) are many times an encoded image: sized for them too.
         raw = any(options.encode_for(f) == "raw" for f in ordered)
-        spool_dir = sinks.memory_spools(out, WINDOW_PER_WORKER * max(1, options.workers) * per_shard * len(ordered),
-                                        sinks.RAW_SPOOL_SAMPLE_BYTES if raw else sinks.SPOOL_SAMPLE_BYTES) or spool_dir
+        memory, window = memory_spools_and_window(out, options.workers, per_shard, len(ordered),
+                                                  sinks.RAW_SPOOL_SAMPLE_BYTES if raw else sinks.SPOOL_SAMPLE_BYTES)
+        spool_dir = memory or spool_dir
+    t0.marks["commit_window_per_worker"] = window
     float_dtype = options.image.store_dtype if options.image.store_dtype != "uint8" else None
     for fmt in options.formats:
         sinks.makedirs(sinks.join(out, fmt))
@@ -546,7 +551,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             local = (ray_start.local if options.pool_converts or (ray is None and not ray_start.ready())
                      else None)
             tasks = Tasks(ray_ready, run_shard, options, lambda sp: splits[sp.split].shard_items(sp),
-                           lambda inflight: inflight + _awaiting(splits) < WINDOW_PER_WORKER * options.workers,
+                           lambda inflight: inflight + _awaiting(splits) < window * options.workers,
                            local=local)
             if progress is not None:
                 progress.converting()
@@ -612,6 +617,19 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0, prepass_stats)
     summary.prepass_shards = prepass_shards
     return summary
+
+
+def memory_spools_and_window(out: str, workers: int, per_shard: int, sinks_count: int,
+                             sample_bytes: int) -> tuple[str | None, int]:
+    """The memory spool folder for ``out`` and the commit window (shards a worker) it has room for: the
+    window bounds the shards whose spools exist at once. :data:`WINDOW_PER_WORKER` where memory holds that
+    many, else :data:`MIN_WINDOW_PER_WORKER` where it holds those; ``(None, WINDOW_PER_WORKER)`` where it holds
+    neither (the spools then go to the destination's state folder, where the window costs no memory)."""
+    for window in (WINDOW_PER_WORKER, MIN_WINDOW_PER_WORKER):
+        path = sinks.memory_spools(out, window * max(1, workers) * per_shard * sinks_count, sample_bytes)
+        if path is not None:
+            return path, window
+    return None, WINDOW_PER_WORKER
 
 
 def _awaiting(splits) -> int:

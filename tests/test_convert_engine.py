@@ -546,3 +546,28 @@ def test_a_shard_line_is_synced_on_its_own_only_where_it_names_files_outside_the
     assert shard_line_durable({"files": [spool, lmdb]}, spool_dir, has_stats=True)
     assert shard_line_durable({"files": [spool, shard]}, spool_dir, has_stats=False)
     assert shard_line_durable({"files": [shard]}, spool_dir, has_stats=False)
+
+
+def test_the_commit_window_narrows_where_memory_holds_the_spools_only_then(tmp_path):
+    """The window bounds the shards whose spools exist at once: memory that holds spools for 2 shards a worker
+    and not for 3 keeps them in memory at 2, rather than writing them to the disk at 3; where it holds neither,
+    they go to the destination's state folder at 3 (this machine's own /dev/shm, sized by its free space)."""
+    from gpufeed.convert.engine import MIN_WINDOW_PER_WORKER, WINDOW_PER_WORKER, memory_spools_and_window
+    from gpufeed.convert.sinks import MEMORY_ROOT, memory_spool_dir, remove_memory_spools
+
+    if not os.path.isdir(MEMORY_ROOT):
+        pytest.skip(f"no {MEMORY_ROOT} here")
+    fs = os.statvfs(MEMORY_ROOT)
+    room = fs.f_bavail * fs.f_frsize
+    out = str(tmp_path / "dst")
+    workers, per_shard = 4, 100
+    # Room for each sample's spool twice over: sized so that 2.5 shards a worker fill it.
+    sample = int(room / (2 * 2.5 * workers * per_shard))
+    try:
+        assert memory_spools_and_window(out, workers, per_shard, 1, sample // 2) == (memory_spool_dir(out),
+                                                                                     WINDOW_PER_WORKER)
+        assert memory_spools_and_window(out, workers, per_shard, 1, sample) == (memory_spool_dir(out),
+                                                                                MIN_WINDOW_PER_WORKER)
+        assert memory_spools_and_window(out, workers, per_shard, 1, sample * 2) == (None, WINDOW_PER_WORKER)
+    finally:
+        remove_memory_spools(out)
