@@ -67,9 +67,9 @@ def wait_for_the_others() -> None:
     """Hold this process (in its warm-up task) until every process of its pool has started, for at most
     :data:`START_WAIT_S`. A pool starts a process for a task only where none is idle, and a warm-up task returns
     in microseconds: without the wait, 64 warm-up tasks started 19 of 64 processes, and the other 45 were
-    started one by one as the driver handed out the first shards (on its main thread, a fork each), so the
-    last worker got its first shard ~0.3 s after the first (4x H200: 11 idle worker-seconds before every
-    worker had one)."""
+    started one by one as the driver handed out the first shards (on its main thread, a fork each): 10-12 idle
+    worker-seconds before every worker had one at 64 workers (4x H200, session 25), 1.6-2.1 at 32, against
+    0.1-0.25 at 32 with the wait (results/convert-node-h200x2.txt)."""
     import threading
 
     if _started is not None:
