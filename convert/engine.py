@@ -41,7 +41,8 @@ from gpufeed.pipelines.base import Item, all_local_files, keys_of, take_items
 #: driver submits the next shard as soon as ``ray.wait`` reports one done, so workers do not idle. The shards in
 #: flight count (64 running and 8 queued at 64 workers), so 2 a worker left under one done shard a worker of room
 #: behind a slow one: a shard taking twice the median (most runs have one) held free workers back 0.3-1.6 s a run,
-#: where 3 a worker held none in 3 runs of 4 (32 workers, warm: results/convert-node-h200x2.txt, session 26). In
+#: where 3 a worker held none in 3 runs of 4 (32 workers, warm: results/convert-node-h200x2.txt, session 26); at 64
+#: workers it halved the idle worker-seconds mid-run, four pairs 0.989-1.051 (results/convert-node-h200x4.txt). In
 #: session 13, with the commit then the pace, 4 a worker had fed slower than 2 (0.716 and 0.764 of the plain loop
 #: against 0.830 and 0.810; results/convert-node-h200x4.txt).
 WINDOW_PER_WORKER = 3
