@@ -228,30 +228,47 @@ def _pool_init() -> None:
 def limit_rate(paths: list[str], processes: int, copies: int = 0, out: str | None = None) -> tuple[float, float, dict]:
     """Images/s of the plain-multiprocessing limit loop over ``paths``, timed from when every process is up
     with OpenCV imported (a stricter limit than counting the pool's start, as a conversion's Ray start is),
-    the machine's busy CPU seconds per image meanwhile, and what the disk holding ``paths`` did
-    (:func:`~gpufeed.bench.results.disk_delta`) and what stalled (:func:`~gpufeed.bench.results.pressure_delta`).
-    With ``copies``, each image's JPEG is written that many times into ``out`` (:func:`_limit_write`)."""
-    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta, pressure_delta, pressure_totals
-
+    the machine's busy CPU seconds per image meanwhile, and what the disk holding ``paths`` did and what stalled
+    (:func:`_machine_since`). With ``copies``, each image's JPEG is written that many times into ``out``
+    (:func:`_limit_write`)."""
     if copies:
         os.makedirs(out, exist_ok=True)
         tasks = [(i, paths[at:at + WRITE_CHUNK], copies, out) for i, at in enumerate(range(0, len(paths), WRITE_CHUNK))]
     with _POOLS.Pool(processes, initializer=_pool_init) as pool:
         pool.map(_pool_ready, range(processes), chunksize=1)
-        cpu0 = cpu_times()
-        disk0, stall0 = disk_counters(paths[0]), pressure_totals()
+        before = _machine_reading(paths[0])
         t0 = time.perf_counter()
         if copies:
             n = sum(pool.imap_unordered(_limit_write, tasks, chunksize=1))
         else:
             n = sum(pool.imap_unordered(_limit_one, paths, chunksize=64))
         seconds = time.perf_counter() - t0
-        cpu1 = cpu_times()
-        used = {k: cpu1[k] - cpu0[k] for k in cpu0}
-        busy = used["total"] - used["idle"] - used["iowait"]
-        return n / seconds, busy / _HZ / n, {**disk_delta(disk0, disk_counters(paths[0]), seconds),
-                                             **pressure_delta(stall0, pressure_totals()),
-                                             "cpu_steal": round(used["steal"] / max(used["total"], 1), 3)}
+        used, machine = _machine_since(before, paths[0], seconds)
+        return n / seconds, (used["total"] - used["idle"] - used["iowait"]) / _HZ / n, machine
+
+
+def _machine_reading(path: str) -> tuple:
+    """The machine's counters before a run: CPU jiffies by kind, the disk holding ``path``, the kernel's stall
+    totals (:func:`_machine_since` takes them)."""
+    from gpufeed.bench.results import cpu_times, disk_counters, pressure_totals
+
+    return cpu_times(), disk_counters(path), pressure_totals()
+
+
+def _machine_since(before: tuple, path: str, seconds: float) -> tuple[dict, dict]:
+    """Since :func:`_machine_reading`'s ``before``, ``seconds`` ago: the jiffies of each CPU kind (``total`` at
+    least 1), and for the row what the disk did (:func:`~gpufeed.bench.results.disk_delta`), what stalled
+    (:func:`~gpufeed.bench.results.pressure_delta`: tasks waiting for a core, for memory, for I/O) and the share
+    of the vCPUs' time the host of a virtual machine took (``cpu_steal``: counted busy, and a task's wall time
+    beyond its CPU and core waits where it falls on its vCPU)."""
+    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta, pressure_delta, pressure_totals
+
+    cpu0, disk0, stall0 = before
+    cpu1 = cpu_times()
+    used = {k: max(cpu1[k] - cpu0[k], 0) for k in cpu0}
+    used["total"] = max(used["total"], 1)
+    return used, {**disk_delta(disk0, disk_counters(path), seconds), **pressure_delta(stall0, pressure_totals()),
+                  "cpu_steal": round(used["steal"] / used["total"], 3)}
 
 
 #: Jiffies per second in /proc/stat.
@@ -428,13 +445,10 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
                 dataset: str = "folder") -> dict:
     """One ``gpufeed convert DATASET`` process, timed from start to exit; its summary figures. ``path``: a
     folder whose gpufeed (another build, for a side-by-side comparison) the process imports instead."""
-    from gpufeed.bench.results import cpu_times, disk_counters, disk_delta, pressure_delta, pressure_totals
-
     cmd = [sys.executable, "-m", "gpufeed", "convert", dataset, src, "--to", formats, "--out", out,
            "--workers", str(workers), "--no-progress", "--no-resume", *extra]
     roles = _CpuByRole()
-    cpu0 = cpu_times()
-    disk0, stall0 = disk_counters(src), pressure_totals()
+    before = _machine_reading(src)
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(path))
@@ -444,9 +458,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     roles.start()
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
-    cpu1 = cpu_times()
-    # what stalled meanwhile (tasks waiting for a core, for memory, for I/O), beside what the disk did
-    disk = {**disk_delta(disk0, disk_counters(src), wall), **pressure_delta(stall0, pressure_totals())}
+    used, machine = _machine_since(before, src, wall)
     by_role = roles.stop()
     rss.join()
     if proc.returncode != 0:
@@ -458,9 +470,7 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
     first, second = rss.halves(wall)
     line = timings.get("timeline") or {}
 
-    def used(kind: str) -> int:
-        return max(cpu1[kind] - cpu0[kind], 1 if kind == "total" else 0)
-
+    busy = used["total"] - used["idle"] - used["iowait"]
     span = (line.get("shards_done") or 0) - (line.get("first_shard_started") or 0)
     worker_s = line.get("worker_seconds") or 0
     shares = {}
@@ -472,20 +482,16 @@ def convert_run(src: str, out: str, formats: str, workers: int, *extra: str, pat
             shares["workers_run_queue_share"] = round(line["worker_run_queue_seconds"] / worker_s, 3)
     return {"formats": formats, "workers": workers, "images": written, "seconds": round(wall, 2),
             "images_per_second": round(written / wall, 1), "bytes_written": doc["bytes_written"],
-            "cpu_busy": round(1 - (used("idle") + used("iowait")) / used("total"), 3),
+            "cpu_busy": round(1 - (used["idle"] + used["iowait"]) / used["total"], 3),
             # where the rest of the machine's time went: waiting on the disk, and in the kernel
-            "cpu_iowait": round(used("iowait") / used("total"), 3),
-            "cpu_system": round((used("system") + used("irq") + used("softirq")) / used("total"), 3),
-            # and, in a virtual machine, to the host running something else on the vCPUs the workers ran on
-            # (counted busy above; a task's wall time beyond its CPU and core waits where it falls on them)
-            "cpu_steal": round(used("steal") / used("total"), 3),
-            **disk,
+            "cpu_iowait": round(used["iowait"] / used["total"], 3),
+            "cpu_system": round((used["system"] + used["irq"] + used["softirq"]) / used["total"], 3),
+            **machine,
             # the whole machine's busy CPU per image (driver, workers, Ray, the kernel), against the limit's
-            "cpu_ms_per_image": round((used("total") - used("idle") - used("iowait")) / _HZ / max(written, 1) * 1e3,
-                                      3),
+            "cpu_ms_per_image": round(busy / _HZ / max(written, 1) * 1e3, 3),
             **shares,
             # the same by process role; unattributed: interrupts, and processes too short-lived to be seen
-            "cpu_ms_per_image_by_role": _per_image(by_role, used("total") - used("idle") - used("iowait"), written),
+            "cpu_ms_per_image_by_role": _per_image(by_role, busy, written),
             "first_shard_started_s": round(timings["first_shard_started"] - start, 2)
             if timings.get("first_shard_started") else None,
             "driver_anon_rss_mib": [round(first / 2**20), round(second / 2**20)],
