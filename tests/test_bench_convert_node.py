@@ -230,3 +230,16 @@ def test_the_node_benchmark_removes_only_trees_it_made(tmp_path):
     # Another corpus: its own trees go, with their markers.
     run(10, 2, 1, str(work), ("limit",))
     assert not (work / "src-6").exists() and not (work / "src-6.complete").exists()
+
+
+def test_record_write_costs_each_part_and_leaves_no_spool():
+    """A record's write into a memory spool and its parts (framing, SHA-256, the bytes' write), with one process
+    and with two at once; every spool it wrote is removed."""
+    from gpufeed.bench.experiments.record_write import PARTS, run
+
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    rows = run([1, 2], record_kb=4, shards=1, emit=lambda line: None)
+    assert [(r["processes"], r["part"]) for r in rows] == [(p, part) for p in (1, 2) for part in PARTS]
+    assert all(0 < r["us_min"] <= r["us_per_record"] <= r["us_max"] for r in rows)
+    if os.path.isdir("/dev/shm"):
+        assert {n for n in os.listdir("/dev/shm") if n.startswith("gpufeed-record-write-")} <= before
