@@ -1,11 +1,12 @@
 """``python -m gpufeed.bench.experiments.record_write``: what a worker pays to write one record of a ``.rec``
-split into its memory spool, and where it goes, with 1 process and with every core writing at once (the kernel's
-page allocation for the spools is shared). Each process writes shards of :data:`SHARD` records of
+split into its memory spool, and where it goes, with 1 process and with every core writing at once (memory bandwidth
+and the cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of :data:`SHARD` records of
 ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26) through the sink's own spool
 writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
 writes), then each part alone on the same bytes: ``frame`` (:func:`~gpufeed.formats.recordio.frame_parts`),
-``sha256``, ``write`` (the payload written to a spool file). Spools are committed and removed shard by shard, as
-the driver removes each once appended.
+``sha256``, ``write`` (the payload written to a new spool file), ``rewrite`` (the same into a spool file of the
+same size written before: its pages kept, not allocated again). Spools are committed and removed shard by shard,
+as the driver removes each once appended (``rewrite``'s are kept to be written again).
 
 One JSON line per process count and part: microseconds a record (the median process's), the spread over the
 processes, and what that is of ``--image-ms`` (the plain loop's CPU an image on the machine, 4.0 on 4x H200).
@@ -24,7 +25,7 @@ import time
 
 #: Records a shard: ImageNet's 300,000 train files at 64 workers come in shards of ~213-293.
 SHARD = 256
-PARTS = ("record", "frame", "sha256", "write")
+PARTS = ("record", "frame", "sha256", "write", "rewrite")
 
 
 def _payloads(record_kb: float, distinct: int = 64) -> list[bytes]:
@@ -48,6 +49,8 @@ def _one_part(part: str, folder: str, payloads: list[bytes], shards: int) -> flo
             writer = fmt.assembler().spool_writer(fmt, path)
         elif part == "write":
             raw = open(path, "wb")
+        elif part == "rewrite":
+            raw = _rewritable(path, SHARD * len(payloads[0]))
         t = time.perf_counter()
         for i in range(SHARD):
             value = payloads[i % len(payloads)]
@@ -67,10 +70,20 @@ def _one_part(part: str, folder: str, payloads: list[bytes], shards: int) -> flo
             raw.close()
             files = [path]
         else:
+            if part == "rewrite":
+                raw.close()
             files = []
         for f in files:
             os.remove(f)
     return spent / (shards * SHARD)
+
+
+def _rewritable(path: str, size: int):
+    """``path`` opened to be written from its start, made ``size`` bytes first (outside the timing) if it is not."""
+    if not os.path.exists(path) or os.path.getsize(path) != size:
+        with open(path, "wb") as f:
+            f.write(bytes(size))
+    return open(path, "r+b")
 
 
 def _process(args) -> dict:
@@ -80,6 +93,9 @@ def _process(args) -> dict:
     os.makedirs(folder, exist_ok=True)
     out = {}
     for part in PARTS:
+        if part == "rewrite":
+            for shard in range(shards):  # the files to write again, made before the timed part
+                _rewritable(os.path.join(folder, f"{shard:05d}.rec"), SHARD * len(payloads[0])).close()
         start.wait()  # every process on the same part at once
         out[part] = _one_part(part, folder, payloads, shards)
     return out
