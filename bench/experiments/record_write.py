@@ -1,7 +1,7 @@
 """``python -m gpufeed.bench.experiments.record_write``: what a worker pays to write one record of a ``.rec``
-split into its memory spool, and where it goes, with 1 process and with every core writing at once (memory bandwidth
-and the cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of :data:`SHARD` records of
-``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26) through the sink's own spool
+split into its memory spool, and where it goes, with 1 process and with every core writing at once (memory
+bandwidth and the cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of
+:data:`SHARD` records of ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26) through the sink's own spool
 writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
 writes), then each part alone on the same bytes: ``frame`` (:func:`~gpufeed.formats.recordio.frame_parts`),
 ``sha256``, ``write`` (the payload written to a new spool file), ``rewrite`` (the same into a spool file of the
@@ -101,7 +101,8 @@ def _process(args) -> dict:
     return out
 
 
-def run(processes: list[int], record_kb: float = 54.7, shards: int = 8, image_ms: float = 4.0, emit=print) -> list[dict]:
+def run(processes: list[int], record_kb: float = 54.7, shards: int = 8, image_ms: float = 4.0,
+        emit=print) -> list[dict]:
     from gpufeed.convert.sinks import MEMORY_ROOT
 
     root = tempfile.mkdtemp(dir=MEMORY_ROOT if os.path.isdir(MEMORY_ROOT) else None, prefix="gpufeed-record-write-")
