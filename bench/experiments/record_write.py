@@ -1,8 +1,8 @@
 """``python -m gpufeed.bench.experiments.record_write``: what a worker pays to write one record of a ``.rec``
 split into its memory spool, and where it goes, with 1 process and with every core writing at once (memory
 bandwidth and the cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of
-:data:`SHARD` records of ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26) through the sink's own spool
-writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
+:data:`SHARD` records of ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26)
+through the sink's own spool writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
 writes), then each part alone on the same bytes: ``frame`` (:func:`~gpufeed.formats.recordio.frame_parts`),
 ``sha256``, ``write`` (the payload written to a new spool file), ``rewrite`` (the same into a spool file of the
 same size written before: its pages kept, not allocated again). Spools are committed and removed shard by shard,
