@@ -1,12 +1,12 @@
-"""``python -m gpufeed.bench.experiments.record_write``: what a worker pays to write one record of a ``.rec``
-split into its memory spool, and where it goes, with 1 process and with every core writing at once (memory
-bandwidth and the cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of
-:data:`SHARD` records of ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26)
-through the sink's own spool writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
+"""``python -m gpufeed.bench.experiments.record_write``: what a worker pays to write one record of a ``.rec`` split into
+its memory spool, and where it goes, with 1 process and with every core writing at once (memory bandwidth and the
+cores' shared units are divided; results/record-write-h200x4.txt). Each process writes shards of :data:`SHARD`
+records of ``--record-kb`` KB (54.7 KB: the mean of ImageNet at ``--resize 256``, session 26) through the sink's own
+spool writer (``record``: framing, the fragment's SHA-256 that the manifest keeps, the ``.rec``/``.idx``/``.lst``
 writes), then each part alone on the same bytes: ``frame`` (:func:`~gpufeed.formats.recordio.frame_parts`),
-``sha256``, ``write`` (the payload written to a new spool file), ``rewrite`` (the same into a spool file of the
-same size written before: its pages kept, not allocated again). Spools are committed and removed shard by shard,
-as the driver removes each once appended (``rewrite``'s are kept to be written again).
+``sha256``, ``write`` (the payload written to a new spool file), ``rewrite`` (the same into a spool file of the same
+size written before: its pages kept, not allocated again). Spools are committed and removed shard by shard, as the
+driver removes each once appended (``rewrite``'s are kept to be written again).
 
 One JSON line per process count and part: microseconds a record (the median process's), the spread over the
 processes, and what that is of ``--image-ms`` (the plain loop's CPU an image on the machine, 4.0 on 4x H200).
