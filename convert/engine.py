@@ -585,6 +585,8 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
             if local is not None:
                 local.close()
                 t0.marks["shards_converted_locally"] = local.shards
+                if (started := local.started_at()) is not None:  # every local process up, against the listing
+                    t0.marks["local_processes_started"] = round(started - t0.epoch, 3)
                 if not options.pool_converts:
                     t0.marks["shards_converted_before_ray"] = local.shards
         t0.mark("shards_done")

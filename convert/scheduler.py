@@ -206,7 +206,7 @@ class _LocalStart:
         self.futures: dict = {}  # future -> job
         self.usable = True
         self.shards = 0  # finished here
-        self.warming: list = []  # the warm-up tasks' futures (each gives its process's id)
+        self.warming: list = []  # the warm-up tasks' futures (each gives its process's id and ready time)
         # Started while the driver lists: the fork server imports OpenCV and the formats, processes fork.
         threading.Thread(target=self._warm, args=(workers,), name="gpufeed-local-warm", daemon=True).start()
 
@@ -216,6 +216,14 @@ class _LocalStart:
                 self.warming.append(self.pool.submit(warm_worker))
         except (RuntimeError, AttributeError):
             pass  # closed already (the run needed no workers)
+
+    def started_at(self) -> float | None:
+        """When the last of the pool's processes was ready (``time.time()``), once every warm-up task is done;
+        None before, or where one failed or none ran."""
+        warming = list(self.warming)
+        if not warming or not all(f.done() and not f.cancelled() and f.exception() is None for f in warming):
+            return None
+        return max(f.result()[1] for f in warming)
 
     def submit(self, job, items) -> bool:
         """Start ``job`` here; false (and unusable from now on) where the pool cannot take it: a process of

@@ -71,10 +71,11 @@ def _worker_setup() -> None:
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
-def warm_worker() -> int:
+def warm_worker() -> tuple[int, float]:
     """Run once per worker while the driver is still listing: what a first shard would otherwise wait for
     (OpenCV, the transforms, every format's module, the CRC-32C they compute), and the pool's other processes'
-    start (:func:`gpufeed.convert.forkserver.wait_for_the_others`). Returns this process's id."""
+    start (:func:`gpufeed.convert.forkserver.wait_for_the_others`). Returns this process's id and the time
+    (``time.time()``) it was ready."""
     import importlib
 
     from gpufeed.convert import forkserver
@@ -87,7 +88,7 @@ def warm_worker() -> int:
         importlib.import_module(module)
     _crc.function()
     forkserver.wait_for_the_others()
-    return os.getpid()
+    return os.getpid(), time.time()
 
 
 def _records(job: ShardJob, fmts, item, index, stats, data=None):

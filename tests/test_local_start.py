@@ -47,6 +47,8 @@ def test_shards_run_locally_give_the_same_bytes_and_start_no_ray(src, ray_local,
     # --executor pool (the default): the local processes convert every shard, Ray none.
     shards = sum(p["shards"] for p in _manifest(out)["splits"].values())
     assert timeline["shards_converted_locally"] == timeline["local_shards"] == shards, timeline
+    # When the last local process was ready (its warm-up done), on the run's clock.
+    assert 0 < timeline["local_processes_started"] <= timeline["shards_done"], timeline
     assert "ray_shards" not in timeline and "shards_converted_before_ray" not in timeline
     # The driver's appends to the split outputs and, on the syncing threads beside them, the waits for the
     # .rec's fsyncs (LMDB syncs as it writes), the writeback handed to the kernel and the journal's writes.
@@ -255,13 +257,16 @@ def test_every_local_process_is_started_while_the_driver_lists():
 
     from gpufeed.convert.scheduler import _LocalStart
 
+    made = time.time()
     local = _LocalStart(6, os.getpid)
     try:
         deadline = time.monotonic() + 60
         while len(local.warming) < 6 and time.monotonic() < deadline:
             time.sleep(0.01)
         done, _ = concurrent.futures.wait(local.warming, timeout=60)
-        assert len({f.result() for f in done}) == 6  # six warm-up tasks, six processes
+        assert len({f.result()[0] for f in done}) == 6  # six warm-up tasks, six processes
+        # When the last was ready: after the pool was made, and no later than now.
+        assert made <= local.started_at() <= time.time()
     finally:
         local.close()
 
