@@ -37,53 +37,52 @@ def _payloads(record_kb: float, distinct: int = 64) -> list[bytes]:
 
 def _one_part(part: str, folder: str, payloads: list[bytes], shards: int) -> float:
     """Seconds a record for ``part``, over ``shards`` shards written in ``folder``."""
-    from gpufeed.formats import get_format
-    from gpufeed.formats.base import EncodedRecord
-    from gpufeed.formats.recordio import frame_parts
-
-    fmt = get_format("recordio")
     spent = 0.0
     for shard in range(shards):
-        path = os.path.join(folder, f"{shard:05d}.rec")
-        if part == "record":
-            writer = fmt.assembler().spool_writer(fmt, path)
-        elif part == "write":
-            raw = open(path, "wb")
-        elif part == "rewrite":
-            raw = _rewritable(path, SHARD * len(payloads[0]))
+        write, finish = _part(part, os.path.join(folder, f"{shard:05d}.rec"))
         t = time.perf_counter()
         for i in range(SHARD):
-            value = payloads[i % len(payloads)]
-            if part == "record":
-                writer.write_encoded(EncodedRecord(str(i).encode(), value, i, f"n0/{i}.JPEG", (0.0,)))
-            elif part == "frame":
-                frame_parts(value)
-            elif part == "sha256":
-                hashlib.sha256().update(value)
-            else:
-                raw.write(value)
+            write(i, payloads[i % len(payloads)])
         spent += time.perf_counter() - t
-        if part == "record":
-            writer.close()
-            files = fmt.assembler().spool_files(path)
-        elif part == "write":
-            raw.close()
-            files = [path]
-        else:
-            if part == "rewrite":
-                raw.close()
-            files = []
-        for f in files:
+        for f in finish():
             os.remove(f)
     return spent / (shards * SHARD)
 
 
-def _rewritable(path: str, size: int):
-    """``path`` opened to be written from its start, made ``size`` bytes first (outside the timing) if it is not."""
-    if not os.path.exists(path) or os.path.getsize(path) != size:
-        with open(path, "wb") as f:
-            f.write(bytes(size))
-    return open(path, "r+b")
+def _part(part: str, path: str):
+    """``(write(index, value), finish())`` of ``part`` for one shard at ``path``: ``finish`` closes what it
+    opened and names the files to remove (a ``rewrite`` file is kept to be written again)."""
+    from gpufeed.formats import get_format
+    from gpufeed.formats.base import EncodedRecord
+    from gpufeed.formats.recordio import frame_parts
+
+    if part == "record":
+        fmt = get_format("recordio")
+        writer = fmt.assembler().spool_writer(fmt, path)
+
+        def finish():
+            writer.close()
+            return fmt.assembler().spool_files(path)
+
+        return (lambda i, value: writer.write_encoded(EncodedRecord(str(i).encode(), value, i, f"n0/{i}.JPEG",
+                                                                    (0.0,))), finish)
+    if part == "frame":
+        return lambda i, value: frame_parts(value), list
+    if part == "sha256":
+        return lambda i, value: hashlib.sha256().update(value), list
+    raw = open(path, "wb" if part == "write" else "r+b")  # rewrite: made before (_process), its pages kept
+
+    def close():
+        raw.close()
+        return [path] if part == "write" else []
+
+    return lambda i, value: raw.write(value), close
+
+
+def _rewritable(path: str, size: int) -> None:
+    """``path`` made ``size`` bytes, for ``rewrite`` to write again."""
+    with open(path, "wb") as f:
+        f.write(bytes(size))
 
 
 def _process(args) -> dict:
@@ -95,7 +94,7 @@ def _process(args) -> dict:
     for part in PARTS:
         if part == "rewrite":
             for shard in range(shards):  # the files to write again, made before the timed part
-                _rewritable(os.path.join(folder, f"{shard:05d}.rec"), SHARD * len(payloads[0])).close()
+                _rewritable(os.path.join(folder, f"{shard:05d}.rec"), SHARD * len(payloads[0]))
         start.wait()  # every process on the same part at once
         out[part] = _one_part(part, folder, payloads, shards)
     return out
