@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 
-from gpufeed.errors import ConfigError, OutputError, rerun_command
+from gpufeed.errors import ConfigError, OutputError, rerun_command, write_fix
 from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
@@ -244,8 +244,8 @@ class Journal:
             if durable:
                 os.fsync(self._f.fileno())
         except OSError as e:
-            raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); free space on the "
-                              "destination and rerun the same command to resume") from e
+            raise OutputError(f"{self.path}: cannot record progress ({e.strerror}); {write_fix(self.path, e)}, "
+                              "then rerun the same command to resume") from e
 
     def planned_shards(self, split: str, digest: str) -> tuple[int, int | None] | None:
         """How ``split`` was cut when this conversion started, where its inputs' keys are the same now

@@ -31,7 +31,7 @@ import threading
 import time
 
 from gpufeed import io
-from gpufeed.errors import ConfigError, OutputError
+from gpufeed.errors import ConfigError, OutputError, write_fix
 from gpufeed.formats.atomic import AtomicFile, remove, replace_dir
 from gpufeed.formats.base import EncodedRecord, WrittenFile, parts_digest
 from gpufeed.io import file_size, join, makedirs
@@ -133,8 +133,8 @@ def output_error(path: str, e: BaseException) -> OutputError:
     if isinstance(e, OutputError) and isinstance(e.__cause__, OSError):
         e = e.__cause__  # the writer's own OutputError names the temporary file: keep only the reason
     reason = getattr(e, "strerror", None) or str(e)
-    return OutputError(f"{path}: cannot be written ({reason}); free space on the destination (or fix its "
-                       "permissions) and rerun the same command to resume")
+    return OutputError(f"{path}: cannot be written ({reason}); {write_fix(path, e)}, then rerun the same command "
+                       "to resume")
 
 
 class SplitSink:

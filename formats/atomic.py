@@ -13,7 +13,7 @@ import hashlib
 import os
 
 from gpufeed import io
-from gpufeed.errors import OutputError
+from gpufeed.errors import OutputError, write_fix
 from gpufeed.formats.base import WrittenFile
 from gpufeed.formats.naming import temp_name
 
@@ -71,7 +71,7 @@ class AtomicFile:
             _rename(self.tmp, self.path)
         except OSError as e:
             self.discard()
-            raise OutputError(f"{self.path}: could not be completed ({e}); free space or fix permissions, "
+            raise OutputError(f"{self.path}: could not be completed ({e.strerror or e}); {write_fix(self.path, e)}, "
                               "then write it again") from e
         return WrittenFile(self.path, self.records, self.size, self.sha256, self.role)
 

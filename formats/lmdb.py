@@ -42,7 +42,8 @@ from gpufeed.formats import _crc
 import numpy as np
 
 from gpufeed import io as gio
-from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, OutputError, ShardNotFound
+from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, OutputError, ShardNotFound,
+                            write_fix)
 from gpufeed.formats import _lmdb_pages, naming
 from gpufeed.formats.atomic import replace_dir
 from gpufeed.formats._filebytes import advise_will_need, position, random_read_fd
@@ -191,8 +192,8 @@ class LMDBWriter(Writer):
             else:  # the working environment stays, for the next resume
                 self._closed = True
                 self._env.close()
-            raise OutputError(f"{self.path}: cannot be written ({e.strerror or e}); free space on the destination "
-                              "(or fix its permissions), then write it again") from e
+            raise OutputError(f"{self.path}: cannot be written ({e.strerror or e}); {write_fix(self.path, e)}, "
+                              "then write it again") from e
 
     def _find_working(self) -> str | None:
         """The most recent working environment of a crashed writer for the same target, if any."""

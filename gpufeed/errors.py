@@ -142,6 +142,74 @@ class OutputError(GpufeedError, OSError):
     """The destination cannot be written (full disk, unreachable remote, permissions)."""
 
 
+def write_fix(path: str, e: BaseException) -> str:
+    """What to do about ``e``, an error writing ``path``, by its errno, naming the filesystem ``path`` is on
+    (its mount point and type: a memory spool's ``/dev/shm (tmpfs, memory)`` is not the destination's disk)."""
+    import errno
+    import os
+
+    code = getattr(e, "errno", None)
+    if code is None and isinstance(getattr(e, "code", None), int) and e.code > 0:
+        code = e.code  # py-lmdb's Error: the errno of a failed system call (LMDB's own codes are negative)
+    where = _filesystem(path)
+    if code == errno.ENOSPC:
+        return f"{where} is full: free space there"
+    if code == errno.EDQUOT:
+        return f"your disk quota on {where} is used up: free space there or have the quota raised"
+    if code == errno.EFBIG:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            return (f"this process may not write a file past {limit} bytes (`ulimit -f` is "
+                    f"{limit // 1024}): raise the limit (`ulimit -f unlimited`)")
+        return f"the file is larger than {where} holds in one file: write to another filesystem"
+    if code in (errno.EACCES, errno.EPERM):
+        return (f"this user may not write in {os.path.dirname(os.path.abspath(path))}: fix its permissions or "
+                "choose another destination")
+    if code == errno.EROFS:
+        return f"{where} is mounted read-only: remount it read-write or choose another destination"
+    if code == errno.EIO:
+        return f"the device under {where} failed a write: check it (`dmesg`) before writing there again"
+    return f"check {where} (free space, permissions, the device)"
+
+
+def _filesystem(path: str) -> str:
+    """``/mnt/data (ext4)``: the mount point ``path`` is on and its type (``tmpfs`` said to be memory); the
+    folder alone where /proc does not tell."""
+    import os
+
+    here = os.path.abspath(path)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    try:
+        dev = os.stat(here).st_dev
+        while os.path.dirname(here) != here and os.stat(os.path.dirname(here)).st_dev == dev:
+            here = os.path.dirname(here)
+    except OSError:
+        return here
+    kind = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:  # the last mount at a point is the one in effect
+                fields = line.split()
+                sep = fields.index("-")
+                if _unescape(fields[4]) == here and os.stat(here).st_dev == dev:
+                    kind = fields[sep + 1]
+    except (OSError, ValueError, IndexError):
+        pass
+    if kind is None:
+        return here
+    return f"{here} ({kind}, memory)" if kind in ("tmpfs", "ramfs") else f"{here} ({kind})"
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: spaces, tabs, newlines and backslashes are octal escapes there."""
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 class DestinationError(GpufeedError, FileExistsError):
     """The destination holds files at names a conversion writes that gpufeed cannot prove it wrote (a user's),
     or something other than gpufeed's state where it keeps it: nothing is removed or overwritten."""

@@ -366,8 +366,10 @@ def test_a_write_the_disk_refuses_on_a_writer_thread_fails_the_commit_naming_the
         pytest.skip("the disk here does not take O_DIRECT")
     partial = tmp_path / "state" / "partial" / "train.rec"
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == (f"OutputError: {partial}: cannot be written (File too large); free space on the "
-                                   "destination (or fix its permissions) and rerun the same command to resume")
+    assert proc.stdout.strip().startswith(f"OutputError: {partial}: cannot be written (File too large); this process "
+                                          "may not write a file past "), proc.stdout
+    assert proc.stdout.strip().endswith("raise the limit (`ulimit -f unlimited`), then rerun the same command to "
+                                        "resume"), proc.stdout
 
 
 def test_a_source_removed_once_appended_and_a_streamed_source_are_written_whole(tmp_path):
