@@ -289,6 +289,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     finally:
         if journal is not None:
             journal.close()
+        sinks.release_memory_spools(out)  # where the run stopped before it could remove them (the lock only)
         lock.release()
 
 
@@ -474,6 +475,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
     window = WINDOW_PER_WORKER
     if ordered and io.is_local(out) and options.address is None:
+        _sweep_memory_spools(out, progress)
         # Every worker is on this machine: spools in memory, never written back to the disk.
         per_shard = max((sp.stop - sp.start for p in plans.values() for sp in p.shards), default=0)
         # Raw pixels (float stores, --encode raw) are many times an encoded image: sized for them too.
@@ -602,6 +604,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         for st in splits.values():
             for sink in st.sinks.values():
                 sink.close()
+        _drop_leftovers(out, options.formats)
         raise
     finally:
         if progress is not None:
@@ -611,15 +614,43 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         # else: every shard ran before Ray came up; convert() shuts it down once the outputs are finished,
         # rather than wait for it here.
 
-    for st in splits.values():
-        _commit_ready(st, journal, spool_dir, progress, t0)
-        missing = [sink for sink in ordered if sink not in st.finished]
-        if missing:
-            raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not complete; "
-                              "rerun the same command to resume")
-    summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0, prepass_stats)
+    try:
+        for st in splits.values():
+            _commit_ready(st, journal, spool_dir, progress, t0)
+            missing = [sink for sink in ordered if sink not in st.finished]
+            if missing:
+                raise OutputError(f"{out}: the {st.plan.split} split's {', '.join(missing)} output did not "
+                                  "complete; rerun the same command to resume")
+        summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
+                          prepass_stats)
+    except BaseException:
+        _drop_leftovers(out, options.formats)
+        raise
     summary.prepass_shards = prepass_shards
     return summary
+
+
+def _drop_leftovers(out: str, formats) -> None:
+    """A stopped run (an error, Ctrl-C) leaves no temporary file of a shard it cut short beside the outputs, and
+    frees the memory of its spools: its rerun converts those shards again (a few seconds' work at most, the
+    in-flight window), where keeping them would hold that memory for a rerun that may never come. A task still
+    running on Ray may yet write one; the rerun removes it."""
+    from gpufeed.convert import manifest as manifest_mod
+
+    sinks.remove_memory_spools(out)
+    try:
+        manifest_mod.remove_temporaries(out, formats)
+    except Exception:
+        pass  # the error being raised already says what went wrong first; the rerun removes them
+
+
+def _sweep_memory_spools(out: str, progress) -> None:
+    """Free the memory that runs killed outright left in spools (other destinations'; this one's are kept to
+    resume from), saying so."""
+    removed, size = sinks.sweep_memory_spools(keep=out)
+    if removed and progress is not None:
+        progress.phase(f"removed {removed} spool folder{'s' * (removed != 1)} that killed gpufeed runs left in "
+                       f"{sinks.MEMORY_ROOT} ({size / 1e6:.1f} MB of memory)")
 
 
 def memory_spools_and_window(out: str, workers: int, per_shard: int, sinks_count: int,

@@ -167,6 +167,108 @@ def test_a_memory_spool_path_gpufeed_did_not_make_is_neither_used_nor_removed(tm
     assert not os.path.exists(path)
 
 
+def _temporaries(out) -> list[str]:
+    return [os.path.join(d, n) for d, _, names in os.walk(out) for n in names if ".tmp-" in n]
+
+
+def _hold_spools(out: str):
+    """A process that makes ``out``'s memory spool folder and holds it, as a live run does."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; from gpufeed.convert.sinks import "
+                             "memory_spools; print(memory_spools(sys.argv[1], 1), flush=True); time.sleep(600)", out],
+                            stdout=subprocess.PIPE, text=True)
+    held = proc.stdout.readline().strip()
+    assert held, "the holder made no memory spool folder"
+    return proc, held
+
+
+def test_a_sweep_removes_the_memory_spools_no_live_run_holds_and_nothing_else(tmp_path):
+    """Spool folders of runs killed outright (their lock free) go, and what was in them is counted; a live
+    run's, the one given to keep, a folder without a lock changed within the hour (an older gpufeed's run, or
+    one being made), and a folder that is not a private one of this user's stay."""
+    from gpufeed.convert import sinks
+
+    if not os.path.isdir(sinks.MEMORY_ROOT):
+        pytest.skip(f"no {sinks.MEMORY_ROOT} here")
+    outs = {k: str(tmp_path / k) for k in ("killed", "live", "keep", "old", "new", "open", "removing")}
+    paths = {k: sinks.memory_spool_dir(v) for k, v in outs.items()}
+    live = None
+    try:
+        for k in ("killed", "keep"):  # made and locked by a run that is gone
+            gone, held = _hold_spools(outs[k])
+            assert held == paths[k]
+            gone.kill()
+            gone.wait()
+        live, held = _hold_spools(outs["live"])
+        with open(os.path.join(paths["killed"], "train-recordio-00003.rec"), "wb") as f:
+            f.write(bytes(5000))
+        for k in ("old", "new"):  # an older gpufeed's: no lock file
+            os.mkdir(paths[k], 0o700)
+        os.utime(paths["old"], (time.time() - 2 * sinks.UNOWNED_STALE_S,) * 2)
+        os.mkdir(paths["open"], 0o755)
+        os.chmod(paths["open"], 0o755)
+        os.utime(paths["open"], (time.time() - 2 * sinks.UNOWNED_STALE_S,) * 2)
+        removing = paths["removing"] + ".removing-1"  # a sweep stopped halfway
+        os.mkdir(removing, 0o700)
+        removed, size = sinks.sweep_memory_spools(keep=outs["keep"])
+        assert removed == 3 and size == 5000, (removed, size)
+        gone = {k for k, p in paths.items() if not os.path.exists(p)}
+        assert gone == {"killed", "old", "removing"} and not os.path.exists(removing), gone
+        assert sinks.sweep_memory_spools(keep=outs["keep"]) == (0, 0)
+        # The live run's folder is still its own: it goes when that run ends.
+        live.kill()
+        live.wait()
+        live = None
+        assert sinks.sweep_memory_spools(keep=outs["keep"]) == (1, 0) and not os.path.exists(paths["live"])
+    finally:
+        if live is not None:
+            live.kill()
+        for p in paths.values():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def test_a_run_frees_the_memory_spools_a_killed_run_of_another_destination_left(src, tmp_path):
+    """Killed outright, a run cannot free its memory spools; the next run, of any destination, does and says
+    so, and the killed run's rerun converts those shards again, to the same bytes."""
+    import io
+
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    args = cli_args(src, out, "--workers", "1", "--shard-size", "2")
+    _start_and_kill(args, None, out, after=1)
+    assert os.path.isdir(memory_spool_dir(out))
+    said = io.StringIO()
+    convert(options(src, tmp_path / "other", workers=1, shard_size=2), Progress(file=said))
+    assert not os.path.exists(memory_spool_dir(out))
+    assert "spool folder that killed gpufeed runs left in /dev/shm (" in said.getvalue(), said.getvalue()
+    code, _, err = _finish(cli(args))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_a_run_stopped_by_an_error_frees_its_memory_spools_and_temporaries(src, tmp_path):
+    """A run that stops on an error leaves nothing of its own outside its journal: no memory spools (its rerun
+    converts those shards again), no temporary file beside the outputs. The error names the limit it hit."""
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=2))
+    out = str(tmp_path / "out")
+    code, _, err = _finish(cli(cli_args(src, out), None, preexec_fn=_limit_file_size(24 << 10)))
+    assert code == 2, err
+    last = err.strip().splitlines()[-1]
+    assert "`ulimit -f` is 24): raise the limit" in last and "rerun the same command to resume" in last, last
+    assert not os.path.exists(memory_spool_dir(out)) and _temporaries(out) == []
+    code, _, err = _finish(cli(cli_args(src, out)))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
 def _kill_one_worker_running(name: str, stop: threading.Event, killed: list) -> None:
     """SIGKILL the first Ray worker of this test session seen running task ``name``."""
     me = psutil.Process()
@@ -572,6 +674,9 @@ def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     code, _, err = _finish(proc, timeout=30)
     assert code == 143 and err.strip() == "gpufeed: terminated (SIGTERM); rerun the same command to resume", err
     assert _gone(children) == []
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    assert not os.path.exists(memory_spool_dir(out)) and _temporaries(out) == []
     code, _, err = _finish(_local_run(src, out))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
