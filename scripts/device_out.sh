@@ -2,8 +2,8 @@
 # Sourced from the repository root by the GPU-machine scripts that write bench rows:
 #   source scripts/device_out.sh DEFAULT_RESULTS_NAME      (e.g. gpu-ranks-KIND.jsonl)
 # makes OUT absolute (default ./out) and creates it, sets RESULTS=$OUT/${RESULTS_NAME:-DEFAULT_RESULTS_NAME}, and
-# installs the decode wheels and gpufeed (scripts/device_setup.sh with WHEELS=.whl-decode) unless INSTALL=0 (a
-# caller that installed them already).
+# installs the decode wheels and gpufeed (scripts/device_setup.sh with WHEELS=.whl-decode, or the WHEELS given:
+# .whl for a conversion) unless INSTALL=0 (a caller that installed them already).
 # KIND in DEFAULT_RESULTS_NAME stands for the machine's GPUs as the results files name them: h200x4 for four
 # H200s, h100x2 for two H100s, h200 for one (cpu where nvidia-smi lists none).
 gpu_kind() {
@@ -19,4 +19,4 @@ mkdir -p "$OUT"
 DEFAULT_NAME=$1
 [[ $DEFAULT_NAME == *KIND* ]] && DEFAULT_NAME=${DEFAULT_NAME//KIND/$(gpu_kind)}
 RESULTS=$OUT/${RESULTS_NAME:-$DEFAULT_NAME}
-if [ "${INSTALL:-1}" = 1 ]; then WHEELS=.whl-decode source scripts/device_setup.sh; fi
+if [ "${INSTALL:-1}" = 1 ]; then WHEELS=${WHEELS:-.whl-decode} source scripts/device_setup.sh; fi

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# A 64-worker conversion killed outright on the GPU machine: what its memory spools hold afterwards, the next
-# run freeing them, the killed run's rerun and verify (scripts/killed_spools.py).
+# A conversion with every core's worker killed outright on the GPU machine: what its memory spools hold
+# afterwards, the next run of another destination freeing them, the killed run's rerun and verify
+# (scripts/killed_spools.py; results/killed-spools-KIND.txt).
 #   device run, carry .whl:  OUT=$OUT bash scripts/killed_spools.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$(realpath -m "${OUT:-$PWD/out}")
-mkdir -p "$OUT"
-[ "${INSTALL:-1}" = 1 ] && source scripts/device_setup.sh
+WHEELS=.whl source scripts/device_out.sh killed-spools-KIND.jsonl
 REPO=$PWD
-cd /tmp
+cd /tmp  # the checkout's gpufeed/ would shadow the installed package
 echo "[$(date -u +%H:%M:%S)] machine: $(nproc) cores, $(free -g | awk '/Mem/{print $2}') GiB"
 python3 "$REPO/scripts/killed_spools.py" --n "${N:-100000}" --workers "${WORKERS:-$(nproc)}" \
-  --formats "${FORMATS:-recordio,lmdb}" --results "$OUT/killed-spools.jsonl" 2>&1 | tee "$OUT/killed-spools.log"
+  --formats "${FORMATS:-recordio,lmdb}" --results "$RESULTS" 2>&1 | tee "$OUT/killed-spools.log"
 echo "[$(date -u +%H:%M:%S)] done"
