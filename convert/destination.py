@@ -335,3 +335,26 @@ def check_state_dir(out: str) -> None:
             io.local_path(url), "journal.jsonl")):
         raise DestinationError(f"{url}: a folder that holds no gpufeed conversion journal, where gpufeed keeps a "
                                "conversion's state; move it away, or choose another destination")
+
+
+def check_output_folders(out: str, formats) -> None:
+    """Each format's folder in ``DST`` is a folder (or nothing yet) that resolves inside ``DST``: one that is a
+    symlink to a folder elsewhere would have the run write there, and every later run and ``gpufeed verify``
+    refuse the manifest that lists those files (:func:`checked`), so the run stops first, writing nothing."""
+    if not io.is_local(out):
+        return
+    root = os.path.realpath(io.local_path(out))
+    for name in formats:
+        url = io.join(out, name)
+        path = io.local_path(url)
+        if not os.path.lexists(path):
+            continue
+        real = os.path.realpath(path)
+        if os.path.commonpath([root, real]) != root:
+            raise DestinationError(f"{url}: a symlink to {real}, outside the destination, where gpufeed writes its "
+                                   f"{name} output; gpufeed writes, and later removes, only inside {out}: make it a "
+                                   "folder (or move it away), or choose a destination on the disk it points to")
+        if not os.path.isdir(path):  # a symlink to a folder inside DST is one
+            kind = _kind(url) if not os.path.islink(path) else "symlink to nothing"
+            raise DestinationError(f"{url}: a {kind}, where gpufeed writes its {name} output folder; move it away, "
+                                   "or choose another destination")

@@ -383,6 +383,7 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
     from gpufeed.convert.state import Journal, remove_state
 
     destination.check_state_dir(out)
+    destination.check_output_folders(out, options.formats)
     events = Journal.peek(state_dir)
     if options.resume:
         Journal.check_options(events, out, options.output_key())

@@ -187,6 +187,44 @@ def test_a_state_folder_that_is_not_gpufeeds_is_neither_used_nor_removed(src, tm
     assert (out / ".gpufeed" / "notes").read_bytes() == b"mine"
 
 
+@pytest.mark.parametrize("kind", ["symlink outside", "file", "symlink to nothing", "FIFO"])
+def test_a_format_folder_that_would_lead_outside_or_is_no_folder_stops_the_run_first(src, tmp_path, ray_local, kind):
+    """``DST/recordio`` linked to a folder elsewhere would have the run write there, and every later run and
+    ``gpufeed verify`` refuse the manifest listing those files: the run stops before writing anything, naming it.
+    A file, a link to nothing or a FIFO there is no folder to write in. Nothing is written or removed anywhere."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "notes.txt").write_bytes(b"a user's file")
+    folder = out / "recordio"
+    if kind == "symlink outside":
+        folder.symlink_to(elsewhere)
+        says = f"{folder}: a symlink to {elsewhere}, outside the destination, where gpufeed writes its recordio output"
+    elif kind == "file":
+        folder.write_bytes(b"a user's file")
+        says = f"{folder}: a file, where gpufeed writes its recordio output folder; move it away"
+    elif kind == "symlink to nothing":
+        folder.symlink_to(out / "missing")
+        says = f"{folder}: a symlink to nothing, where gpufeed writes its recordio output folder"
+    else:
+        os.mkfifo(folder)
+        says = f"{folder}: a FIFO, where gpufeed writes its recordio output folder"
+    before = sorted(os.listdir(out)), tree_bytes(elsewhere)
+    with pytest.raises(DestinationError) as err:
+        convert(options(src, out, **VAL))
+    assert str(err.value).startswith(says), str(err.value)
+    assert (sorted(os.listdir(out)), tree_bytes(elsewhere)) == before
+
+
+def test_a_format_folder_linked_inside_the_destination_is_written_and_verifies(src, tmp_path, ray_local):
+    out = tmp_path / "out"
+    (out / "disk2" / "rec").mkdir(parents=True)
+    (out / "recordio").symlink_to(out / "disk2" / "rec")
+    convert(options(src, out, **VAL))
+    assert os.path.exists(out / "disk2" / "rec" / "val.rec")
+    verify(str(out))
+
+
 def test_no_resume_after_a_kill_clears_what_the_killed_run_wrote(src, tmp_path, address):
     """A run killed mid-way, then started over: what the journal proves (finished shards, by digest) and what
     its plan reserved (a shard renamed before it was journalled) goes, and the new run completes."""
