@@ -25,7 +25,7 @@ import stat
 
 from gpufeed import io
 from gpufeed.convert.state import STATE_DIR as STATE
-from gpufeed.errors import DestinationError, UnsafeManifestError
+from gpufeed.errors import DestinationError, UnsafeManifestError, rerun_command
 
 #: Shown at most this many of the files in the way (then a count).
 _LISTED = 10
@@ -323,7 +323,11 @@ def _temporary(rel: str) -> bool:
 
 def check_state_dir(out: str) -> None:
     """``DST/.gpufeed`` is gpufeed's conversion state (journal, spools) while a run is under way: one that is
-    a symlink, a file, or a folder without a journal that holds something is a user's, never used or removed."""
+    a symlink, a file, or a folder without a journal that holds something is a user's, never used or removed.
+    Inside it gpufeed makes only folders and files of one link each; anything else there (a symlink, a FIFO, a
+    device, a file hard-linked elsewhere) was put there by something else, and a resume that appended to or cut
+    it would write outside the destination (a partial ``.lst`` linked to a user's file was cut and overwritten):
+    the run stops naming it, before the journal is read."""
     url = io.join(out, STATE)
     kind = _kind(url)
     if kind is None:
@@ -331,10 +335,29 @@ def check_state_dir(out: str) -> None:
     if kind != "folder":
         raise DestinationError(f"{url}: a {kind}, where gpufeed keeps a conversion's state; move it away, or "
                                "choose another destination")
-    if io.is_local(url) and os.listdir(io.local_path(url)) and not os.path.exists(os.path.join(
-            io.local_path(url), "journal.jsonl")):
+    if not io.is_local(url):
+        return
+    top = io.local_path(url)
+    if os.listdir(top) and not os.path.exists(os.path.join(top, "journal.jsonl")):
         raise DestinationError(f"{url}: a folder that holds no gpufeed conversion journal, where gpufeed keeps a "
                                "conversion's state; move it away, or choose another destination")
+    for folder, dirs, files in os.walk(top):  # links are not followed: each is reported below
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            what = next((n for test, n in _KINDS if test(st.st_mode)), "special file")
+            if what == "file" and st.st_nlink > 1:
+                what = f"file with {st.st_nlink} links (hard-linked elsewhere)"
+            elif what in ("file", "folder"):
+                continue
+            fix = (f"move {url} away (its journal is not gpufeed's), then rerun"
+                   if path == os.path.join(top, "journal.jsonl")
+                   else f"move it away, then start over: {rerun_command(('--no-resume',), ('--resume',))}")
+            raise DestinationError(f"{path}: a {what}, inside gpufeed's conversion state, where gpufeed makes only "
+                                   f"folders and files of its own: something else changed {url}; {fix}")
 
 
 def check_output_folders(out: str, formats) -> None:

@@ -175,6 +175,7 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
 
 
 def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summary:
+    from gpufeed.convert import destination
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import TAPERED_JOURNAL_VERSION, DestinationLock, Journal, state_dir_for
     from gpufeed.pipelines import open_source
@@ -249,6 +250,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     lock = DestinationLock.acquire(state_dir, out)
     journal = None
     try:
+        destination.check_state_dir(out)  # before the journal is read: nothing in it leads outside DST
         kind, doc = manifest_mod.finished(out)
         done = _finished_output(options, out, kind, doc)
         joined = done.manifest if isinstance(done, _Join) else None

@@ -423,8 +423,9 @@ class RecordIOSink(SplitSink):
                     else:
                         with io.open_file(self.final[ext], "rb") as src, open(path, "wb") as dst:
                             shutil.copyfileobj(src, dst, 8 << 20)
-                # Not O_APPEND: copy_file_range refuses such a destination; every write goes to the end.
-                f = open(path, "r+b" if os.path.exists(path) else "w+b")
+                # Not O_APPEND: copy_file_range refuses such a destination; every write goes to the end. Never
+                # through a link: the cut below would cut whatever it names.
+                f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), "r+b")
                 if f.seek(0, os.SEEK_END) < want:
                     raise OutputError(f"{path}: shorter than the {want} bytes journalled; the state directory "
                                       "was damaged, rerun with --no-resume to start over")

@@ -17,6 +17,7 @@ import pytest
 
 from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
+from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
 from gpufeed.errors import DestinationError, IncompleteOutputError, UnsafeManifestError
 
@@ -222,6 +223,84 @@ def test_a_format_folder_linked_inside_the_destination_is_written_and_verifies(s
     (out / "recordio").symlink_to(out / "disk2" / "rec")
     convert(options(src, out, **VAL))
     assert os.path.exists(out / "disk2" / "rec" / "val.rec")
+    verify(str(out))
+
+
+class _StopAfter(Progress):
+    """Stops the run (as Ctrl-C would) once ``n`` shards are done."""
+
+    def __init__(self, n: int):
+        super().__init__(enabled=False)
+        self.n = n
+
+    def update(self, samples, nbytes):
+        self.n -= 1
+        if self.n <= 0:
+            raise KeyboardInterrupt
+
+
+def _stopped(src, out) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        convert(options(src, out, formats=("recordio",), workers=1), _StopAfter(2))
+    assert os.path.exists(out / ".gpufeed" / "partial" / "train.lst")
+
+
+@pytest.mark.parametrize("plant", ["partial linked to a user's file", "partial hard-linked to a user's file",
+                                   "journal linked to a user's file", "a FIFO in the state", "lock linked outside",
+                                   "lock a FIFO"])
+def test_a_state_entry_that_leads_outside_stops_the_run_before_it_is_read_or_written(src, tmp_path, ray_local, plant):
+    """gpufeed makes only folders and files of one link in ``DST/.gpufeed`` (and the lock file beside it): a
+    symlink, a hard link or a FIFO planted there would have a resume cut, overwrite or append to a file outside
+    DST (a partial ``.lst`` linked to a user's file was cut and overwritten), create one (a lock linked to a
+    missing path), or hang reading. The run stops naming it; the user's file is untouched, nothing is created."""
+    out = tmp_path / "out"
+    _stopped(src, out)
+    victim = tmp_path / "thesis.txt"
+    victim.write_bytes(b"a user's file\n" * 1000)
+    state = out / ".gpufeed"
+    if plant.startswith("partial"):
+        at = state / "partial" / "train.lst"
+        at.unlink()
+        (at.hardlink_to if "hard" in plant else at.symlink_to)(victim)
+        what = "file with 2 links (hard-linked elsewhere)" if "hard" in plant else "symlink"
+        says = f"{at}: a {what}, inside gpufeed's conversion state"
+    elif plant.startswith("journal"):
+        at = state / "journal.jsonl"
+        victim.write_bytes(at.read_bytes()[:-1])  # a copy of the journal, its last line torn: a resume would cut it
+        at.unlink()
+        at.symlink_to(victim)
+        says = f"{at}: a symlink, inside gpufeed's conversion state"
+    elif plant == "a FIFO in the state":
+        at = state / "partial" / "notes"
+        os.mkfifo(at)
+        says = f"{at}: a FIFO, inside gpufeed's conversion state"
+    else:
+        at = out / ".gpufeed.lock"
+        if plant == "lock a FIFO":
+            os.mkfifo(at)
+            says = f"{at}: not a file of gpufeed's own (a FIFO"
+        else:
+            at.symlink_to(tmp_path / "created")
+            says = f"{at}: a symlink, where gpufeed keeps the destination's lock"
+    kept = victim.read_bytes()
+    with pytest.raises(DestinationError) as err:
+        convert(options(src, out, formats=("recordio",), workers=1))
+    assert str(err.value).startswith(says), str(err.value)
+    assert victim.read_bytes() == kept and not os.path.lexists(tmp_path / "created")
+    # The advice works: the entry moved away and a fresh start (the journal: the state folder moved away, and a
+    # rerun), and a whole output.
+    fresh = False
+    if plant.startswith("journal"):
+        assert f"move {state} away (its journal is not gpufeed's), then rerun" in str(err.value)
+        state.rename(tmp_path / "moved")
+    elif plant.startswith("lock"):
+        assert str(err.value).endswith("move it away, or choose another destination")
+        at.unlink()  # and the stopped run resumes
+    else:
+        assert str(err.value).endswith("move it away, then start over: the same command with --no-resume")
+        at.unlink()
+        fresh = True
+    convert(options(src, out, formats=("recordio",), workers=1, resume=not fresh))
     verify(str(out))
 
 
