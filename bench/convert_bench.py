@@ -16,7 +16,6 @@ Nothing here imports Ray: the subprocess does.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -126,8 +125,9 @@ def run_convert(cmd: list[str], out: str, workers: int, throttle=None, timeout: 
     if proc.returncode != 0:
         raise GpufeedError(f"`{' '.join(cmd)}` failed with exit code {proc.returncode}: "
                            f"{(stderr or stdout).strip()[-800:]}")
-    with open(os.path.join(out, "manifest.json")) as f:
-        manifest = json.load(f)
+    from gpufeed.convert import manifest as convert_manifest
+
+    manifest = convert_manifest.load(out)
     written = sum(s["written"] for s in manifest["splits"].values())
     user, system = tree.totals()
     d = [b - a for a, b in zip(stat0, stat1)]

@@ -120,10 +120,15 @@ def load_dataset_info(out: str, split: str | None = None, described: bool = True
     if described and os.path.exists(path):
         with open(path) as fh:
             return json.load(fh)
-    converted = os.path.join(out, "manifest.json")
-    if os.path.exists(converted):
-        with open(converted) as fh:
-            return _from_convert_manifest(out, json.load(fh), split)
+    from gpufeed.convert import manifest as convert_manifest
+
+    try:
+        doc = convert_manifest.load(out)
+    except ValueError as e:
+        raise ConfigError(f"{convert_manifest.path(out)}: {e}; not a gpufeed convert manifest: give the --out of a "
+                          "gpufeed convert run") from None
+    if doc is not None:
+        return _from_convert_manifest(out, doc, split)
     raise SourceNotFound(path, "benchmark dataset manifest (or a gpufeed convert manifest.json)",
                          "build one with `gpufeed bench dataset OUT`, or point at a `gpufeed convert` output")
 

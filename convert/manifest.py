@@ -7,10 +7,12 @@ record count, SHA-256), class lists, normalisation statistics, skipped inputs wi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import platform
+import stat
 import time
 
 import numpy as np
@@ -31,12 +33,40 @@ def path(out: str) -> str:
     return sinks.join(out, MANIFEST)
 
 
+#: The largest ``manifest.json`` read: ImageNet's is a few MB (a file list, the skipped inputs, the timeline).
+MAX_MANIFEST_BYTES = 256 << 20
+
+
+class NotAManifest(ValueError):
+    """What is at ``DST/manifest.json`` is not a file gpufeed could have written: a symlink, a FIFO or a device
+    (never opened, so never followed, waited on or read without end), or a file over :data:`MAX_MANIFEST_BYTES`."""
+
+
 def load(out: str) -> dict | None:
+    """The manifest's JSON, ``None`` where there is none; :class:`NotAManifest` or another ``ValueError`` for
+    what gpufeed did not write."""
+    url = path(out)
+    if not io.is_local(url):
+        try:
+            with io.open_file(url, "rb") as f:
+                return json.loads(f.read(MAX_MANIFEST_BYTES + 1))
+        except FileNotFoundError:
+            return None
     try:
-        with io.open_file(path(out), "rb") as f:
-            return json.loads(f.read())
+        fd = os.open(io.local_path(url), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotAManifest("a symlink, which gpufeed never writes") from None
+        raise
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAManifest("not a file (a FIFO or a device), which gpufeed never writes")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise NotAManifest(f"{st.st_size} bytes, more than a gpufeed manifest ({MAX_MANIFEST_BYTES})")
+        return json.loads(f.read(MAX_MANIFEST_BYTES + 1))
 
 
 def finished(out: str) -> tuple[str, dict | None]:

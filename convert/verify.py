@@ -172,6 +172,9 @@ def verify(out: str, workers: int = 1, decode: bool = True) -> Report:
                           "--out), which holds manifest.json")
     try:
         manifest = manifest_mod.load(out)
+    except manifest_mod.NotAManifest as e:
+        raise IncompleteOutputError(f"{manifest_mod.path(out)}: {e}; gpufeed does not read or overwrite it: move it "
+                                    f"away, then {RERUN}") from None
     except ValueError as e:
         raise IncompleteOutputError(f"{manifest_mod.path(out)}: not valid JSON ({e}); gpufeed does not overwrite a "
                                     f"manifest it cannot read: delete it, then {RERUN}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
-from gpufeed.errors import DestinationError, IncompleteOutputError, UnsafeManifestError
+from gpufeed.errors import ConfigError, DestinationError, IncompleteOutputError, UnsafeManifestError
 
 VAL = dict(splits=("val",), formats=("tfrecord", "recordio"))
 
@@ -170,6 +171,34 @@ def test_verify_of_a_manifest_that_is_not_gpufeeds_is_one_error(finished, conten
     (finished / "manifest.json").write_text(content)
     with pytest.raises((IncompleteOutputError, UnsafeManifestError), match="manifest.json: .*move it away"):
         verify(str(finished))
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "FIFO", "300 MB file"])
+def test_a_manifest_that_is_no_file_gpufeed_writes_is_neither_read_nor_overwritten(finished, src, kind):
+    """``DST/manifest.json`` a link to ``/dev/zero`` (read without end), a FIFO (a wait without end) or a file
+    larger than any manifest: ``verify`` and ``convert`` say so at once, without opening or reading it."""
+    import signal
+
+    target = finished / "manifest.json"
+    target.unlink()
+    if kind == "FIFO":
+        os.mkfifo(target)
+    elif kind == "300 MB file":
+        with open(target, "wb") as f:
+            f.truncate(300 << 20)
+    else:
+        target.symlink_to("/dev/zero")
+    says = {"FIFO": "not a file (a FIFO or a device)", "300 MB file": "314572800 bytes, more than a gpufeed manifest",
+            "symlink to /dev/zero": "a symlink, which gpufeed never writes"}[kind]
+    signal.alarm(30)  # a hang fails the test instead of the suite
+    try:
+        with pytest.raises(IncompleteOutputError, match=f"manifest.json: {re.escape(says)}.*move it away"):
+            verify(str(finished))
+        with pytest.raises(ConfigError, match="manifest.json was not written by gpufeed, which would overwrite it"):
+            convert(options(src, finished, **VAL))
+    finally:
+        signal.alarm(0)
+    assert os.path.lexists(target)
 
 
 def test_verify_of_a_file_says_to_give_the_folder(finished):
