@@ -246,7 +246,26 @@ class Root:
         return os.path.isdir(path) if self.local else self.fs.isdir(path)
 
     def isfile(self, path: str) -> bool:
-        return os.path.isfile(path) if self.local else self.fs.isfile(path)
+        """Whether a file is at ``path`` (links followed); a folder there is not one. Something else there (a
+        FIFO, a device, a socket, a link to nothing) is an :class:`InputError` naming it: a dataset file the
+        source looks for by name that is present but cannot be read would otherwise leave its split or class list
+        out without a word (a FIFO at ``ILSVRC2012_img_val.tar`` converted train alone)."""
+        if not self.local:
+            return self.fs.isfile(path)
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if os.path.islink(path):
+                raise InputError(path, "is a link to nothing, where the dataset's file of that name goes",
+                                 "point the link at the file, or remove it") from None
+            return False
+        except OSError as e:
+            raise InputError(path, f"cannot be read ({e.strerror or e})", "fix it, or remove it") from None
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            return stat.S_ISREG(mode)
+        kind = next((k for test, k in _SPECIAL if test(mode)), "not a regular file")
+        raise InputError(path, f"is {kind}, where the dataset's file of that name goes",
+                         "replace it with the file, or remove it")
 
     def listdir(self, path: str) -> list[tuple[str, bool]]:
         """``(name, is_dir)`` of the entries of ``path``, sorted by name."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import pathlib
 import pickle
 import shutil
@@ -307,3 +308,42 @@ def test_any_other_failure_converting_one_input_is_an_error_of_that_input():
     assert found.reason.startswith("could not be converted (error: ") and "--on-error skip" in str(found)
     full = OutputError("/out/x: cannot be written (No space left on device)")
     assert _input_error(full, item) is full
+
+
+def _special_at(path, kind: str) -> str:
+    """What a dataset file's name holds instead of the file: a FIFO, a link to a device, a link to nothing."""
+    if os.path.lexists(path):
+        os.remove(path)
+    if kind == "FIFO":
+        os.mkfifo(path)
+        return "is a FIFO (named pipe), where the dataset's file of that name goes"
+    if kind == "device":
+        os.symlink("/dev/null", path)
+        return "is a character device, where the dataset's file of that name goes"
+    os.symlink(str(path) + ".missing", path)
+    return "is a link to nothing, where the dataset's file of that name goes"
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "device", "link to nothing"])
+@pytest.mark.parametrize("dataset, name", [("imagenet", "ILSVRC2012_img_val.tar"),
+                                           ("imagenet", "LOC_synset_mapping.txt"),
+                                           ("ptb", "ptb.valid.txt")])
+def test_a_dataset_file_that_is_no_file_is_named_not_left_out(tmp_path, dataset, name, kind):
+    """A file a source looks for by name, present as something that cannot be read: an error naming it, never a
+    split or class list left out without a word (a FIFO at ILSVRC2012_img_val.tar converted train alone)."""
+    from gpufeed.errors import InputError
+    from gpufeed.pipelines import open_source
+    from gpufeed.pipelines.synth import synth_imagenet
+
+    if dataset == "imagenet":
+        synth_imagenet(str(tmp_path), classes=2, per_class=2, val_per_class=1, layout="archives", bad_files=False)
+        if name == "LOC_synset_mapping.txt":  # the class list then comes from it alone
+            os.remove(tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
+    else:
+        for split in ("train", "valid", "test"):
+            (tmp_path / f"ptb.{split}.txt").write_text(" the cat sat \n")
+    says = _special_at(tmp_path / name, kind)
+    with pytest.raises(InputError, match=f"{re.escape(str(tmp_path / name))}: {re.escape(says)}"):
+        source = open_source(dataset, str(tmp_path))
+        for split in source.splits():
+            source.items(split)
