@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import gc
 import os
 import posixpath
@@ -104,6 +105,27 @@ def _scan(path: str) -> tuple[list[str], list[str]]:
 def _sorted_entries(files: list[str], folders: list[str]) -> list[tuple[str, bool]]:
     """:func:`_scan`'s names as ``(name, is_dir)``, sorted by name."""
     return sorted([(n, False) for n in files] + [(n, True) for n in folders])
+
+
+def _dataset_file_mode(path: str) -> int | None:
+    """The mode of what is at a dataset file's ``path`` (links followed), ``None`` where nothing is; a link to
+    nothing or a path that cannot be looked at is an :class:`InputError` naming it."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise InputError(path, "is a link to nothing, where the dataset's file of that name goes",
+                             "point the link at the file, or remove it") from None
+        return None
+    except OSError as e:
+        raise InputError(path, f"cannot be read ({e.strerror or e})", "fix it, or remove it") from None
+
+
+def _not_a_dataset_file(path: str, mode: int) -> InputError:
+    """A file a source reads by name (a tar, a class list, a CIFAR batch) that is something else."""
+    kind = next((k for test, k in _SPECIAL if test(mode)), "not a regular file")
+    return InputError(path, f"is {kind}, where the dataset's file of that name goes",
+                      "replace it with the file, or remove it")
 
 
 def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
@@ -252,20 +274,10 @@ class Root:
         out without a word (a FIFO at ``ILSVRC2012_img_val.tar`` converted train alone)."""
         if not self.local:
             return self.fs.isfile(path)
-        try:
-            mode = os.stat(path).st_mode
-        except FileNotFoundError:
-            if os.path.islink(path):
-                raise InputError(path, "is a link to nothing, where the dataset's file of that name goes",
-                                 "point the link at the file, or remove it") from None
-            return False
-        except OSError as e:
-            raise InputError(path, f"cannot be read ({e.strerror or e})", "fix it, or remove it") from None
-        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-            return stat.S_ISREG(mode)
-        kind = next((k for test, k in _SPECIAL if test(mode)), "not a regular file")
-        raise InputError(path, f"is {kind}, where the dataset's file of that name goes",
-                         "replace it with the file, or remove it")
+        mode = _dataset_file_mode(path)
+        if mode is None or stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            return mode is not None and stat.S_ISREG(mode)
+        raise _not_a_dataset_file(path, mode)
 
     def listdir(self, path: str) -> list[tuple[str, bool]]:
         """``(name, is_dir)`` of the entries of ``path``, sorted by name."""
@@ -313,7 +325,14 @@ class Root:
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         """The file's bytes; with ``limit``, at most that many (one more is read, so a caller can tell that the
-        file is larger than it accepts without reading it whole)."""
+        file is larger than it accepts without reading it whole). A local one is opened only if it is a regular
+        file (a FIFO among CIFAR's batches was waited on without end)."""
+        if self.local:
+            mode = _dataset_file_mode(path)
+            if mode is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            if not stat.S_ISREG(mode):
+                raise _not_a_dataset_file(path, mode)
         if limit is None:
             return read_url(self.url(path))
         with open_file(self.url(path)) as f:

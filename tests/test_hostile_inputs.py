@@ -327,10 +327,11 @@ def _special_at(path, kind: str) -> str:
 @pytest.mark.parametrize("kind", ["FIFO", "device", "link to nothing"])
 @pytest.mark.parametrize("dataset, name", [("imagenet", "ILSVRC2012_img_val.tar"),
                                            ("imagenet", "LOC_synset_mapping.txt"),
-                                           ("ptb", "ptb.valid.txt")])
+                                           ("ptb", "ptb.valid.txt"), ("cifar10", "data_batch_2")])
 def test_a_dataset_file_that_is_no_file_is_named_not_left_out(tmp_path, dataset, name, kind):
-    """A file a source looks for by name, present as something that cannot be read: an error naming it, never a
-    split or class list left out without a word (a FIFO at ILSVRC2012_img_val.tar converted train alone)."""
+    """A file a source looks for or reads by name, present as something that cannot be read: an error naming it,
+    never a split or class list left out without a word (a FIFO at ILSVRC2012_img_val.tar converted train alone),
+    nor a wait without end (a FIFO among CIFAR's batches)."""
     from gpufeed.errors import InputError
     from gpufeed.pipelines import open_source
     from gpufeed.pipelines.synth import synth_imagenet
@@ -339,6 +340,11 @@ def test_a_dataset_file_that_is_no_file_is_named_not_left_out(tmp_path, dataset,
         synth_imagenet(str(tmp_path), classes=2, per_class=2, val_per_class=1, layout="archives", bad_files=False)
         if name == "LOC_synset_mapping.txt":  # the class list then comes from it alone
             os.remove(tmp_path / "ILSVRC2012_devkit_t12.tar.gz")
+    elif dataset == "cifar10":
+        from gpufeed.pipelines.synth import synth_cifar10
+
+        synth_cifar10(str(tmp_path), per_class=2, test_per_class=1, forms=("python",))
+        tmp_path = tmp_path / "cifar-10-batches-py"
     else:
         for split in ("train", "valid", "test"):
             (tmp_path / f"ptb.{split}.txt").write_text(" the cat sat \n")
