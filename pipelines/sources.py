@@ -107,6 +107,23 @@ def _sorted_entries(files: list[str], folders: list[str]) -> list[tuple[str, boo
     return sorted([(n, False) for n in files] + [(n, True) for n in folders])
 
 
+def read_named(url: str, limit: int | None = None) -> bytes:
+    """The bytes of a file a source reads by name (a class list, a CIFAR batch, a list file), at most ``limit``
+    and one more where given. A local one is opened only if it is a regular file: a FIFO among CIFAR's batches was
+    waited on without end."""
+    if is_local(url):
+        path = local_path(url)
+        mode = _dataset_file_mode(path)
+        if mode is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        if not stat.S_ISREG(mode):
+            raise _not_a_dataset_file(path, mode)
+    if limit is None:
+        return read_url(url)
+    with open_file(url) as f:
+        return f.read(limit + 1)
+
+
 def _dataset_file_mode(path: str) -> int | None:
     """The mode of what is at a dataset file's ``path`` (links followed), ``None`` where nothing is; a link to
     nothing or a path that cannot be looked at is an :class:`InputError` naming it."""
@@ -325,18 +342,8 @@ class Root:
 
     def read(self, path: str, limit: int | None = None) -> bytes:
         """The file's bytes; with ``limit``, at most that many (one more is read, so a caller can tell that the
-        file is larger than it accepts without reading it whole). A local one is opened only if it is a regular
-        file (a FIFO among CIFAR's batches was waited on without end)."""
-        if self.local:
-            mode = _dataset_file_mode(path)
-            if mode is None:
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-            if not stat.S_ISREG(mode):
-                raise _not_a_dataset_file(path, mode)
-        if limit is None:
-            return read_url(self.url(path))
-        with open_file(self.url(path)) as f:
-            return f.read(limit + 1)
+        file is larger than it accepts without reading it whole). See :func:`read_named`."""
+        return read_named(self.url(path), limit)
 
     def __str__(self):
         return self.src

@@ -17,7 +17,7 @@ import re
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, Skipped, TarMemberRef
-from gpufeed.pipelines.sources import BaseSource, Root, read_url
+from gpufeed.pipelines.sources import BaseSource, Root, read_named
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
@@ -507,7 +507,7 @@ class FolderSource(_ImageSource):
         lf = self.list_file
         url = lf if ("://" in lf or os.path.isabs(lf)) else self.root.url(self.root.join(self.root.path, lf))
         try:
-            text = _decode(read_url(url), url)
+            text = _decode(read_named(url), url)
         except FileNotFoundError as e:
             raise SourceNotFound(url, "the list file") from e
         items = []
