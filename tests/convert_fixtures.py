@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from gpufeed.convert.options import ConvertOptions
+from gpufeed.convert.progress import Progress
 
 CLASSES, PER_CLASS, VAL_PER_CLASS = 3, 8, 2
 #: Small shards so that a tiny split still makes several shards (and a single .rec of several fragments).
@@ -87,3 +88,15 @@ def wait_for_shards(proc, out, n: int, timeout: float = 120.0) -> None:
     while journal_shards(out) < n and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
 
+
+class StopAfter(Progress):
+    """Interrupts the run (as Ctrl-C would) once ``n`` shards are done."""
+
+    def __init__(self, n: int):
+        super().__init__(enabled=False)
+        self.n = n
+
+    def update(self, samples, nbytes):
+        self.n -= 1
+        if self.n <= 0:
+            raise KeyboardInterrupt

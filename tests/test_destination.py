@@ -16,9 +16,8 @@ import time
 
 import pytest
 
-from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
+from convert_fixtures import StopAfter, cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
-from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
 from gpufeed.errors import ConfigError, DestinationError, IncompleteOutputError, UnsafeManifestError
 
@@ -255,22 +254,9 @@ def test_a_format_folder_linked_inside_the_destination_is_written_and_verifies(s
     verify(str(out))
 
 
-class _StopAfter(Progress):
-    """Stops the run (as Ctrl-C would) once ``n`` shards are done."""
-
-    def __init__(self, n: int):
-        super().__init__(enabled=False)
-        self.n = n
-
-    def update(self, samples, nbytes):
-        self.n -= 1
-        if self.n <= 0:
-            raise KeyboardInterrupt
-
-
 def _stopped(src, out) -> None:
     with pytest.raises(KeyboardInterrupt):
-        convert(options(src, out, formats=("recordio",), workers=1), _StopAfter(2))
+        convert(options(src, out, formats=("recordio",), workers=1), StopAfter(2))
     assert os.path.exists(out / ".gpufeed" / "partial" / "train.lst")
 
 

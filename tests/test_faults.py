@@ -268,24 +268,6 @@ def test_a_run_frees_the_memory_spools_a_killed_run_of_another_destination_left(
     assert tree_bytes(out) == tree_bytes(ref)
 
 
-def test_a_run_stopped_by_an_error_removes_its_temporaries_and_leaves_its_spools_free_to_sweep(src, tmp_path):
-    """A run that stops on an error leaves no temporary file beside the outputs; its memory spools stay for its
-    rerun, their lock free (a sweep may take them). The error names the limit it hit."""
-    from gpufeed.convert.sinks import memory_spool_dir
-
-    ref = tmp_path / "ref"
-    convert(options(src, ref, workers=2))
-    out = str(tmp_path / "out")
-    code, _, err = _finish(cli(cli_args(src, out), None, preexec_fn=_limit_file_size(24 << 10)))
-    assert code == 2, err
-    last = err.strip().splitlines()[-1]
-    assert "`ulimit -f` is 24): raise the limit" in last and "rerun the same command to resume" in last, last
-    assert _temporaries(out) == [] and _lock_free(memory_spool_dir(out))
-    code, _, err = _finish(cli(cli_args(src, out)))
-    assert code == 0, err
-    assert tree_bytes(out) == tree_bytes(ref)
-
-
 def _kill_one_worker_running(name: str, stop: threading.Event, killed: list) -> None:
     """SIGKILL the first Ray worker of this test session seen running task ``name``."""
     me = psutil.Process()
@@ -353,16 +335,27 @@ def _limit_file_size(limit):
     return apply
 
 
-def test_disk_full_stops_with_a_clear_error_and_resumes(src, address, tmp_path):
+@pytest.mark.parametrize("where", ["cluster", "local"])
+def test_disk_full_stops_with_a_clear_error_and_resumes(src, tmp_path, request, where):
+    """A write the disk refuses stops the run with one line naming the output, the limit it hit and the fix; no
+    temporary file is left beside the outputs, and a local run's memory spools stay for the rerun, their lock free
+    (a sweep may take them); the rerun finishes to the same bytes."""
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    address = request.getfixturevalue("address") if where == "cluster" else None
     ref = tmp_path / "ref"
     convert(options(src, ref, workers=2))
     out = str(tmp_path / "out")
     # RLIMIT_FSIZE makes every write past the limit fail (EFBIG) in the driver, where the ordered sinks
-    # (LMDB, single .rec) write: the same path a full disk (ENOSPC) takes.
+    # (LMDB, single .rec) write, and in local processes: the same path a full disk (ENOSPC) takes.
     code, _, err = _finish(cli(cli_args(src, out), address, preexec_fn=_limit_file_size(24 << 10)))
     assert code == 2, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("gpufeed: error: ") and "rerun the same command" in last and "Traceback" not in err
+    assert last.startswith("gpufeed: error: ") and "Traceback" not in err, err
+    assert "`ulimit -f` is 24): raise the limit" in last and "rerun the same command to resume" in last, last
+    assert _temporaries(out) == []
+    if where == "local":
+        assert _lock_free(memory_spool_dir(out))
     with pytest.raises(IncompleteOutputError):
         verify(out)
     code, _, err = _finish(cli(cli_args(src, out), address))

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from convert_fixtures import cli, cli_args, options, tree_bytes, wait_for_shards
+from convert_fixtures import StopAfter, cli, cli_args, options, tree_bytes, wait_for_shards
 from gpufeed.convert.engine import convert
 from gpufeed.convert.progress import Progress
 from gpufeed.convert.verify import verify
@@ -27,19 +27,6 @@ def _state(pid: int) -> str:
     """The process's state letter from /proc (T: stopped)."""
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
-
-
-class StopAfter(Progress):
-    """Interrupts the run (as Ctrl-C would) once ``n`` shards are done."""
-
-    def __init__(self, n: int):
-        super().__init__(enabled=False)
-        self.n = n
-
-    def update(self, samples, nbytes):
-        self.n -= 1
-        if self.n <= 0:
-            raise KeyboardInterrupt
 
 
 def test_a_second_run_into_the_same_destination_is_refused_before_it_deletes_anything(src, address, tmp_path):
