@@ -23,16 +23,23 @@ def kept(name: str, key: str) -> dict | None:
 
 
 def keep(name: str, key: str, figures: dict) -> None:
-    """Keep ``figures`` under ``key`` in the file ``name``, beside what it holds (written whole, then renamed)."""
+    """Keep ``figures`` under ``key`` in the file ``name``, beside what it holds (written whole, then renamed),
+    under an exclusive lock: two benchmarks keeping figures at once would otherwise each drop the other's."""
+    import fcntl
+
     path = kept_path(name)
-    try:
-        with open(path) as f:
-            held = json.load(f)
-    except (OSError, ValueError):
-        held = {}
-    held[key] = figures
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(held, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path) as f:
+                held = json.load(f)
+        except (OSError, ValueError):
+            held = {}
+        if not isinstance(held, dict):
+            held = {}
+        held[key] = figures
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(held, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
