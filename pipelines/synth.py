@@ -239,6 +239,29 @@ def _meta_mat(wnids: list[str], texts: list[str], ids: dict[str, int], per_class
     return MAT_HEADER + out.getvalue()[len(MAT_HEADER):]
 
 
+def _fresh_or_ours(out: str) -> None:
+    """``out`` is new, empty, or an earlier ``gpufeed synth`` output (its ``synth.json``): synthetic data takes
+    the dataset's real file names (``ILSVRC2012_img_train.tar``, ``data_batch_1``, ``ptb.train.txt``), so
+    anywhere else it would overwrite a user's dataset with noise (a real ImageNet tar was replaced)."""
+    if not os.path.lexists(out):
+        return
+    if not os.path.isdir(out):
+        raise ConfigError(f"{out} is not a folder; give a new or empty folder for the synthetic dataset")
+    names = sorted(os.listdir(out))
+    if not names:
+        return
+    try:
+        with open(os.path.join(out, "synth.json"), "rb") as f:
+            if isinstance(json.loads(f.read(1 << 20)), dict):
+                return
+    except (OSError, ValueError):
+        pass
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise ConfigError(f"{out} holds {shown} and no synth.json, so it is not an earlier gpufeed synth output: "
+                      "synthetic data takes the real dataset's file names and would overwrite yours; give a new or "
+                      "empty folder")
+
+
 def synth_imagenet(out: str, classes: int = 10, per_class: int = 20, val_per_class: int = 5, seed: int = 0,
                    layout: str = "tree", bad_files: bool = True) -> dict:
     """Write a small ILSVRC2012 into ``out``; returns (and writes as ``synth.json``) what was written."""
@@ -246,6 +269,7 @@ def synth_imagenet(out: str, classes: int = 10, per_class: int = 20, val_per_cla
         raise ConfigError(f"layout must be one of {LAYOUTS}, not {layout!r}")
     if classes < 1 or per_class < 1 or val_per_class < 0:
         raise ConfigError("imagenet synth needs classes >= 1, per_class >= 1 and val_per_class >= 0")
+    _fresh_or_ours(out)
     rng = np.random.default_rng([seed, 0])
     wnids = _wnids(rng, classes)
     texts = [_words(rng) for _ in wnids]
@@ -393,6 +417,7 @@ def _cifar(out: str, fine_names, coarse_names, per_class: int, test_per_class: i
     unknown = set(forms) - set(CIFAR_FORMS)
     if unknown or not forms:
         raise ConfigError(f"CIFAR forms must be among {CIFAR_FORMS}, not {forms!r}")
+    _fresh_or_ours(out)
     hundred = coarse_names is not None
     lay = CIFAR_LAYOUTS["cifar100" if hundred else "cifar10"]
     k = len(fine_names)
@@ -490,6 +515,7 @@ def synth_ptb(out: str, train_tokens: int = 50_000, vocab: int = 2_000, seed: in
     """
     if vocab < 10 or train_tokens < 100:
         raise ConfigError("ptb synth needs vocab >= 10 and train_tokens >= 100")
+    _fresh_or_ours(out)
     rng = np.random.default_rng([seed, 200])
     words = ["the", "<unk>", "N", *_vocabulary(rng, vocab - 3)]
     ranks = np.arange(1, len(words) + 1, dtype=np.float64)

@@ -188,3 +188,40 @@ def test_cli(tmp_path, capsys):
     assert synth.run(parser.parse_args(["cifar100", str(tmp_path / "c"), "--per-class", "1", "--forms", "binary"])) == 0
     assert sorted(os.listdir(tmp_path / "c")) == ["cifar-100-binary", "synth.json"]
     assert synth.run(parser.parse_args(["ptb", str(tmp_path / "p"), "--tokens", "300", "--vocab", "40"])) == 0
+
+
+@pytest.mark.parametrize("dataset, name", [("imagenet", "ILSVRC2012_img_train.tar"),
+                                           ("cifar10", "cifar-10-python.tar.gz"),
+                                           ("ptb", "simple-examples.tgz")])
+def test_synth_never_writes_over_a_users_dataset(tmp_path, dataset, name):
+    """Synthetic data takes the real datasets' file names: a folder holding anything but an earlier synth output
+    (its synth.json) is refused, and the user's file is untouched; an earlier synth output is written again."""
+    from gpufeed.errors import ConfigError
+
+    make = {"imagenet": lambda out: synth.synth_imagenet(out, classes=2, per_class=1, val_per_class=1,
+                                                         layout="archives", bad_files=False),
+            "cifar10": lambda out: synth.synth_cifar10(out, per_class=1, test_per_class=1, forms=("targz",)),
+            "ptb": lambda out: synth.synth_ptb(out, train_tokens=200, vocab=20)}[dataset]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / name).write_bytes(b"the real dataset")
+    with pytest.raises(ConfigError, match=f"{re.escape(str(mine))} holds {re.escape(name)} and no synth.json, so it "
+                                          "is not an earlier gpufeed synth output"):
+        make(str(mine))
+    assert os.listdir(mine) == [name] and (mine / name).read_bytes() == b"the real dataset"
+    ours = str(tmp_path / "ours")
+    first = make(ours)
+    assert make(ours) == first  # an earlier output of synth's own is written again, to the same bytes
+
+
+def test_demo_refuses_a_source_folder_holding_a_users_files(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "LOC_synset_mapping.txt").write_text("my classes\n")
+    proc = subprocess.run([sys.executable, "-m", "gpufeed", "demo", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "no synth.json, so it is not an earlier gpufeed synth output" in proc.stderr
+    assert (tmp_path / "src" / "LOC_synset_mapping.txt").read_text() == "my classes\n"
+    assert not os.path.exists(tmp_path / "out")
