@@ -384,8 +384,7 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import Journal, remove_state
 
-    destination.check_state_dir(out)
-    destination.check_output_folders(out, options.formats)
+    destination.check_output_folders(out, options.formats)  # the state folder was checked once the lock was held
     events = Journal.peek(state_dir)
     if options.resume:
         Journal.check_options(events, out, options.output_key())

@@ -150,8 +150,7 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
         if path == keep or path in _owned or not _private_folder(path):
             continue
         if _REMOVING in name:  # a sweep that was stopped while it removed this one
-            size += _tree_bytes(path)
-            shutil.rmtree(path, ignore_errors=True)
+            size += _drop(path)
             removed += 1
             continue
         try:
@@ -178,8 +177,7 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
                 os.rename(path, gone)
             except OSError:
                 continue
-            size += _tree_bytes(gone)
-            shutil.rmtree(gone, ignore_errors=True)
+            size += _drop(gone)
             removed += 1
         finally:
             if fd is not None:
@@ -187,8 +185,8 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
     return removed, size
 
 
-def _tree_bytes(path: str) -> int:
-    """The bytes of the files in a spool folder (flat), 0 for one gone meanwhile."""
+def _drop(path: str) -> int:
+    """Remove a spool folder (flat); the bytes its files held, 0 for one gone meanwhile."""
     total = 0
     try:
         with os.scandir(path) as entries:
@@ -199,6 +197,7 @@ def _tree_bytes(path: str) -> int:
                     pass
     except OSError:
         pass
+    shutil.rmtree(path, ignore_errors=True)
     return total
 
 

@@ -123,20 +123,12 @@ class DestinationLock:
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 # Never through a link: opening one would create or lock whatever it names, outside DST.
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+                f = _own_file(path, os.O_RDWR | os.O_CREAT, "a+b", "where gpufeed keeps the destination's lock")
+            except DestinationError:
+                raise
             except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise DestinationError(f"{path}: a symlink, where gpufeed keeps the destination's lock; move "
-                                           "it away, or choose another destination") from None
                 raise OutputError(f"{path}: cannot create the destination's lock file ({e.strerror}); check "
                                   f"that {out} is writable, or choose another destination") from e
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
-                os.close(fd)
-                raise DestinationError(f"{path}: not a file of gpufeed's own (a FIFO, a device, or a file linked "
-                                       "elsewhere), where gpufeed keeps the destination's lock; move it away, or "
-                                       "choose another destination")
-            f = open(fd, "a+b")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
@@ -160,22 +152,23 @@ class DestinationLock:
             self._f = None
 
 
-def _state_file(path: str, flags: int, mode: str):
-    """``path`` in the state folder opened as a file object: never through a symlink, and only a file of one link
-    (:func:`gpufeed.convert.destination.check_state_dir` refuses anything else there before a run reads it; this
-    holds for what is put there meanwhile)."""
+def _own_file(path: str, flags: int, mode: str, where: str = "inside gpufeed's conversion state"):
+    """``path``, a file gpufeed keeps (``where``: the lock beside the state folder, or a file in it), opened as a
+    file object: never through a symlink, and only a file of one link; anything else is a
+    :class:`DestinationError` naming it. (:func:`gpufeed.convert.destination.check_state_dir` refuses anything
+    else in the state folder before a run reads it; this holds for what is put there meanwhile.)"""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise DestinationError(f"{path}: a symlink inside gpufeed's conversion state, which gpufeed never makes "
-                                   "there; move it away, or choose another destination") from None
+            raise DestinationError(f"{path}: a symlink, {where}; move it away, or choose another destination") \
+                from None
         raise
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
         os.close(fd)
         raise DestinationError(f"{path}: not a file of gpufeed's own (a FIFO, a device, or a file linked elsewhere), "
-                               "inside gpufeed's conversion state; move it away, or choose another destination")
+                               f"{where}; move it away, or choose another destination")
     os.set_blocking(fd, True)  # non-blocking only so that opening a FIFO could not hang
     return open(fd, mode)
 
@@ -206,7 +199,7 @@ class Journal:
             j._reset()
         cls.check_options(j.events, out, key)
         start = next((e for e in j.events if e["event"] == "start"), None)
-        j._f = _state_file(j.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab")
+        j._f = _own_file(j.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab")
         if start is None:
             j.events = []
             j.append({"event": "start", "version": JOURNAL_VERSION, "options": key})
@@ -235,7 +228,7 @@ class Journal:
 
     def _load(self, truncate: bool = True) -> list[dict]:
         try:
-            with _state_file(self.path, os.O_RDONLY, "rb") as f:
+            with _own_file(self.path, os.O_RDONLY, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return []
@@ -248,7 +241,7 @@ class Journal:
             good += len(line) + 1
         events = [e for e in events if isinstance(e, dict)]
         if good < len(data) and truncate:
-            with _state_file(self.path, os.O_RDWR, "r+b") as f:
+            with _own_file(self.path, os.O_RDWR, "r+b") as f:
                 f.truncate(good)
         return events
 
