@@ -118,7 +118,9 @@ def load_dataset_info(out: str, split: str | None = None, described: bool = True
 
     path = os.path.join(out, MANIFEST)
     if described and os.path.exists(path):
-        with open(path) as fh:
+        from gpufeed import io
+
+        with io.open_file(path) as fh:  # a regular file only: a FIFO there blocked `bench read`
             return json.load(fh)
     from gpufeed.convert import manifest as convert_manifest
 

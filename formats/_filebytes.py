@@ -167,7 +167,7 @@ def random_read_fd(path: str) -> int:
     disk's speed lost where it was the limit. Its own descriptor, because the hint holds for an open file, and
     the same file's sequential scans (its memory map, opened ``MADV_SEQUENTIAL``) keep their read-ahead. Hints
     of the ranges a batch needs (:func:`advise_will_need`) still start those reads at once."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = io.open_fd(path)
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     return fd

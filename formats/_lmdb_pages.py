@@ -220,7 +220,9 @@ def copy_compacted(env, data_path: str, psize: int) -> tuple[np.ndarray, str]:
 def verify_pages(data_path: str, pages_path: str, psize: int) -> None:
     """Check the B-tree pages of ``data_path`` against their CRCs in ``pages_path`` (:data:`PAGE_DTYPE`)
     before LMDB maps the file and follows them."""
-    pages = np.fromfile(pages_path, PAGE_DTYPE)
+    with gio.open_file(pages_path) as f:  # a regular file only: a FIFO there blocked the reader
+        data = f.read()
+    pages = np.frombuffer(data, PAGE_DTYPE, len(data) // PAGE_DTYPE.itemsize)
     pgnos, crcs = pages["pgno"].tolist(), pages["crc"].tolist()
     with open(data_path, "rb") as f:
         fd = f.fileno()

@@ -174,6 +174,25 @@ class Writer(abc.ABC):
     format: ClassVar["Format"]
 
 
+#: What a reader says to do about an output file that is missing, or is no file.
+CONVERT_AGAIN = "convert the dataset again or fix the path"
+
+
+def require_output(path: str, fix: str = CONVERT_AGAIN) -> None:
+    """Before a reader opens the output file ``path``: :class:`~gpufeed.errors.ShardNotFound` where nothing is
+    there, :class:`~gpufeed.errors.NotAFileError` where a FIFO, device, socket or folder is (links followed;
+    opened, a FIFO blocked the reader without end and ``/dev/zero`` read without end)."""
+    from gpufeed import io
+    from gpufeed.errors import ShardNotFound
+
+    if io.is_local(path):
+        if io.regular_file_size(io.local_path(path), fix) is not None:
+            return
+    elif io.exists(path):
+        return
+    raise ShardNotFound(path, fix)
+
+
 class Reader(abc.ABC):
     """Reads one output back. Indexed formats support ``len`` and ``reader[i]``; all support iteration.
 

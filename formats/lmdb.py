@@ -47,7 +47,8 @@ from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputErr
 from gpufeed.formats import _lmdb_pages, naming
 from gpufeed.formats.atomic import replace_dir
 from gpufeed.formats._filebytes import advise_will_need, position, random_read_fd
-from gpufeed.formats.base import PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer
+from gpufeed.formats.base import (PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
+                                  require_output)
 from gpufeed.formats.caffe_datum import KEY_DIGITS, decode_datum, encode_datum, make_key, split_key
 
 #: Bump when the layout of keys, values or side files changes; readers refuse newer versions.
@@ -103,7 +104,7 @@ def _sha256(path: str) -> str:
 
 def _read_sidecar(directory: str) -> dict | None:
     try:
-        with open(os.path.join(directory, SIDECAR), "rb") as f:
+        with gio.open_file(os.path.join(directory, SIDECAR), "rb") as f:
             meta = json.load(f)
     except FileNotFoundError:
         return None
@@ -511,8 +512,7 @@ class LMDBReader(Reader):
                               f"from its folder, {os.path.dirname(path)}")
         self.readahead = readahead
         self.data_path = os.path.join(self.path, DATA)
-        if not os.path.exists(self.data_path):
-            raise ShardNotFound(self.data_path, "run `gpufeed convert` to create the LMDB, or check the path")
+        require_output(self.data_path, "run `gpufeed convert` to create the LMDB, or check the path")
         self.meta = _read_sidecar(self.path)
         if self.meta and self.meta.get("state") != "complete":
             raise IncompleteOutputError(f"{self.path}: an unfinished LMDB; rerun the conversion with --resume")
@@ -602,7 +602,10 @@ class LMDBReader(Reader):
         if not name or not self._len:
             return None
         path = os.path.join(self.path, name)
-        count = os.path.getsize(path) // dtype.itemsize
+        size = gio.regular_file_size(path, "rewrite it with `gpufeed convert`")
+        if size is None:
+            raise ShardNotFound(path, "rewrite it with `gpufeed convert`")
+        count = size // dtype.itemsize
         if count != self._len:
             raise IncompleteOutputError(f"{self.path}: {name} lists {count} records, the LMDB {self._len}; "
                                         "rewrite it with `gpufeed convert`")

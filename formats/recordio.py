@@ -40,7 +40,7 @@ from gpufeed.errors import ConfigError, CorruptRecordError, InputError, RecordTo
 from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, ViewCursor, position
 from gpufeed.formats.base import (PER_SHARD, PER_SPLIT, EncodedRecord, Format, Reader, Sample, WrittenFile, Writer,
-                                  label_key)
+                                  label_key, require_output)
 
 #: dmlc's ``RecordIOWriter::kMagic``; little-endian on disk like every other field.
 MAGIC = 0xCED7230A
@@ -546,8 +546,7 @@ class RecordIOReader(Reader):
 
     def __init__(self, path: str, verify: bool = True, use_mmap: bool = True):
         self.path = os.fspath(path)
-        if not exists(self.path):
-            raise ShardNotFound(self.path, "convert the dataset again or fix the path")
+        require_output(self.path)
         for side in (".idx", ".lst"):  # read as records, either would look damaged from its first byte
             if self.path.endswith(side) and exists(self.path[:-len(side)] + ".rec"):
                 raise ConfigError(f"{self.path} is the {side} file of {self.path[:-len(side)]}.rec, not a RecordIO "

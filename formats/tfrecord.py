@@ -37,7 +37,8 @@ from gpufeed.formats.proto import tf_example_pb2 as example_pb2
 from gpufeed.errors import ConfigError, CorruptRecordError, GpufeedError, InputError, ShardNotFound
 from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
+from gpufeed.formats.base import (EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, require_output,
+                                  sniff_image_format)
 from gpufeed import io
 
 #: Record header: payload length and the masked CRC-32C of those 8 length bytes.
@@ -378,8 +379,7 @@ class TFRecordReader(Reader):
 
     def __init__(self, path: str, compression: str | None = None, verify: bool = True, use_mmap: bool = True):
         self.path = os.fspath(path)
-        if not exists(self.path):
-            raise ShardNotFound(self.path, "convert the dataset again or fix the path")
+        require_output(self.path)
         if self.path.endswith(".idx") and exists(self.path[:-len(".idx")]):  # read as records: "damaged"
             raise ConfigError(f"{self.path} is the DALI index of {self.path[:-len('.idx')]}, not a TFRecord "
                               "file; read that")

@@ -33,7 +33,8 @@ from gpufeed import io
 from gpufeed.errors import ConfigError, CorruptRecordError, InputError, ShardNotFound
 from gpufeed.formats.atomic import AtomicFile, commit_all, exists
 from gpufeed.formats._filebytes import ByteSource, position
-from gpufeed.formats.base import EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, sniff_image_format
+from gpufeed.formats.base import (EncodedRecord, Format, Reader, Sample, WrittenFile, Writer, require_output,
+                                  sniff_image_format)
 
 BLOCK = 512
 #: The end-of-archive marker: two zero blocks.
@@ -273,8 +274,7 @@ class WebDatasetReader(Reader):
     def __init__(self, path: str, use_mmap: bool = True, verify: bool = True):
         self.path = str(path)
         self.verify = verify  # False skips each sample's CRC-32C (never the tar headers): for comparing costs only
-        if not exists(self.path):
-            raise ShardNotFound(self.path, "convert the dataset again or fix the path")
+        require_output(self.path)
         if self.path.endswith(".idx") and exists(self.path[:-len(".idx")]):
             raise ConfigError(f"{self.path} is the DALI index of {self.path[:-len('.idx')]}, not a shard; read that")
         self._src = ByteSource(self.path, None, use_mmap)

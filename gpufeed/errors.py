@@ -99,6 +99,21 @@ class ShardNotFound(GpufeedError, FileNotFoundError):
         return f"{self.path}: missing" + (f"; {self.fix}" if self.fix else "")
 
 
+class NotAFileError(GpufeedError, OSError):
+    """What is at a file's path (links followed) is no regular file: a FIFO, a device, a socket, a folder.
+    ``kind`` names it ("a FIFO (named pipe)"); ``fix`` says what to do where the caller knows better than the
+    default (a reader of outputs: convert again)."""
+
+    def __init__(self, path, kind, fix=None):
+        super().__init__(path, kind, fix)
+        self.path, self.kind, self.fix = str(path), kind, fix
+        self.filename = self.path
+
+    def __str__(self):
+        return (f"{self.path}: is {self.kind}, not a regular file; "
+                f"{self.fix or 'put the file in its place (a link to a file works), or remove it and rerun what writes it'}")
+
+
 class CorruptRecordError(GpufeedError, ValueError):
     """A record that fails its checks: ``CorruptRecordError(path, record_index, byte_offset, reason)``.
 

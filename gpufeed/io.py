@@ -14,10 +14,14 @@ Memory-mapped reads (LMDB) bypass ``read()``: their readers call :func:`charge` 
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import shutil
+import stat
 from typing import IO
+
+from gpufeed.errors import NotAFileError
 
 ENV_VAR = "GPUFEED_TIER_STATE"
 HOOK_VAR = "GPUFEED_TIER_HOOK"
@@ -72,12 +76,71 @@ def charge(nbytes: int, write: bool = False) -> None:
         t.charge(nbytes, write=write)
 
 
+#: What else than a regular file can be at a path, as errors name it.
+NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, as errors name it ("a FIFO (named pipe)", "a regular file", ...)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((kind for test, kind in NOT_FILES if test(mode)), "a special file")
+
+
+def regular_file_size(path: str, fix: str | None = None) -> int | None:
+    """The size of the local file ``path`` (links followed), ``None`` where nothing is there (a link to nothing
+    too); :class:`~gpufeed.errors.NotAFileError` (with ``fix``) where something else than a regular file is."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise NotAFileError(path, kind_of(st.st_mode), fix)
+    return st.st_size
+
+
+def open_fd(path: str, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of the local file ``path`` (links followed) opened with ``flags``, only where it is a regular
+    file: opened without blocking (a FIFO's open waits for a writer; a reader of one waited without end, and
+    ``/dev/zero`` reads without end), then checked with ``fstat``, so what is read is what was checked (no race
+    between a look and the open). :class:`~gpufeed.errors.NotAFileError` for a FIFO, device or socket,
+    ``IsADirectoryError`` for a folder."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a socket (or a FIFO opened for writing with no reader)
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise e from None
+            if not stat.S_ISREG(mode):
+                raise NotAFileError(path, kind_of(mode)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise NotAFileError(path, kind_of(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+#: ``open_file`` modes that open an existing file's bytes.
+_EXISTING = ("rb", "r+b", "rb+")
+
+
 def open_file(path: str, mode: str = "rb", buffering: int = -1) -> IO[bytes]:
-    """Open ``path`` (local path or fsspec URL) in binary ``mode``, throttled when a tier is active."""
+    """Open ``path`` (local path or fsspec URL) in binary ``mode``, throttled when a tier is active. A local file
+    opened to read is opened only where it is a regular file (:func:`open_fd`)."""
     if "b" not in mode:
         raise ValueError(f"gpufeed opens data files in binary mode, not {mode!r}")
     if is_local(path):
-        f = open(local_path(path), mode, buffering=buffering)
+        f = open(local_path(path), mode, buffering=buffering, opener=open_fd if mode in _EXISTING else None)
     else:
         fs, p = url_to_fs(path)
         f = fs.open(p, mode)

@@ -29,8 +29,8 @@ import posixpath
 import stat
 from collections.abc import Sequence
 
-from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
-from gpufeed.io import is_local, local_path, open_file
+from gpufeed.errors import ConfigError, InputError, LabelError, NotAFileError, SourceNotFound
+from gpufeed.io import is_local, kind_of, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
 from gpufeed.pipelines.base import (ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key,
                                     keys_of)
@@ -82,8 +82,6 @@ def open_source(dataset: str, src: str, *, on_error: str = "fail", **options):
 #: The largest input file gpufeed reads (ImageNet's largest JPEG is ~15 MB): a larger one is refused by
 #: its size, before any of it is read, so a link to a device or a huge file cannot fill a worker's memory.
 MAX_INPUT_BYTES = 1 << 30
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
 _SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
 
 
@@ -140,8 +138,7 @@ def _dataset_file_mode(path: str) -> int | None:
 
 def _not_a_dataset_file(path: str, mode: int) -> InputError:
     """A file a source reads by name (a tar, a class list, a CIFAR batch) that is something else."""
-    kind = next((k for test, k in _SPECIAL if test(mode)), "not a regular file")
-    return InputError(path, f"is {kind}, where the dataset's file of that name goes",
+    return InputError(path, f"is {kind_of(mode)}, where the dataset's file of that name goes",
                       "replace it with the file, or remove it")
 
 
@@ -156,14 +153,15 @@ def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
                              f"restore it, or {_SKIP_FIX.split(', or ')[1]}") from None
     except OSError as e:
         raise InputError(path, f"cannot be opened ({e.strerror})", _SKIP_FIX) from None
-    for test, kind in _SPECIAL:
-        if test(st.st_mode):
-            raise InputError(path, f"is {kind}, not a regular file", _SKIP_FIX)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(path, f"is {kind_of(st.st_mode)}, not a regular file", _SKIP_FIX)
     if st.st_size > max_bytes:
         raise InputError(path, f"is {st.st_size} bytes, more than the {max_bytes} an input may have", _SKIP_FIX)
     try:
-        with open_file(path) as f:
+        with open_file(path) as f:  # (which checks again what it opened: the file may have been replaced since)
             data = f.read(st.st_size + 1)  # one byte more: a file still growing is noticed
+    except NotAFileError as e:
+        raise InputError(path, f"is {e.kind}, not a regular file", _SKIP_FIX) from None
     except OSError as e:
         raise InputError(path, f"cannot be read ({e.strerror or e})", _SKIP_FIX) from None
     if len(data) != st.st_size:

@@ -1,0 +1,179 @@
+"""A FIFO, a device, a socket or a folder where gpufeed reads a file is refused at once, naming the path, what is
+there and the fix. Opened as files, a FIFO made every reader wait for a writer without end (the readers, `gpufeed
+bench read`, the loader) and a link to /dev/zero read without end; the LMDB reader called a FIFO data.mdb a
+truncated file. Each check runs in a forked child (tests/forked.py), which fails the test if it hangs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from forked import in_child
+
+from gpufeed import io
+from gpufeed.bench.dataset import build_dataset, load_dataset_info
+from gpufeed.errors import InputError, NotAFileError
+from gpufeed.formats import get_format
+from gpufeed.pipelines.sources import read_local_file
+
+FORMATS = ("recordio", "lmdb", "tfrecord", "webdataset")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("special") / "ds"
+    build_dataset(str(out), FORMATS, n=12, workers=1, resize=32, shards=1)
+    return out
+
+
+def _reader_path(out, fmt: str) -> str:
+    """Where the reader of ``fmt`` is pointed in ``out`` (its one train shard or split)."""
+    return str(out / load_dataset_info(str(out))["formats"][fmt]["relpaths"][0])
+
+
+def _copy(built, tmp_path):
+    out = tmp_path / "ds"
+    shutil.copytree(built, out)
+    return out
+
+
+def _plant(path: str, what: str) -> None:
+    """Put ``what`` where the file ``path`` was."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "zero":
+        os.symlink("/dev/zero", path)
+    elif what == "dir":
+        os.mkdir(path)
+    elif what == "socket":
+        here = os.getcwd()
+        os.chdir(os.path.dirname(path))  # a socket's path has a length limit that the test folders pass
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(os.path.basename(path))
+            s.close()
+        finally:
+            os.chdir(here)
+
+
+KIND = {"fifo": "a FIFO (named pipe)", "zero": "a character device", "dir": "a directory", "socket": "a socket"}
+
+
+def _read_whole(fmt: str, path: str) -> None:
+    reader = get_format(fmt).reader(path)
+    len(reader)
+    reader[0]
+    list(reader)
+
+
+def _refused(fmt: str, reader_path: str, planted: str, what: str, fix: str) -> None:
+    with pytest.raises(NotAFileError) as e:
+        _read_whole(fmt, reader_path)
+    assert e.value.path == planted and str(e.value).startswith(f"{planted}: is {KIND[what]}, not a regular file; ")
+    assert fix in str(e.value)
+
+
+@pytest.mark.parametrize("what", ["fifo", "zero", "socket", "dir"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_reader_refuses_what_is_no_file_at_its_data_file(built, tmp_path, fmt, what):
+    out = _copy(built, tmp_path)
+    path = _reader_path(out, fmt)
+    data = get_format(fmt).output_files(path)[0]
+    _plant(data, what)
+    fix = "run `gpufeed convert`" if fmt == "lmdb" else "convert the dataset again or fix the path"
+    in_child(_refused, fmt, path, data, what, fix, timeout=30)
+
+
+#: The files beside each format's data file, by position in its ``output_files`` (1 on).
+SIDE_FILES = [(fmt, k) for fmt, n in (("recordio", 3), ("lmdb", 4), ("tfrecord", 1), ("webdataset", 1))
+              for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("what", ["fifo", "zero"])
+@pytest.mark.parametrize("fmt,k", SIDE_FILES)
+def test_a_reader_refuses_what_is_no_file_at_a_file_beside_its_data(built, tmp_path, fmt, k, what):
+    out = _copy(built, tmp_path)
+    path = _reader_path(out, fmt)
+    side = get_format(fmt).output_files(path)[k]
+    _plant(side, what)
+    in_child(_refused, fmt, path, side, what, "", timeout=30)
+
+
+def test_bench_read_stops_at_a_fifo_naming_it(built, tmp_path):
+    out = _copy(built, tmp_path)
+    data = _reader_path(out, "tfrecord")
+    _plant(data, "fifo")
+    r = subprocess.run([sys.executable, "-m", "gpufeed", "bench", "read", str(out), "--results",
+                        str(tmp_path / "r.jsonl"), "--formats", "tfrecord", "--max-seconds", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"gpufeed: error: {data}: is a FIFO (named pipe), not a regular file" in r.stderr
+
+
+def _loader_refuses(out: str, data: str) -> None:
+    import gpufeed
+
+    with pytest.raises(NotAFileError, match="is a FIFO"):
+        next(iter(gpufeed.loader(out, format="recordio", split="train", batch_size=4, decode="cpu", workers=0)))
+
+
+def test_the_loader_stops_at_a_fifo_naming_it(built, tmp_path):
+    out = _copy(built, tmp_path)
+    data = _reader_path(out, "recordio")
+    _plant(data, "fifo")
+    in_child(_loader_refuses, str(out), data, timeout=60)
+
+
+@pytest.mark.parametrize("what", ["fifo", "zero", "socket", "dir"])
+def test_open_file_opens_only_regular_files(tmp_path, what):
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    with io.open_file(str(link)) as f:  # a link to a file is a file
+        assert f.read() == b"x" and f.name == str(link)
+    _plant(str(path), what)
+
+    def check():
+        with pytest.raises(IsADirectoryError if what == "dir" else NotAFileError):
+            io.open_file(str(path)).close()
+        with pytest.raises(IsADirectoryError if what == "dir" else NotAFileError):
+            io.open_file(str(path), "r+b").close()
+
+    in_child(check, timeout=30)
+
+
+def _input_replaced_after_its_look(path: str) -> None:
+    # What read_local_file looked at (os.stat) was a file; what it then opens is a FIFO: the open checks again.
+    real_stat = os.stat
+    replaced = []
+
+    def stat_then_replace(p, *a, **kw):
+        st = real_stat(p, *a, **kw)
+        if str(p) == path and not replaced:
+            replaced.append(p)
+            os.remove(path)
+            os.mkfifo(path)
+        return st
+
+    os.stat = stat_then_replace
+    try:
+        with pytest.raises(InputError, match="is a FIFO \\(named pipe\\), not a regular file; remove it from the "
+                                             "source, or leave it out with --on-error skip"):
+            read_local_file(path)
+    finally:
+        os.stat = real_stat
+
+
+def test_an_input_replaced_by_a_fifo_after_its_look_is_an_input_error(tmp_path):
+    path = tmp_path / "x.JPEG"
+    path.write_bytes(b"\xff\xd8\xff" + bytes(100))
+    in_child(_input_replaced_after_its_look, str(path), timeout=30)
