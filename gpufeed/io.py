@@ -106,17 +106,23 @@ def open_fd(path: str, flags: int = os.O_RDONLY) -> int:
     ``/dev/zero`` reads without end), then checked with ``fstat``, so what is read is what was checked (no race
     between a look and the open). :class:`~gpufeed.errors.NotAFileError` for a FIFO, device or socket,
     ``IsADirectoryError`` for a folder."""
+    flags |= getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | os.O_NONBLOCK)
     except OSError as e:
-        if e.errno == errno.ENXIO:  # a socket (or a FIFO opened for writing with no reader)
-            try:
-                mode = os.stat(path).st_mode
-            except OSError:
-                raise e from None
-            if not stat.S_ISREG(mode):
-                raise NotAFileError(path, kind_of(mode)) from None
-        raise
+        if e.errno not in (errno.ENXIO, errno.EAGAIN, errno.EWOULDBLOCK):
+            raise
+        # ENXIO: a socket. EWOULDBLOCK: a file another process holds a lease on (a file server's, see open(2));
+        # its blocking open waits for the lease to be given up, as any reader's does.
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise e from None
+        if not stat.S_ISREG(mode):
+            raise NotAFileError(path, kind_of(mode)) from None
+        if e.errno == errno.ENXIO:
+            raise
+        fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
