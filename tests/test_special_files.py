@@ -177,3 +177,35 @@ def test_an_input_replaced_by_a_fifo_after_its_look_is_an_input_error(tmp_path):
     path = tmp_path / "x.JPEG"
     path.write_bytes(b"\xff\xd8\xff" + bytes(100))
     in_child(_input_replaced_after_its_look, str(path), timeout=30)
+
+
+def test_a_file_under_another_process_lease_is_read_once_the_lease_is_given_up(tmp_path):
+    import fcntl
+    import signal
+
+    path = tmp_path / "leased"
+    path.write_bytes(b"leased")
+    fd = os.open(path, os.O_RDONLY)
+    broken = []
+
+    def give_up(signum, frame):  # the kernel asks the holder to give its lease up (SIGIO)
+        broken.append(signum)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+
+    before = signal.signal(signal.SIGIO, give_up)
+    try:
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as e:
+            pytest.skip(f"no leases on this filesystem ({e})")
+        # A read lease conflicts with an open for writing: the child's open of the file to read and write.
+        in_child(_read_and_write_through_a_lease, str(path), timeout=60)
+        assert broken == [signal.SIGIO]
+    finally:
+        signal.signal(signal.SIGIO, before)
+        os.close(fd)
+
+
+def _read_and_write_through_a_lease(path: str) -> None:
+    with io.open_file(path, "r+b") as f:  # the open without waiting says EWOULDBLOCK; then it waits for the lease
+        assert f.read() == b"leased"
