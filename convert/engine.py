@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import shlex
 import threading
 import time
 from collections.abc import Sequence
@@ -475,7 +476,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     driver_writes = options.driver_writes or out.startswith("memory://")
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
-    window = WINDOW_PER_WORKER
+    window, memory = WINDOW_PER_WORKER, None
     if ordered and io.is_local(out) and options.address is None:
         _sweep_memory_spools(out, progress)
         # Every worker is on this machine: spools in memory, never written back to the disk.
@@ -606,7 +607,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         for st in splits.values():
             for sink in st.sinks.values():
                 sink.close()
-        _drop_leftovers(out, options.formats)
+        _drop_leftovers(out, options.formats, memory, progress)
         raise
     finally:
         if progress is not None:
@@ -626,24 +627,30 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
                           prepass_stats)
     except BaseException:
-        _drop_leftovers(out, options.formats)
+        _drop_leftovers(out, options.formats, memory, progress)
         raise
     summary.prepass_shards = prepass_shards
     return summary
 
 
-def _drop_leftovers(out: str, formats) -> None:
+def _drop_leftovers(out: str, formats, memory: str | None = None, progress=None) -> None:
     """A stopped run (an error, Ctrl-C) leaves no temporary file of a shard it cut short beside the outputs (a
-    task still running on Ray may yet write one; the rerun removes it). Its memory spools stay: they hold shards
-    converted and journalled, which its rerun takes instead of converting them again (up to the in-flight window:
-    5.4 GB, half of a 100,000-image run at 32 workers, results/killed-spools-h200x2.txt); the lock released, the
-    next run of another destination frees them (:func:`_sweep_memory_spools`)."""
+    task still running on Ray may yet write one; the rerun removes it). Its memory spools (``memory``) stay: they
+    hold shards converted and journalled, which its rerun takes instead of converting them again (up to the
+    in-flight window: 5.4 GB, half of a 100,000-image run at 32 workers, results/killed-spools-h200x2.txt); the lock
+    released, the next run of another destination frees them (:func:`_sweep_memory_spools`). With ``progress``,
+    it says how much memory they hold and how to free it without a rerun."""
     from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.convert.progress import size_text
 
     try:
         manifest_mod.remove_temporaries(out, formats)
     except Exception:
         pass  # the error being raised already says what went wrong first; the rerun removes them
+    if memory is not None and progress is not None and (size := sinks.folder_bytes(memory)):
+        progress.warn(f"{size_text(size)} of converted shards stay in memory in {memory} for the rerun, which "
+                      "takes them instead of converting them again; to free that memory without a rerun: "
+                      f"rm -r {shlex.quote(memory)}")
 
 
 def _sweep_memory_spools(out: str, progress) -> None:

@@ -44,12 +44,15 @@ class FileSizeLimit:
             resource.setrlimit(resource.RLIMIT_FSIZE, self.saved)
 
 
-def before_item(faults: dict | None, item) -> None:
-    """The ``delay_s`` and ``crash_on`` faults, before an input is converted."""
+def before_item(faults: dict | None, item, shard: int | None = None) -> None:
+    """The ``delay_s``, ``stall_shard`` (``[shard, seconds]``: each input of that shard that much slower) and
+    ``crash_on`` faults, before an input of ``shard`` is converted."""
     if not faults:
         return
     if faults.get("delay_s"):
         time.sleep(faults["delay_s"])
+    if faults.get("stall_shard") and faults["stall_shard"][0] == shard:
+        time.sleep(faults["stall_shard"][1])
     crash_on = faults.get("crash_on")
     if crash_on and item.origin.endswith(crash_on):
         import signal

@@ -100,7 +100,7 @@ class Progress:
             self._bar = None
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -146,7 +146,7 @@ def format_summary(summary, max_skipped: int = 20) -> str:
     if summary.complete and summary.seconds:
         # The whole run's rate (listing, start-up and finishing included): the progress bar's is the
         # converting phase's, so it reads higher.
-        lines.append(f"wrote {_size(summary.bytes_written)} in {summary.seconds:.1f} s from start to finish: "
+        lines.append(f"wrote {size_text(summary.bytes_written)} in {summary.seconds:.1f} s from start to finish: "
                      f"{summary.images_per_second:.0f} {unit}/s, "
                      f"{summary.bytes_written / summary.seconds / 1e6:.1f} MB/s over the whole run")
     norm = getattr(summary, "normalization", None) or {}

@@ -185,8 +185,8 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
     return removed, size
 
 
-def _drop(path: str) -> int:
-    """Remove a spool folder (flat); the bytes its files held, 0 for one gone meanwhile."""
+def folder_bytes(path: str) -> int:
+    """The bytes of the files in a flat folder (a spool folder's), 0 where it is gone."""
     total = 0
     try:
         with os.scandir(path) as entries:
@@ -197,6 +197,12 @@ def _drop(path: str) -> int:
                     pass
     except OSError:
         pass
+    return total
+
+
+def _drop(path: str) -> int:
+    """Remove a spool folder (flat); the bytes its files held, 0 for one gone meanwhile."""
+    total = folder_bytes(path)
     shutil.rmtree(path, ignore_errors=True)
     return total
 

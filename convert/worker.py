@@ -98,7 +98,7 @@ def _records(job: ShardJob, fmts, item, index, stats, data=None):
     Formats that store the same encoding share one sample; the input is read and transformed once per
     encoding (CIFAR's defaults differ per format, each ecosystem's own). Crashes on purpose under the
     ``crash_on`` test fault."""
-    faults.before_item(job.faults, item)
+    faults.before_item(job.faults, item, job.plan.shard)
     opts = job.image_options
     samples, records, encodes = {}, [], job.encodes or [opts.encode] * len(fmts)
     for fmt, encode in zip(fmts, encodes):
@@ -426,7 +426,7 @@ def stats_shard(job: ShardJob, items: list) -> dict:
     for index, item in zip(range(sp.start, sp.stop), items):
         if index in job.exclude:
             continue
-        faults.before_item(job.faults, item)
+        faults.before_item(job.faults, item, sp.shard)
         try:
             make_sample(item, opts, index, stats=stats)
         except INPUT_ERRORS:

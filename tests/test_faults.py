@@ -12,6 +12,7 @@ import re
 import shutil
 import resource
 import signal
+import subprocess
 import threading
 import time
 
@@ -682,12 +683,47 @@ def test_sigterm_stops_like_ctrl_c(src, tmp_path):
     children = _busy(proc, out)
     proc.send_signal(signal.SIGTERM)
     code, _, err = _finish(proc, timeout=30)
-    assert code == 143 and err.strip() == "gpufeed: terminated (SIGTERM); rerun the same command to resume", err
+    # (and a warning, where shards converted out of order were left waiting in memory: the test below)
+    said = [line for line in err.strip().splitlines() if "of converted shards stay in memory" not in line]
+    assert code == 143 and said == ["gpufeed: terminated (SIGTERM); rerun the same command to resume"], err
     assert _gone(children) == []
     from gpufeed.convert.sinks import memory_spool_dir
 
     assert _temporaries(out) == [] and _lock_free(memory_spool_dir(out))
     code, _, err = _finish(_local_run(src, out))
+    assert code == 0, err
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
+def test_a_stopped_run_says_what_memory_its_kept_spools_hold_and_its_advice_frees_it(src, tmp_path):
+    """Shard 0 stalled, later shards converted and journalled wait in memory for it to be appended before them:
+    a SIGTERM then leaves them for the rerun, and the run says how much memory they hold and how to free it
+    without one. Following that advice, the rerun converts them again, to the same bytes."""
+    import json
+
+    from gpufeed.convert.faults import TEST_FAULTS_ENV
+    from gpufeed.convert.progress import size_text
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    ref = tmp_path / "ref"
+    convert(options(src, ref, workers=1, shard_size=2))
+    out = str(tmp_path / "out")
+    env = dict(os.environ, **{TEST_FAULTS_ENV: json.dumps({"stall_shard": [0, 30]})})
+    proc = cli(cli_args(src, out, "--workers", "2", "--shard-size", "2"), env=env)
+    wait_for_shards(proc, out, 2, timeout=60)
+    assert proc.poll() is None, _finish(proc)
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=30)
+    assert code == 143, err
+    folder = memory_spool_dir(out)
+    kept = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
+    warning = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert warning == [f"warning: {size_text(kept)} of converted shards stay in memory in {folder} for the rerun, "
+                       "which takes them instead of converting them again; to free that memory without a rerun: "
+                       f"rm -r {folder}"], err
+    assert kept > 0 and err.splitlines()[-1] == "gpufeed: terminated (SIGTERM); rerun the same command to resume"
+    subprocess.run(["rm", "-r", folder], check=True)
+    code, _, err = _finish(cli(cli_args(src, out, "--workers", "2", "--shard-size", "2")))
     assert code == 0, err
     assert tree_bytes(out) == tree_bytes(ref)
 
