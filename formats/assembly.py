@@ -353,7 +353,7 @@ def copy_file(local: str, target: str, role: str, records: int) -> WrittenFile:
     makedirs(target.rsplit("/", 1)[0] if not io.is_local(target) else os.path.dirname(io.local_path(target)))
     out = AtomicFile(target, role)
     try:
-        with open(local, "rb") as src:
+        with open(local, "rb", opener=io.open_fd) as src:
             while chunk := src.read(8 << 20):
                 out.write(chunk)
     except OSError as e:
@@ -638,7 +638,7 @@ def append_file(src: str, dst) -> int:
     read and written; otherwise they stream through."""
     if io.is_local(src):
         dst.flush()
-        with open(io.local_path(src), "rb") as f:
+        with open(io.local_path(src), "rb", opener=io.open_fd) as f:  # (a FIFO planted there would block)
             size = os.fstat(f.fileno()).st_size
             done = kernel_copy(f.fileno(), dst.fileno(), size)
         dst.seek(0, os.SEEK_END)
@@ -758,7 +758,7 @@ class DirectAppend:
         :meth:`flush` returns; a failed write raises from there (or from a later :meth:`append`, which waits for
         the oldest writes when too many are queued)."""
         if io.is_local(src):
-            with open(io.local_path(src), "rb", buffering=0) as f:
+            with open(io.local_path(src), "rb", buffering=0, opener=io.open_fd) as f:
                 done = self._plan_local(f.fileno(), os.fstat(f.fileno()).st_size, src)
         else:
             with io.open_file(src, "rb") as f:

@@ -209,3 +209,24 @@ def test_a_file_under_another_process_lease_is_read_once_the_lease_is_given_up(t
 def _read_and_write_through_a_lease(path: str) -> None:
     with io.open_file(path, "r+b") as f:  # the open without waiting says EWOULDBLOCK; then it waits for the lease
         assert f.read() == b"leased"
+
+
+def _appends_refuse(spool: str, folder: str) -> None:
+    from gpufeed.formats.assembly import DirectAppend, append_file
+
+    with open(os.path.join(folder, "out.rec"), "w+b") as dst:
+        with pytest.raises(NotAFileError, match="is a FIFO"):
+            append_file(spool, dst)
+    direct = DirectAppend.open(os.path.join(folder, "out.rec"), 0)
+    if direct is not None:  # (a filesystem that takes O_DIRECT)
+        try:
+            with pytest.raises(NotAFileError, match="is a FIFO"):
+                direct.append(spool)
+        finally:
+            direct.close()
+
+
+def test_the_ordered_outputs_never_wait_on_a_fifo_among_the_spools(tmp_path):
+    spool = tmp_path / "train-recordio-00000.rec"
+    os.mkfifo(spool)
+    in_child(_appends_refuse, str(spool), str(tmp_path), timeout=30)
