@@ -21,10 +21,9 @@ import dataclasses
 import functools
 import os
 import posixpath
-import stat
 
 from gpufeed import io
-from gpufeed.convert.state import STATE_DIR as STATE
+from gpufeed.convert.state import STATE_DIR as STATE, linked
 from gpufeed.errors import DestinationError, UnsafeManifestError, rerun_command
 
 #: Shown at most this many of the files in the way (then a count).
@@ -124,8 +123,8 @@ def file_problem(url: str, entry: dict) -> str | None:
     kind = _kind(url)
     if kind is None:
         return "missing"
-    if kind != "file":
-        return f"a {kind}, not a file gpufeed wrote"
+    if kind != io.FILE:
+        return f"{kind}, not a file gpufeed wrote"
     parts = entry.get("parts") or ()
     size = io.file_size(url)
     if size == entry["bytes"]:  # else not read at all
@@ -145,25 +144,20 @@ def file_problem(url: str, entry: dict) -> str | None:
     return None
 
 
-_KINDS = ((stat.S_ISREG, "file"), (stat.S_ISDIR, "folder"), (stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"),
-          (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"))
-
-
 def _kind(url: str) -> str | None:
-    """``"file"``, ``"folder"``, ``"symlink"``, ``"FIFO"``, ``"device"``... for what is at ``url`` (not
-    followed, for a local path), or ``None`` when nothing is."""
+    """What is at ``url`` as :func:`gpufeed.io.kind_of` names it (``io.FILE``, ``io.FOLDER``, ``io.SYMLINK``,
+    "a FIFO (named pipe)"...; a local path's not followed), or ``None`` when nothing is."""
     if io.is_local(url):
         try:
-            mode = os.lstat(io.local_path(url)).st_mode
+            return io.kind_of(os.lstat(io.local_path(url)).st_mode)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return next((name for test, name in _KINDS if test(mode)), "special file")
     fs, p = io.url_to_fs(url)
     try:
         info = fs.info(p)
     except FileNotFoundError:
         return None
-    return "file" if info.get("type") == "file" else "folder"
+    return io.FILE if info.get("type") == "file" else io.FOLDER
 
 
 def _sha256(url: str, parts=()) -> tuple[int, list[str]]:
@@ -263,7 +257,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
     files, folders = {}, []  # relative path -> what is there (a listed file inside a folder in the way: once)
     for rel in sorted(set(rels)):
         kind = _kind(io.join(out, rel))
-        if kind == "folder" and _folder_output(rel):
+        if kind == io.FOLDER and _folder_output(rel):
             folders.append(rel)
             for child in io.listdir(io.join(out, rel)):
                 inside = f"{rel}/{child.rstrip('/').rsplit('/', 1)[-1]}"
@@ -283,9 +277,9 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
             if problems[rel] is not None:
                 refused.append(f"{rel}: changed since gpufeed wrote it ({problems[rel]})")
             continue
-        if kind == "file" and (rel in evidence.reserved or _temporary(rel) and (evidence.digests or evidence.reserved)):
+        if kind == io.FILE and (rel in evidence.reserved or _temporary(rel) and (evidence.digests or evidence.reserved)):
             continue
-        refused.append(f"{rel}: a {kind}, which gpufeed never writes" if kind != "file" else
+        refused.append(f"{rel}: {kind}, which gpufeed never writes" if kind != io.FILE else
                        f"{rel}: not listed by this destination's manifest.json or conversion journal")
     if refused:
         shown = "\n".join(f"  {line}" for line in refused[:_LISTED])
@@ -332,8 +326,8 @@ def check_state_dir(out: str) -> None:
     kind = _kind(url)
     if kind is None:
         return
-    if kind != "folder":
-        raise DestinationError(f"{url}: a {kind}, where gpufeed keeps a conversion's state; move it away, or "
+    if kind != io.FOLDER:
+        raise DestinationError(f"{url}: {kind}, where gpufeed keeps a conversion's state; move it away, or "
                                "choose another destination")
     if not io.is_local(url):
         return
@@ -348,15 +342,15 @@ def check_state_dir(out: str) -> None:
                 st = os.lstat(path)
             except FileNotFoundError:
                 continue
-            what = next((n for test, n in _KINDS if test(st.st_mode)), "special file")
-            if what == "file" and st.st_nlink > 1:
-                what = f"file with {st.st_nlink} links (hard-linked elsewhere)"
-            elif what in ("file", "folder"):
+            what = io.kind_of(st.st_mode)
+            if what == io.FILE and st.st_nlink > 1:
+                what = linked(st.st_nlink)
+            elif what in (io.FILE, io.FOLDER):
                 continue
             fix = (f"move {url} away (its journal is not gpufeed's), then rerun"
                    if path == os.path.join(top, "journal.jsonl")
                    else f"move it away, then start over: {rerun_command(('--no-resume',), ('--resume',))}")
-            raise DestinationError(f"{path}: a {what}, inside gpufeed's conversion state, where gpufeed makes only "
+            raise DestinationError(f"{path}: {what}, inside gpufeed's conversion state, where gpufeed makes only "
                                    f"folders and files of its own: something else changed {url}; {fix}")
 
 
@@ -378,6 +372,6 @@ def check_output_folders(out: str, formats) -> None:
                                    f"{name} output; gpufeed writes, and later removes, only inside {out}: make it a "
                                    "folder (or move it away), or choose a destination on the disk it points to")
         if not os.path.isdir(path):  # a symlink to a folder inside DST is one
-            kind = _kind(url) if not os.path.islink(path) else "symlink to nothing"
-            raise DestinationError(f"{url}: a {kind}, where gpufeed writes its {name} output folder; move it away, "
+            kind = _kind(url) if not os.path.islink(path) else f"{io.SYMLINK} to nothing"
+            raise DestinationError(f"{url}: {kind}, where gpufeed writes its {name} output folder; move it away, "
                                    "or choose another destination")

@@ -7,12 +7,10 @@ record count, SHA-256), class lists, normalisation statistics, skipped inputs wi
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import platform
-import stat
 import time
 
 import numpy as np
@@ -20,7 +18,7 @@ import numpy as np
 from gpufeed import __version__, io
 from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries, owned_split
-from gpufeed.errors import ConfigError
+from gpufeed.errors import ConfigError, NotAFileError
 from gpufeed.formats.atomic import AtomicFile
 from gpufeed.formats.naming import is_temp_name
 
@@ -53,17 +51,15 @@ def load(out: str) -> dict | None:
         except FileNotFoundError:
             return None
     try:
-        fd = os.open(io.local_path(url), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = io.open_fd(io.local_path(url), follow=False)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise NotAManifest("a symlink, which gpufeed never writes") from None
-        raise
+    except NotAFileError as e:
+        raise NotAManifest(f"{e.kind}, which gpufeed never writes") from None
+    except IsADirectoryError:
+        raise NotAManifest(f"{io.FOLDER}, which gpufeed never writes") from None
     with open(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAManifest("not a file (a FIFO or a device), which gpufeed never writes")
         if st.st_size > MAX_MANIFEST_BYTES:
             raise NotAManifest(f"{st.st_size} bytes, more than a gpufeed manifest ({MAX_MANIFEST_BYTES})")
         return json.loads(f.read(MAX_MANIFEST_BYTES + 1))

@@ -16,16 +16,15 @@ off one destination.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import stat
 import threading
 
-from gpufeed.errors import ConfigError, DestinationError, OutputError, rerun_command, write_fix
+from gpufeed import io
+from gpufeed.errors import ConfigError, DestinationError, NotAFileError, OutputError, rerun_command, write_fix
 from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
@@ -158,19 +157,20 @@ def _own_file(path: str, flags: int, mode: str, where: str = "inside gpufeed's c
     :class:`DestinationError` naming it. (:func:`gpufeed.convert.destination.check_state_dir` refuses anything
     else in the state folder before a run reads it; this holds for what is put there meanwhile.)"""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise DestinationError(f"{path}: a symlink, {where}; move it away, or choose another destination") \
-                from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        fd = io.open_fd(path, flags, follow=False)
+    except (NotAFileError, IsADirectoryError) as e:
+        kind = e.kind if isinstance(e, NotAFileError) else io.FOLDER
+        raise DestinationError(f"{path}: {kind}, {where}; move it away, or choose another destination") from None
+    links = os.fstat(fd).st_nlink
+    if links > 1:
         os.close(fd)
-        raise DestinationError(f"{path}: not a file of gpufeed's own (a FIFO, a device, or a file linked elsewhere), "
-                               f"{where}; move it away, or choose another destination")
-    os.set_blocking(fd, True)  # non-blocking only so that opening a FIFO could not hang
+        raise DestinationError(f"{path}: {linked(links)}, {where}; move it away, or choose another destination")
     return open(fd, mode)
+
+
+def linked(links: int) -> str:
+    """A file of ``links`` hard links, as messages name it."""
+    return f"a file with {links} links (hard-linked elsewhere)"
 
 
 class Journal:

@@ -76,16 +76,15 @@ def charge(nbytes: int, write: bool = False) -> None:
         t.charge(nbytes, write=write)
 
 
-#: What else than a regular file can be at a path, as errors name it.
-NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+#: What can be at a path, as messages name it (a symlink: where a path is looked at without following links).
+FILE, FOLDER, SYMLINK = "a file", "a folder", "a symlink"
+KINDS = ((stat.S_ISREG, FILE), (stat.S_ISDIR, FOLDER), (stat.S_ISLNK, SYMLINK), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def kind_of(mode: int) -> str:
-    """What a file of ``mode`` is, as errors name it ("a FIFO (named pipe)", "a regular file", ...)."""
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    return next((kind for test, kind in NOT_FILES if test(mode)), "a special file")
+    """What a file of ``mode`` is, as messages name it: :data:`FILE`, :data:`FOLDER`, "a FIFO (named pipe)"..."""
+    return next((kind for test, kind in KINDS if test(mode)), "a special file")
 
 
 def regular_file_size(path: str, fix: str | None = None) -> int | None:
@@ -100,35 +99,38 @@ def regular_file_size(path: str, fix: str | None = None) -> int | None:
     return st.st_size
 
 
-def open_fd(path: str, flags: int = os.O_RDONLY) -> int:
-    """A descriptor of the local file ``path`` (links followed) opened with ``flags``, only where it is a regular
-    file: opened without blocking (a FIFO's open waits for a writer; a reader of one waited without end, and
-    ``/dev/zero`` reads without end), then checked with ``fstat``, so what is read is what was checked (no race
-    between a look and the open). :class:`~gpufeed.errors.NotAFileError` for a FIFO, device or socket,
-    ``IsADirectoryError`` for a folder."""
-    flags |= getattr(os, "O_CLOEXEC", 0)
+def open_fd(path: str, flags: int = os.O_RDONLY, follow: bool = True, mode: int = 0o644) -> int:
+    """A descriptor of the local file ``path`` opened with ``flags`` (``mode`` where it creates the file), only
+    where it is a regular file: opened without blocking (a FIFO's open waits for a writer; a reader of one waited
+    without end, and ``/dev/zero`` reads without end), then checked with ``fstat``, so what is read is what was
+    checked (no race between a look and the open); through a symlink only with ``follow``.
+    :class:`~gpufeed.errors.NotAFileError` for a FIFO, device, socket (or symlink), ``IsADirectoryError`` for a
+    folder."""
+    flags |= getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags | os.O_NONBLOCK)
+        fd = os.open(path, flags | os.O_NONBLOCK, mode)
     except OSError as e:
+        if e.errno == errno.ELOOP and not follow and os.path.islink(path):
+            raise NotAFileError(path, SYMLINK) from None
         if e.errno not in (errno.ENXIO, errno.EAGAIN, errno.EWOULDBLOCK):
             raise
         # ENXIO: a socket. EWOULDBLOCK: a file another process holds a lease on (a file server's, see open(2));
         # its blocking open waits for the lease to be given up, as any reader's does.
         try:
-            mode = os.stat(path).st_mode
+            found = (os.stat if follow else os.lstat)(path).st_mode
         except OSError:
             raise e from None
-        if not stat.S_ISREG(mode):
-            raise NotAFileError(path, kind_of(mode)) from None
+        if not stat.S_ISREG(found):
+            raise NotAFileError(path, kind_of(found)) from None
         if e.errno == errno.ENXIO:
             raise
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, mode)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        found = os.fstat(fd).st_mode
+        if stat.S_ISDIR(found):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if not stat.S_ISREG(mode):
-            raise NotAFileError(path, kind_of(mode))
+        if not stat.S_ISREG(found):
+            raise NotAFileError(path, kind_of(found))
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -159,7 +159,7 @@ def test_verify_never_opens_what_a_manifest_points_outside_or_a_special_file(fin
     shard = next(p for p in (finished / "tfrecord").iterdir() if "." not in p.name)
     shard.unlink()
     os.mkfifo(shard)
-    with pytest.raises(IncompleteOutputError, match=f"{shard.name}: a FIFO, not a file gpufeed wrote"):
+    with pytest.raises(IncompleteOutputError, match=f"{shard.name}: a FIFO \\(named pipe\\), not a file gpufeed wrote"):
         verify(str(finished))
     assert time.monotonic() - t0 < 30
 
@@ -187,7 +187,7 @@ def test_a_manifest_that_is_no_file_gpufeed_writes_is_neither_read_nor_overwritt
             f.truncate(300 << 20)
     else:
         target.symlink_to("/dev/zero")
-    says = {"FIFO": "not a file (a FIFO or a device)", "300 MB file": "314572800 bytes, more than a gpufeed manifest",
+    says = {"FIFO": "a FIFO (named pipe), which gpufeed never writes", "300 MB file": "314572800 bytes, more than a gpufeed manifest",
             "symlink to /dev/zero": "a symlink, which gpufeed never writes"}[kind]
     signal.alarm(30)  # a hang fails the test instead of the suite
     try:
@@ -237,7 +237,7 @@ def test_a_format_folder_that_would_lead_outside_or_is_no_folder_stops_the_run_f
         says = f"{folder}: a symlink to nothing, where gpufeed writes its recordio output folder"
     else:
         os.mkfifo(folder)
-        says = f"{folder}: a FIFO, where gpufeed writes its recordio output folder"
+        says = f"{folder}: a FIFO (named pipe), where gpufeed writes its recordio output folder"
     before = sorted(os.listdir(out)), tree_bytes(elsewhere)
     with pytest.raises(DestinationError) as err:
         convert(options(src, out, **VAL))
@@ -288,12 +288,12 @@ def test_a_state_entry_that_leads_outside_stops_the_run_before_it_is_read_or_wri
     elif plant == "a FIFO in the state":
         at = state / "partial" / "notes"
         os.mkfifo(at)
-        says = f"{at}: a FIFO, inside gpufeed's conversion state"
+        says = f"{at}: a FIFO (named pipe), inside gpufeed's conversion state"
     else:
         at = out / ".gpufeed.lock"
         if plant == "lock a FIFO":
             os.mkfifo(at)
-            says = f"{at}: not a file of gpufeed's own (a FIFO"
+            says = f"{at}: a FIFO (named pipe), where gpufeed keeps the destination's lock"
         else:
             at.symlink_to(tmp_path / "created")
             says = f"{at}: a symlink, where gpufeed keeps the destination's lock"

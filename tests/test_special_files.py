@@ -64,7 +64,7 @@ def _plant(path: str, what: str) -> None:
             os.chdir(here)
 
 
-KIND = {"fifo": "a FIFO (named pipe)", "zero": "a character device", "dir": "a directory", "socket": "a socket"}
+KIND = {"fifo": "a FIFO (named pipe)", "zero": "a character device", "dir": "a folder", "socket": "a socket"}
 
 
 def _read_whole(fmt: str, path: str) -> None:
