@@ -1,6 +1,8 @@
 """A 64-worker run killed outright (SIGKILL) at node scale: the memory its spools hold in /dev/shm afterwards,
 the next run of another destination freeing them (its line), and the killed run's rerun finishing to a
-destination `gpufeed verify` passes (scripts/killed_spools.sh runs it on the GPU machine).
+destination `gpufeed verify` passes (scripts/killed_spools.sh runs it on the GPU machine). With ``--signal term``
+the run is stopped as a scheduler stops it (SIGTERM): what it says its spools hold against what they hold, its
+advice to free them followed (``rm -r``), and the rerun, which then converts those shards again.
 
     python3 scripts/killed_spools.py --n 100000 --workers 64 --results OUT/killed-spools.jsonl
 """
@@ -51,6 +53,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--formats", default="recordio,lmdb")
     p.add_argument("--kill-after", type=float, default=0.5, help="of the planned shards journalled")
+    p.add_argument("--signal", choices=("kill", "term"), default="kill")
     p.add_argument("--work", default="/tmp/gpufeed-killed")
     p.add_argument("--results")
     a = p.parse_args()
@@ -64,7 +67,7 @@ def main() -> None:
     killed, other = os.path.join(a.work, "killed"), os.path.join(a.work, "other")
     for d in (killed, other):
         shutil.rmtree(d, ignore_errors=True)
-    row = {"bench": "killed-spools", "n": a.n, "workers": a.workers, "formats": a.formats,
+    row = {"bench": "killed-spools", "n": a.n, "workers": a.workers, "formats": a.formats, "signal": a.signal,
            "spools_before": spool_bytes()}
     # 1. killed outright halfway
     t = time.perf_counter()
@@ -77,18 +80,26 @@ def main() -> None:
             break
         time.sleep(0.02)
     assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(signal.SIGKILL if a.signal == "kill" else signal.SIGTERM)
+    _, err = proc.communicate()
     time.sleep(1.0)  # its local processes see the driver's end and exit
     row.update(killed_after_s=round(time.perf_counter() - t, 2), shards_planned=shards,
                shards_journalled=journal_shards(killed), spools_left=spool_bytes())
-    # 2. another destination's run
-    t = time.perf_counter()
-    # with its progress lines, the sweep's among them
-    done = subprocess.run(command(src, other, a.workers, "recordio")[:-1], capture_output=True, text=True)
-    said = [line for line in done.stderr.splitlines() if "spool folder" in line]
-    row.update(other_rc=done.returncode, other_s=round(time.perf_counter() - t, 2), other_said=said,
-               spools_after_other=spool_bytes())
+    if a.signal == "term":
+        # 2. what the stopped run said, and its advice followed
+        row.update(stopped_rc=proc.returncode, stopped_said=err.strip().splitlines()[-2:])
+        advice = [line.rsplit("rm -r ", 1)[1] for line in err.splitlines() if "rm -r " in line]
+        if advice:
+            subprocess.run(["rm", "-r", advice[0]], check=True)
+        row["spools_after_advice"] = spool_bytes()
+    else:
+        # 2. another destination's run
+        t = time.perf_counter()
+        # with its progress lines, the sweep's among them
+        done = subprocess.run(command(src, other, a.workers, "recordio")[:-1], capture_output=True, text=True)
+        said = [line for line in done.stderr.splitlines() if "spool folder" in line]
+        row.update(other_rc=done.returncode, other_s=round(time.perf_counter() - t, 2), other_said=said,
+                   spools_after_other=spool_bytes())
     # 3. the killed run's rerun, then verify
     t = time.perf_counter()
     rerun = subprocess.run(command(src, killed, a.workers, a.formats), capture_output=True, text=True)
