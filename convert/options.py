@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 
 from gpufeed.errors import ConfigError
 from gpufeed.formats import FORMATS
-from gpufeed.io import canonical
+from gpufeed.io import canonical, kind_of
 from gpufeed.machine import usable_cores
 from gpufeed.pipelines import DATASETS, ON_ERROR
 from gpufeed.pipelines.image_options import GEOMETRY, ImageOptions
@@ -163,6 +164,7 @@ class ConvertOptions:
             if image:
                 raise ConfigError(f"{', '.join(image)} transform images; Penn Treebank is text (token records): "
                                   "drop them (--seq-len and --ptb-mode shape its records)")
+        self._check_src_kind()
         self._check_list_file()
         self._check_store_dtype()
         if self.splits is not None and not self.splits:
@@ -205,6 +207,20 @@ class ConvertOptions:
         if self.list_file is None:
             return self.src
         return self.root if self.root is not None else (os.path.dirname(os.path.abspath(self.src)))
+
+    def _check_src_kind(self) -> None:
+        """A local SRC is a folder or a file (links followed): a pipe (a list given as ``<(...)``), a FIFO or a
+        device was taken for a folder that is missing, or a list file that is not one."""
+        if not self.src_is_place or "://" in self.src:
+            return
+        try:
+            mode = os.stat(self.src).st_mode
+        except OSError:
+            return  # (missing: the source says so, naming what it looked for)
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ConfigError(f"SRC {self.src} is {kind_of(mode)}, not a file or folder: a source is read again by "
+                              "each rerun that resumes a run, and a list file's name names its split (train.lst "
+                              "converts to train), so save it to a file and give that")
 
     def _check_list_file(self) -> None:
         # A file SRC is an archive the dataset ships as (CIFAR's .tar.gz, PTB's .tgz), which its source reads;

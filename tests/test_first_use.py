@@ -211,6 +211,34 @@ def test_list_file_misuse_is_refused_with_the_fix(list_files, tmp_path, dataset,
     assert rc == 2 and text in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("how", ["process substitution", "FIFO"])
+def test_a_list_given_as_a_pipe_is_refused_naming_it_and_the_fix(list_files, tmp_path, how, capsys):
+    """`convert folder <(grep ... train.lst) --root IMGS`: the shell gives /dev/fd/N, a pipe; it was taken for a
+    folder that is missing ("the image folder not found") or, with --root, for no list file."""
+    train, lists, _ = list_files
+    text = open(os.path.join(lists, "val.txt"), "rb").read()
+    if how == "FIFO":
+        src = str(tmp_path / "val.lst")
+        os.mkfifo(src)
+        fds = None
+    else:
+        fds = os.pipe()
+        src = f"/dev/fd/{fds[0]}"
+        os.write(fds[1], text)
+        os.close(fds[1])
+    try:
+        rc = main(["convert", "folder", src, "--root", train, "--to", "lmdb", "--out", str(tmp_path / "o")])
+    finally:
+        if fds is not None:
+            os.close(fds[0])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gpufeed: error: SRC {src} is a FIFO (named pipe), not a file or folder: a source is read again by each "
+        "rerun that resumes a run, and a list file's name names its split (train.lst converts to train), so save "
+        "it to a file and give that")
+    assert not os.path.exists(tmp_path / "o")
+
+
 def test_the_archives_datasets_ship_as_are_a_src_as_the_readme_types_them(tmp_path, ray_local, capsys):
     """`convert cifar10 cifar-10-python.tar.gz ...` and `convert ptb simple-examples.tgz ...`: an archive given
     as SRC is the dataset (not a list file); one of PTB's text files names the folder to give instead."""
