@@ -244,8 +244,8 @@ class ConvertOptions:
         """A destination inside the source would be listed as input by the next run (or this one); and a
         destination is a folder."""
         if "://" not in self.out and os.path.exists(self.out) and not os.path.isdir(self.out):
-            raise ConfigError(f"--out {self.out} is a file; the destination is a folder: give a new one, or the "
-                              "folder of an earlier gpufeed convert run")
+            raise ConfigError(f"--out {self.out} is {kind_of(os.stat(self.out).st_mode)}; the destination is a folder: "
+                              "give a new one, or the folder of an earlier gpufeed convert run")
         if "://" in self.src or "://" in self.out or not self.src_is_place:
             return
         if self.list_file is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import pathlib
 import shutil
 import signal
@@ -443,6 +444,10 @@ def test_a_destination_that_is_a_file_or_under_one_is_refused_naming_it(src, tmp
     with pytest.raises(OutputError, match=f"{taken}/out: cannot be created \\(Not a directory\\); choose another destination"):
         convert(options(src, str(taken / "out")))
     assert taken.read_bytes() == b"a user's file"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=re.escape(f"--out {fifo} is a FIFO (named pipe); the destination is a folder")):
+        options(src, str(fifo))
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
