@@ -32,7 +32,11 @@ class AtomicFile:
         self.durable = durable
         self.tmp = temp_name(self.path)
         try:
-            self._f = io.open_file(self.tmp, "wb")
+            # A new name, never an entry already there (a link planted at it would be written through).
+            self._f = io.open_file(self.tmp, "xb" if io.is_local(self.tmp) else "wb")
+        except FileExistsError as e:
+            raise OutputError(f"{self.path}: cannot be written: something else is already at its new temporary name "
+                              f"{self.tmp}; move it away, then write it again") from e
         except OSError as e:
             raise OutputError(f"{self.path}: cannot be written ({e}); check that the directory exists and "
                               "is writable") from e

@@ -230,3 +230,23 @@ def test_the_ordered_outputs_never_wait_on_a_fifo_among_the_spools(tmp_path):
     spool = tmp_path / "train-recordio-00000.rec"
     os.mkfifo(spool)
     in_child(_appends_refuse, str(spool), str(tmp_path), timeout=30)
+
+
+def test_an_output_is_written_under_a_new_name_never_through_an_entry_already_there(tmp_path, monkeypatch):
+    """Outputs are written under a fresh temporary name beside their final one, then renamed: an entry already at
+    that name (a symlink to a user's file) is refused, not written through."""
+    import uuid
+
+    from gpufeed.errors import OutputError
+    from gpufeed.formats.atomic import AtomicFile
+    from gpufeed.formats.naming import temp_name
+
+    fixed = uuid.UUID(int=0xABCDEF12 << 96)
+    monkeypatch.setattr(uuid, "uuid4", lambda: fixed)  # the temporary name, known before it is made
+    final = tmp_path / "train.rec"
+    victim = tmp_path / "thesis.txt"
+    victim.write_bytes(b"a user's file")
+    os.symlink(victim, temp_name(str(final)))
+    with pytest.raises(OutputError, match="train.rec: cannot be written: something else is already at its new temporary name"):
+        AtomicFile(str(final))
+    assert victim.read_bytes() == b"a user's file" and not final.exists()
