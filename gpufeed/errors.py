@@ -109,9 +109,11 @@ class NotAFileError(GpufeedError, OSError):
         self.path, self.kind, self.fix = str(path), kind, fix
         self.filename = self.path
 
+    #: What to do where the caller says nothing more fitting.
+    FIX = "put the file in its place (a link to a file works), or remove it and rerun what writes it"
+
     def __str__(self):
-        return (f"{self.path}: is {self.kind}, not a regular file; "
-                f"{self.fix or 'put the file in its place (a link to a file works), or remove it and rerun what writes it'}")
+        return f"{self.path}: is {self.kind}, not a regular file; {self.fix or self.FIX}"
 
 
 class CorruptRecordError(GpufeedError, ValueError):
