@@ -275,6 +275,11 @@ def _machine_since(before: tuple, path: str, seconds: float) -> tuple[dict, dict
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+#: Ports `ray start --head` gives its own components unless told otherwise (the dashboard agent's 52365 is in
+#: Linux's range of free ports: a head given it failed to start once in a test run).
+RAY_DEFAULT_PORTS = (6379, 8265, 10001, 52365)
+
+
 @contextlib.contextmanager
 def ray_cluster(workers: int, path: str | None = None):
     """A Ray runtime started beforehand on this machine (``ray start --head``, ``workers`` CPUs), its
@@ -283,9 +288,11 @@ def ray_cluster(workers: int, path: str | None = None):
     import socket
     import tempfile
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = RAY_DEFAULT_PORTS[0]
+    while port in RAY_DEFAULT_PORTS:  # a free port the OS gives may be one Ray takes for a component of its own
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
     # --block: the command stays up with the runtime and takes it down when terminated (`ray stop` would
     # stop every Ray runtime of the machine, a test session's too).
     log = tempfile.TemporaryFile()
