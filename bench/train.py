@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from gpufeed.bench import MEMORY_TIER, SYNTHETIC
 from gpufeed.bench.bottleneck import ate_ahead
 from gpufeed.errors import ConfigError, GpufeedError
-from gpufeed.machine import usable_cores
+from gpufeed.machine import free_port, usable_cores
 from gpufeed.bench.train_loop import LoopRun, timed_loop
 from gpufeed.bench.train_models import CIFAR_MODELS, PTB_MODELS, make_accelerator, resolve_accelerator, synthetic_batches
 from gpufeed.pipelines.loader import (AUTO, CPU_ENOUGH_WORKERS, CPU_ENOUGH_WORKERS_REGION, DECODES, RATES,
@@ -691,14 +691,6 @@ def late_shares(cells: list, worst) -> list[float]:
     return [sum(map(max, zip(*(c.runs[i].waits_s for c in cells)))) / run.wall_s for i, run in enumerate(worst.runs)]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_ranks(world: int, grid: tuple, emit: Callable[[list], None], device_kind: str = "cuda") -> None:
     """Measure ``grid`` (``measure_cells``'s arguments) on ``world`` DistributedDataParallel ranks, one process
     and one GPU each (NCCL; ``device_kind="cpu"``: gloo on the CPU, for machines without GPUs), and call
@@ -708,7 +700,7 @@ def run_ranks(world: int, grid: tuple, emit: Callable[[list], None], device_kind
     import torch.multiprocessing as tmp
 
     results = tmp.get_context("spawn").Queue()
-    ctx = tmp.start_processes(_rank_main, args=(world, _free_port(), grid, device_kind, results), nprocs=world,
+    ctx = tmp.start_processes(_rank_main, args=(world, free_port(), grid, device_kind, results), nprocs=world,
                               join=False, start_method="spawn")
     pending: dict[tuple, dict[int, Cell]] = {}
 

@@ -106,3 +106,15 @@ def _pool_start(initializer, initargs: tuple) -> None:
     default_sigterm()
     if initializer is not None:
         initializer(*initargs)
+
+
+def free_port(avoid=()) -> int:
+    """A TCP port of 127.0.0.1 that nothing holds now (the kernel's pick), other than those in ``avoid``."""
+    import socket
+
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port

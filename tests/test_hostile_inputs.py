@@ -12,7 +12,6 @@ import re
 import pathlib
 import pickle
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -24,6 +23,7 @@ import pytest
 from convert_fixtures import options
 from gpufeed.convert.engine import convert
 from gpufeed.errors import ConfigError, InputError, OutputError, UnsafePickleError
+from gpufeed.machine import free_port
 
 
 def gpufeed(*args, timeout=60):
@@ -43,14 +43,8 @@ def _one_error_line(code, err):
 
 # -- --address -------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_address_nobody_answers_is_one_line_in_seconds_and_dst_is_untouched(src, tmp_path):
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     code, _, err = gpufeed("convert", "imagenet", src, "--to", "tfrecord", "--out", tmp_path / "out",
                            "--address", f"127.0.0.1:{port}", "--no-progress")

@@ -288,11 +288,9 @@ def ray_cluster(workers: int, path: str | None = None):
     import socket
     import tempfile
 
-    port = RAY_DEFAULT_PORTS[0]
-    while port in RAY_DEFAULT_PORTS:  # a free port the OS gives may be one Ray takes for a component of its own
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+    from gpufeed.machine import free_port
+
+    port = free_port(avoid=RAY_DEFAULT_PORTS)  # (a free port may be one Ray takes for a component of its own)
     # --block: the command stays up with the runtime and takes it down when terminated (`ray stop` would
     # stop every Ray runtime of the machine, a test session's too).
     log = tempfile.TemporaryFile()
