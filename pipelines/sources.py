@@ -30,7 +30,7 @@ import stat
 from collections.abc import Sequence
 
 from gpufeed.errors import ConfigError, InputError, LabelError, NotAFileError, SourceNotFound
-from gpufeed.io import is_local, kind_of, local_path, open_file
+from gpufeed.io import FOLDER, is_local, kind_of, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
 from gpufeed.pipelines.base import (ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key,
                                     keys_of)
@@ -143,29 +143,30 @@ def _not_a_dataset_file(path: str, mode: int) -> InputError:
 
 
 def read_local_file(path: str, max_bytes: int = MAX_INPUT_BYTES) -> bytes:
-    """A local input's bytes, opened only if it is a regular file (after following links) no larger than
-    ``max_bytes``; every failure is an :class:`InputError` (or :class:`SourceNotFound`) naming the input,
-    so ``--on-error`` applies to it, never an error about the destination."""
+    """A local input's bytes, opened only if it is a regular file (after following links: :func:`open_file` checks
+    what it opened) no larger than ``max_bytes``; every failure is an :class:`InputError` (or
+    :class:`SourceNotFound`) naming the input, so ``--on-error`` applies to it, never an error about the
+    destination."""
     try:
-        st = os.stat(path)
+        f = open_file(path)
     except FileNotFoundError:
         raise SourceNotFound(path, "input file (deleted, or a link to nothing)",
                              f"restore it, or {_SKIP_FIX.split(', or ')[1]}") from None
+    except (NotAFileError, IsADirectoryError) as e:
+        kind = e.kind if isinstance(e, NotAFileError) else FOLDER
+        raise InputError(path, f"is {kind}, not a regular file", _SKIP_FIX) from None
     except OSError as e:
-        raise InputError(path, f"cannot be opened ({e.strerror})", _SKIP_FIX) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(path, f"is {kind_of(st.st_mode)}, not a regular file", _SKIP_FIX)
-    if st.st_size > max_bytes:
-        raise InputError(path, f"is {st.st_size} bytes, more than the {max_bytes} an input may have", _SKIP_FIX)
-    try:
-        with open_file(path) as f:  # (which checks again what it opened: the file may have been replaced since)
-            data = f.read(st.st_size + 1)  # one byte more: a file still growing is noticed
-    except NotAFileError as e:
-        raise InputError(path, f"is {e.kind}, not a regular file", _SKIP_FIX) from None
-    except OSError as e:
-        raise InputError(path, f"cannot be read ({e.strerror or e})", _SKIP_FIX) from None
-    if len(data) != st.st_size:
-        raise InputError(path, f"changed size while being read ({st.st_size} -> {len(data)}+ bytes)",
+        raise InputError(path, f"cannot be opened ({e.strerror or e})", _SKIP_FIX) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise InputError(path, f"is {size} bytes, more than the {max_bytes} an input may have", _SKIP_FIX)
+        try:
+            data = f.read(size + 1)  # one byte more: a file still growing is noticed
+        except OSError as e:
+            raise InputError(path, f"cannot be read ({e.strerror or e})", _SKIP_FIX) from None
+    if len(data) != size:
+        raise InputError(path, f"changed size while being read ({size} -> {len(data)}+ bytes)",
                          "convert it once it is no longer being written")
     return data
 
