@@ -263,11 +263,52 @@ def make_loader(fmt: str, paths: list[str], task: str, decode: str, opts: TrainO
                     read_ahead=read_ahead == "on", cpu_share=opts.cpu_share if decode == "hybrid" else None,
                     worker_nice=opts.nice, loop_cores=opts.kept, run_ahead=opts.run_ahead,
                     region_decode=opts.region_decode, in_order=opts.in_order)
+    return loader
+
+
+def require_fit(loader, paths: list[str], task: str, opts: TrainOptions, ranks: Ranks = Ranks()) -> None:
+    """Raise where this rank's share of the records cannot feed a run: fewer than one batch, or (cold) fewer
+    batches than the warm-up, timed and traced steps and what the workers read ahead, each record read once."""
+    batch = opts.batch(task)
     if len(loader.dataset) < batch:
         raise ConfigError(f"{paths[0]}: {len(loader.dataset)} samples is fewer than one batch of {batch}"
                           + (f" for each of {ranks.world} ranks" if ranks.world > 1 else "")
                           + "; build a larger dataset or pass --batch-size")
-    return loader
+    need = opts.warmup_steps + opts.steps + loader.batches_ahead + (opts.trace_steps if opts.trace else 0)
+    if opts.cold and need > len(loader):
+        raise ConfigError(
+            f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
+            f"{len(loader)} batches of {batch}, fewer than the {opts.warmup_steps} warm-up + "
+            f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the "
+            f"{loader.batches_ahead} batches its {loader.workers} workers hold ahead, which a cold run reads once "
+            f"(a second epoch would read the page cache, and batches read ahead before the timed steps would "
+            f"leave them nothing to read from the disk): build a larger "
+            f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
+            f"or --no-cold")
+
+
+def check_grid(accel, dst: str, info: dict, formats: list[str], opts: TrainOptions, ranks: Ranks = Ranks()) -> None:
+    """Build (not start) every loader the grid runs, every task's, before anything is measured: a dataset too
+    small for a batch or a cold run, or a loader option that does not apply, stops the run at once, not after
+    the synthetic baseline and every configuration before the one it fails (a second task's larger batch: after
+    the first task's whole grid). Every tier holds the same records, so ``dst``'s stand for them all."""
+    from gpufeed.bench.read import dataset_paths
+
+    for task in opts.tasks:
+        for decode, read_ahead, augment_on, fmt in _configurations(task, opts, formats):
+            paths = dataset_paths(info, dst, fmt)
+            loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, read_ahead)
+            try:
+                require_fit(loader, paths, task, opts, ranks)
+            finally:
+                loader.close()
+
+
+def _configurations(task: str, opts: TrainOptions, formats: list[str]):
+    """(decode, read-ahead, augmentation side, format) of every configuration of ``task`` on one tier."""
+    cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
+    return itertools.product(opts.decodes_for(task), opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",),
+                             formats)
 
 
 def _warmup_s(accel) -> float:
@@ -306,18 +347,11 @@ def measure_format(accel, fmt: str, paths: list[str], task: str, decode: str, op
 
     def one(_i):
         loader = make_loader(fmt, paths, task, decode, opts, accel, augment_on, ranks, read_ahead)
-        need = opts.warmup_steps + opts.steps + loader.batches_ahead + (opts.trace_steps if opts.trace else 0)
-        if opts.cold and need > len(loader):
+        try:
+            require_fit(loader, paths, task, opts, ranks)
+        except ConfigError:
             loader.close()
-            raise ConfigError(
-                f"{paths[0]}: {len(loader.dataset)} records{' per rank' if ranks.world > 1 else ''} make "
-                f"{len(loader)} batches of {opts.batch(task)}, fewer than the {opts.warmup_steps} warm-up + "
-                f"{opts.steps} timed steps{f' + {opts.trace_steps} traced' if opts.trace else ''} + the "
-                f"{loader.batches_ahead} batches its {loader.workers} workers hold ahead, which a cold run reads once "
-                f"(a second epoch would read the page cache, and batches read ahead before the timed steps would "
-                f"leave them nothing to read from the disk): build a larger "
-                f"dataset (gpufeed bench dataset -n), or pass fewer --steps / --warmup-steps / --workers, "
-                f"or --no-cold")
+            raise
         batches = _cycle(loader)
         try:
             run = timed_loop(batches, accel.step, accel.synchronize, opts.batch(task), opts.steps, opts.warmup_steps,
@@ -371,22 +405,22 @@ def measure_cells(kind: str, dst: str, info: dict, formats: list[str], tiers: li
     DistributedDataParallel one; ``shared``: the emulated tiers' devices every rank joins (:func:`shared_tiers`)."""
     from gpufeed.bench.read import dataset_paths, tier_dataset
 
-    for task in opts.tasks:
+    for i, task in enumerate(opts.tasks):
         accel = make_accelerator(kind, task, opts.batch(task), opts.profile, opts.model, opts.seed, opts.vocab, device,
                                  graph=opts.cuda_graph and task == "infer")
+        if i == 0:
+            check_grid(accel, dst, info, formats, opts, ranks)
         if wrap is not None:
             wrap(accel)
         described = accel.describe()
         synthetic = measure_synthetic(accel, task, opts, ranks)
         compute_s = compute_step_time(synthetic)
         yield Cell(task, None, None, None, SYNTHETIC, synthetic, compute_s, described, {})
-        cifar_train = opts.cifar and task == "train"  # the one case where augmentation has a place
+        cifar_train = opts.cifar and task == "train"
         for t, tier in enumerate(tiers):
             data_dir = tier_dataset(tier, dst)
             with tier_scope(tier, data_dir, opts.allow_invalid, shared=(shared or {}).get(t)) as validity:
-                for decode, read_ahead, augment_on, fmt in itertools.product(
-                        opts.decodes_for(task), opts.read_aheads, opts.augment_ons if cifar_train else ("cpu",),
-                        formats):
+                for decode, read_ahead, augment_on, fmt in _configurations(task, opts, formats):
                     label = "-".join([task, tier.name, fmt, decode, f"read-ahead-{read_ahead}"]
                                      + ([f"augment-{augment_on}"] if cifar_train else []))
                     runs = measure_format(accel, fmt, dataset_paths(info, data_dir, fmt), task, decode, opts,
@@ -593,7 +627,7 @@ def _fitted_steps(opts: TrainOptions, info: dict, log: Callable[[str], None]) ->
         return opts
     warmup = min(opts.warmup_steps, batches // 4)
     if batches - warmup < MIN_FITTED_STEPS:
-        return opts  # the runs' own check says what to do
+        return opts  # check_grid says what to do, before anything is measured
     traced = f", {opts.trace_steps} traced" if opts.trace else ""
     log(f"the dataset holds {held} batches per rank, {ahead} of them read ahead by the workers: {warmup} warm-up "
         f"and {batches - warmup} timed steps{traced} (a larger dataset, `gpufeed bench dataset -n`, measures more)")

@@ -164,6 +164,21 @@ def test_read_ahead_on_and_off_are_rows_side_by_side(dataset, tmp_path):
     assert [r["resources"]["disk_ceiling"]["pattern"].rsplit("_", 1)[1] for r in rows] == ["qd8", "qd1"]
 
 
+def test_a_later_tasks_batch_the_dataset_cannot_fill_stops_the_run_before_anything_is_measured(tmp_path):
+    """300 records fill training's batch of 256 and not inference's 512: the run stops before the synthetic
+    baseline, not after training's whole grid, naming the batch."""
+    from gpufeed.bench.dataset import build_dataset
+
+    dst = str(tmp_path / "ds")
+    build_dataset(dst, ["lmdb", "tfrecord"], n=300, workers=1, size=(32, 32))
+    results = str(tmp_path / "r.jsonl")
+    args = _parse([dst, "--results", results, "--task", "train,infer", "--steps", "1", "--warmup-steps", "0",
+                   "--repeats", "1", "--warmup", "0", "--workers", "0", "--no-cold"])
+    with pytest.raises(ConfigError, match=r"lmdb.*: 300 samples is fewer than one batch of 512; build a larger"):
+        args._bench_module.run(args)
+    assert not os.path.exists(results)
+
+
 def test_configuration_errors(dataset, tmp_path):
     results = str(tmp_path / "r.jsonl")
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
@@ -172,10 +187,12 @@ def test_configuration_errors(dataset, tmp_path):
     with pytest.raises(ConfigError, match="unknown accelerator profile"):
         args = _parse([dataset, "--results", results, "--profile", "p100"])
         args._bench_module.run(args)
+    # Found before anything is measured (the synthetic baseline included): no row written.
     with pytest.raises(ConfigError, match="fewer than one batch"):
         args = _parse([dataset, "--results", results, "--formats", "lmdb", "--task", "train", "--steps", "1",
                        "--repeats", "1", "--warmup", "0", "--workers", "0"])
         args._bench_module.run(args)
+    assert not os.path.exists(results)
     with pytest.raises(SystemExit):
         _parse([dataset, "--results", results, "--task", "fly"])
     for argv, text in ((["--model", "cifar-resnet18", "--accelerator", "emulated"], "runs on a CUDA GPU"),
@@ -310,6 +327,7 @@ def test_a_cold_run_longer_than_an_epoch_is_refused(dataset, tmp_path):
     with pytest.raises(ConfigError, match=rf"{N} records make {N // 8} batches of 8, fewer than the 1 warm-up \+ "
                                           rf"{N} timed steps.*gpufeed bench dataset -n.*--no-cold"):
         args._bench_module.run(args)
+    assert not os.path.exists(results)  # refused before the synthetic baseline was measured
     args = _parse([dataset, "--results", results, "--formats", "tfrecord", "--task", "train", "--batch-size", "8",
                    "--steps", str(N), "--warmup-steps", "1", "--repeats", "1", "--warmup", "0", "--workers", "0",
                    "--no-cold"])
