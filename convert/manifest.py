@@ -19,7 +19,7 @@ from gpufeed import __version__, io
 from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries, owned_split
 from gpufeed.errors import ConfigError, NotAFileError
-from gpufeed.formats.atomic import AtomicFile
+from gpufeed.formats.atomic import write_file
 from gpufeed.formats.naming import is_temp_name
 
 MANIFEST = "manifest.json"
@@ -249,7 +249,10 @@ def write(options, summary, classes, stats, joined: dict | None = None) -> dict:
                     "timeline": summary.timeline},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
     }
-    target = AtomicFile(path(out), "manifest")
-    target.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-    target.commit()
+    save(out, doc)
     return doc
+
+
+def save(out: str, doc: dict) -> None:
+    """Write ``out``'s manifest whole under its temporary name, then put it in place."""
+    write_file(path(out), (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), "manifest")

@@ -87,6 +87,18 @@ class AtomicFile:
         remove(self.tmp)
 
 
+def write_file(path: str, data: bytes, role: str = "data") -> WrittenFile:
+    """``data`` as the whole of ``path``: written under a new temporary name, then renamed into place, so never
+    through an entry already at either name (a link planted at ``path`` is replaced, not written through)."""
+    target = AtomicFile(path, role)
+    try:
+        target.write(data)
+    except BaseException:
+        target.discard()
+        raise
+    return target.commit()
+
+
 def commit_all(files) -> list[WrittenFile]:
     """Commit every file (data first, side files after); on any failure discard those not yet committed."""
     files = [f for f in files if f is not None]

@@ -226,11 +226,12 @@ def write_class_list(classes: ClassInfo, dst_dir_url: str) -> list[str]:
         files = {CLASS_FILES[0]: "".join(lines)}
         if classes.coarse_names:
             files[CLASS_FILES[2]] = "".join(f"{i}\t{n}\n" for i, n in enumerate(classes.coarse_names))
+    from gpufeed.formats.atomic import write_file
+
     written = []
     for name, text in files.items():
         url = f"{base}/{name}"
-        with open_file(url, "wb") as f:
-            f.write(text.encode("utf-8"))
+        write_file(url, text.encode("utf-8"), "classes")
         written.append(url)
     return written
 

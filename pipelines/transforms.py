@@ -372,7 +372,8 @@ def write_stats(stats: ChannelStats, dst_dir_url: str) -> dict:
     had the same size, ``mean.binaryproto`` (Caffe mean image, BGR planes as Caffe's data are BGR).
     Returns the statistics as a dict for the manifest.
     """
-    from gpufeed.io import is_local, local_path, open_file
+    from gpufeed.formats.atomic import write_file
+    from gpufeed.io import is_local, local_path
 
     base = dst_dir_url.rstrip("/")
     if is_local(base):
@@ -385,8 +386,7 @@ def write_stats(stats: ChannelStats, dst_dir_url: str) -> dict:
     doc.update({f"std_{c}": s for c, s in zip(names, std)})
     doc.update(mean=list(mean), std=list(std), channels="RGB" if len(mean) == 3 else "gray",
                units="pixel values 0-255", images=stats.images, pixels_per_channel=stats.pixels)
-    with open_file(f"{base}/{MEAN_STD_JSON}", "wb") as f:
-        f.write((json.dumps(doc, indent=2) + "\n").encode())
+    write_file(f"{base}/{MEAN_STD_JSON}", (json.dumps(doc, indent=2) + "\n").encode(), "stats")
     result = dict(doc, mean_std_json=MEAN_STD_JSON, mean_binaryproto=None)
     if stats.same_shape:
         from gpufeed.formats.caffe_datum import write_mean_binaryproto
