@@ -36,8 +36,17 @@ def slow_child_start(seconds: float = 1.0):
 
 
 def in_child(fn, *args, timeout: float = 120) -> None:
+    """``fn(*args)`` in a forked child. What the child inherits is frozen out of its garbage collector: a
+    collection there (the loader's, as it closes) freed a Ray object an earlier test of the session left in this
+    process, whose destructor crashed the child (SIGSEGV in ``~GlobalStateAccessor``, its threads not forked)."""
+    import gc
+
     proc = multiprocessing.get_context("fork").Process(target=fn, args=args)
-    proc.start()
+    gc.freeze()
+    try:
+        proc.start()
+    finally:
+        gc.unfreeze()
     proc.join(timeout)
     if proc.exitcode is None:
         proc.kill()
