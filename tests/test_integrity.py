@@ -517,3 +517,32 @@ def test_temporaries_that_vanish_while_a_resume_clears_them_are_no_error(tmp_pat
         remove_temporaries(str(tmp_path / "out"), ("tfrecord",))
         thread.join()
         assert not [n for n in os.listdir(d) if ".tmp-" in n]
+
+
+@pytest.mark.parametrize("which", ["classes.txt", "mean_std.json", "mean.binaryproto", "manifest.json"])
+def test_small_outputs_replace_a_link_at_their_name_and_never_write_through_it(tmp_path, which):
+    """The class list, the statistics and the manifest are written under a new temporary name and renamed into
+    place: a symlink found at the name (to a user's file) is replaced, the file it names left as it was."""
+    import numpy as np
+
+    from gpufeed.convert import manifest as manifest_mod
+    from gpufeed.pipelines.base import ClassInfo
+    from gpufeed.pipelines.sources import write_class_list
+    from gpufeed.pipelines.transforms import ChannelStats, write_stats
+
+    users = tmp_path / "users-file"
+    users.write_bytes(b"mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / which).symlink_to(users)
+    if which == "classes.txt":
+        write_class_list(ClassInfo(names=["a", "b"]), str(out))
+    elif which == "manifest.json":
+        manifest_mod.save(str(out), {"files": []})
+    else:
+        stats = ChannelStats()
+        stats.update(np.full((4, 4, 3), 7, np.uint8))
+        write_stats(stats, str(out))
+    assert users.read_bytes() == b"mine"
+    assert not (out / which).is_symlink() and (out / which).stat().st_size > 0
+    assert sorted(p.name for p in out.iterdir() if ".tmp-" in p.name) == []
