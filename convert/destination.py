@@ -246,12 +246,18 @@ def in_the_way(out: str, formats, splits, top_level: bool) -> list[str]:
     return sorted(found)
 
 
-def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
+#: What to do about files at gpufeed's names that it cannot prove it wrote, where a run would replace them.
+UNPROVEN_FIX = "move them away (or delete what you know to be damaged), or choose another destination"
+
+
+def clear(out: str, rels, evidence: Evidence, progress=None, fix: str = UNPROVEN_FIX) -> list[str]:
     """Remove ``rels`` (relative paths in ``out``; an LMDB environment's folder with what it holds) when every
     file among them is proven gpufeed's by ``evidence``; else remove nothing and raise :class:`DestinationError`
-    naming each file that is not. Missing ones are fine. Returns the relative paths of the files removed."""
+    naming each file that is not, and ``fix``. Missing ones are fine. Returns the relative paths of the files
+    removed."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from gpufeed.convert.progress import size_text
     from gpufeed.machine import usable_cores
 
     files, folders = {}, []  # relative path -> what is there (a listed file inside a folder in the way: once)
@@ -267,7 +273,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
     hashed = [r for r in files if r in evidence.digests]
     if progress is not None and hashed:
         size = sum(evidence.digests[r]["bytes"] for r in hashed)
-        progress.phase(f"checking the {len(hashed)} files ({size / 1e9:.1f} GB) an earlier conversion wrote here "
+        progress.phase(f"checking the {len(hashed)} files ({size_text(size)}) an earlier conversion wrote here "
                        "before removing them")
     with ThreadPoolExecutor(max(1, min(usable_cores(), 16))) as pool:
         problems = dict(zip(hashed, pool.map(lambda r: file_problem(io.join(out, r), evidence.digests[r]), hashed)))
@@ -286,8 +292,7 @@ def clear(out: str, rels, evidence: Evidence, progress=None) -> list[str]:
         more = f"\n  and {len(refused) - _LISTED} more" if len(refused) > _LISTED else ""
         raise DestinationError(f"{out}: holds {len(refused)} file{'s' if len(refused) > 1 else ''} at names this "
                                f"conversion writes that gpufeed cannot prove it wrote, so it removes or overwrites "
-                               f"nothing: move them away (or delete what you know to be damaged), or choose another "
-                               f"destination:\n{shown}{more}")
+                               f"nothing: {fix}:\n{shown}{more}")
     for rel in files:
         io.remove(io.join(out, rel))
     for rel in folders:

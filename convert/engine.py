@@ -178,11 +178,11 @@ def convert(options: ConvertOptions, progress=None) -> Summary:
 def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summary:
     from gpufeed.convert import destination
     from gpufeed.convert import manifest as manifest_mod
-    from gpufeed.convert.state import TAPERED_JOURNAL_VERSION, DestinationLock, Journal, state_dir_for
+    from gpufeed.convert.state import (TAPERED_JOURNAL_VERSION, DestinationLock, Journal, destination_spelling,
+                                       state_dir_for)
     from gpufeed.pipelines import open_source
 
-    # Local paths absolute: the workers (Ray's, on this machine or others) do not run in this directory.
-    out = os.path.abspath(io.local_path(options.out)) if io.is_local(options.out) else options.out.rstrip("/")
+    out = destination_spelling(options.out)
     root = options.source_root
     root = os.path.abspath(io.local_path(root)) if options.src_is_place and io.is_local(root) else root
     if progress is not None:
@@ -400,7 +400,9 @@ def _clear_destination(options, out: str, state_dir: str, splits: list, doc: dic
         evidence.add_manifest(doc, manifest_mod.path(out))
         if replacing:
             rels = [f["path"] for f in doc["files"]]
-    rels += destination.in_the_way(out, options.formats, [s for s in splits if s not in planned], not planned)
+    # A join keeps the class lists in place (its end rewrites them whole): a join given up leaves them as they were.
+    rels += destination.in_the_way(out, options.formats, [s for s in splits if s not in planned],
+                                   not planned and replacing)
     destination.clear(out, rels, evidence, progress)
     try:
         manifest_mod.remove(out)
@@ -607,7 +609,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         for st in splits.values():
             for sink in st.sinks.values():
                 sink.close()
-        _drop_leftovers(out, options.formats, memory, progress)
+        _drop_leftovers(out, options.formats, state_dir, memory, progress)
         raise
     finally:
         if progress is not None:
@@ -627,19 +629,20 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
         summary = _finish(options, out, source, splits, journal, state_dir, spool_dir, stats_split, t0,
                           prepass_stats)
     except BaseException:
-        _drop_leftovers(out, options.formats, memory, progress)
+        _drop_leftovers(out, options.formats, state_dir, memory, progress)
         raise
     summary.prepass_shards = prepass_shards
     return summary
 
 
-def _drop_leftovers(out: str, formats, memory: str | None = None, progress=None) -> None:
+def _drop_leftovers(out: str, formats, state_dir: str, memory: str | None = None, progress=None) -> None:
     """A stopped run (an error, Ctrl-C) leaves no temporary file of a shard it cut short beside the outputs (a
     task still running on Ray may yet write one; the rerun removes it). Its memory spools (``memory``) stay: they
     hold shards converted and journalled, which its rerun takes instead of converting them again (up to the
     in-flight window: 5.4 GB, half of a 100,000-image run at 32 workers, results/killed-spools-h200x2.txt); the lock
-    released, the next run of another destination frees them (:func:`_sweep_memory_spools`). With ``progress``,
-    it says how much memory they hold and how to free it without a rerun."""
+    released, the next run of another destination frees them (:func:`_sweep_memory_spools`). So does its state
+    (``state_dir``: the journal, the split outputs assembled so far, spools on disk). With ``progress``, it says
+    what each holds, how to free the memory without a rerun, and how to give the run up (``gpufeed clean``)."""
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.progress import size_text
 
@@ -647,10 +650,16 @@ def _drop_leftovers(out: str, formats, memory: str | None = None, progress=None)
         manifest_mod.remove_temporaries(out, formats)
     except Exception:
         pass  # the error being raised already says what went wrong first; the rerun removes them
-    if memory is not None and progress is not None and (size := sinks.folder_bytes(memory)):
+    if progress is None:
+        return
+    if memory is not None and (size := io.tree_bytes(memory)):
         progress.warn(f"{size_text(size)} of converted shards stay in memory in {memory} for the rerun, which "
                       "takes them instead of converting them again; to free that memory without a rerun: "
                       f"rm -r {shlex.quote(memory)}")
+    if os.path.isdir(state_dir):
+        progress.warn(f"{size_text(io.tree_bytes(state_dir))} of the conversion's state (its journal and the split "
+                      f"outputs assembled so far) stays in {state_dir} for the rerun, which resumes from it; to give "
+                      f"the run up instead: gpufeed clean {shlex.quote(out)}")
 
 
 def _sweep_memory_spools(out: str, progress) -> None:

@@ -80,7 +80,7 @@ def memory_spools(out: str, in_flight: int, sample_bytes: int = SPOOL_SAMPLE_BYT
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            if not _private_folder(path):
+            if not private_folder(path):
                 return None
         except OSError:
             return None
@@ -104,7 +104,7 @@ def _same_file(f, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
-def _private_folder(path: str) -> bool:
+def private_folder(path: str) -> bool:
     """A real folder (no symlink), this user's, closed to everyone else: what :func:`memory_spools` makes."""
     import stat
 
@@ -127,7 +127,7 @@ def release_memory_spools(out: str) -> None:
 def remove_memory_spools(out: str) -> None:
     """Drop ``out``'s memory spool folder and what a killed run left in it (memory, not disk, until reboot);
     a path there that is not such a folder of this user's is left alone."""
-    if io.is_local(out) and _private_folder(memory_spool_dir(out)):
+    if io.is_local(out) and private_folder(memory_spool_dir(out)):
         shutil.rmtree(memory_spool_dir(out), ignore_errors=True)
     release_memory_spools(out)
 
@@ -147,7 +147,7 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
     removed = size = 0
     for name in names:
         path = os.path.join(MEMORY_ROOT, name)
-        if path == keep or path in _owned or not _private_folder(path):
+        if path == keep or path in _owned or not private_folder(path):
             continue
         if _REMOVING in name:  # a sweep that was stopped while it removed this one
             size += _drop(path)
@@ -185,24 +185,9 @@ def sweep_memory_spools(keep: str = "") -> tuple[int, int]:
     return removed, size
 
 
-def folder_bytes(path: str) -> int:
-    """The bytes of the files in a flat folder (a spool folder's), 0 where it is gone."""
-    total = 0
-    try:
-        with os.scandir(path) as entries:
-            for entry in entries:
-                try:
-                    total += entry.stat(follow_symlinks=False).st_size
-                except OSError:
-                    pass
-    except OSError:
-        pass
-    return total
-
-
 def _drop(path: str) -> int:
     """Remove a spool folder (flat); the bytes its files held, 0 for one gone meanwhile."""
-    total = folder_bytes(path)
+    total = io.tree_bytes(path)
     shutil.rmtree(path, ignore_errors=True)
     return total
 

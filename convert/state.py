@@ -42,6 +42,12 @@ TAPERED_JOURNAL_VERSION = 4
 STATE_DIR = ".gpufeed"
 
 
+def destination_spelling(out: str) -> str:
+    """DST as a run spells it: a local path absolute (the workers do not run in this directory), a URL without a
+    trailing slash (a remote destination's state folder is named after this spelling)."""
+    return os.path.abspath(local_path(out)) if is_local(out) else out.rstrip("/")
+
+
 def state_dir_for(out: str) -> str:
     if is_local(out):
         return os.path.join(local_path(out), STATE_DIR)

@@ -20,6 +20,7 @@ from gpufeed.formats import FORMATS
 COMMANDS = {
     "convert": ("gpufeed.convert.command", f"convert a dataset to {' / '.join(FORMATS)}"),
     "verify": ("gpufeed.convert.verify", "read every output back and check it against its manifest"),
+    "clean": ("gpufeed.convert.clean", "give up a stopped or killed conversion: remove what it left, and only that"),
     "synth": ("gpufeed.pipelines.synth", "write synthetic data in a dataset's real on-disk layout"),
     "demo": ("gpufeed.convert.demo", "synthesise a small ImageNet and convert it to every format"),
     "bench": ("gpufeed.bench.cli", "benchmark conversion, reading and training on storage tiers"),

@@ -184,6 +184,32 @@ def file_size(url: str) -> int | None:
         return None
 
 
+def tree_bytes(url: str) -> int:
+    """The bytes of the files in a folder and every folder in it (links not followed), or of one file; 0 where
+    nothing is there (or it goes meanwhile)."""
+    if not is_local(url):
+        fs, p = _fs(url)
+        try:
+            return int(fs.du(p, total=True)) if fs.exists(p) else 0
+        except OSError:
+            return 0
+    path = local_path(url)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 def exists(url: str) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))

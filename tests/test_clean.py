@@ -1,0 +1,117 @@
+"""``gpufeed clean DST``: a stopped conversion given up removes what it wrote and its state, only that: never a
+file it cannot prove it wrote, never while a run holds the destination, never a finished conversion's file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from convert_fixtures import StopAfter, options, tree_bytes
+from gpufeed.cli import main
+from gpufeed.convert.clean import clean
+from gpufeed.convert.engine import convert
+from gpufeed.convert.verify import verify
+from gpufeed.errors import ConfigError, DestinationError
+
+
+def _stop(opts, n: int = 2) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        convert(opts, StopAfter(n))
+
+
+def _files(root) -> set[str]:
+    return {os.path.relpath(os.path.join(d, n), root) for d, _, names in os.walk(root) for n in names}
+
+
+def test_a_stopped_run_given_up_leaves_only_the_users_files_and_says_what_it_removed(src, tmp_path, capsys):
+    from gpufeed.convert.progress import size_text
+    from gpufeed.convert.sinks import memory_spool_dir
+
+    out = tmp_path / "out"
+    opts = options(src, out, formats=("lmdb", "recordio", "tfrecord", "webdataset"), splits=("train",))
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    _stop(opts)
+    state = out / ".gpufeed"
+    warning = [line for line in capsys.readouterr().err.splitlines() if "of the conversion's state" in line]
+    assert warning == [f"warning: {size_text(sum(p.stat().st_size for p in state.rglob('*') if p.is_file()))} of "
+                       f"the conversion's state (its journal and the split outputs assembled so far) stays in {state} "
+                       f"for the rerun, which resumes from it; to give the run up instead: gpufeed clean {out}"]
+    (out / "tfrecord" / "README").write_text("mine too")  # not a name gpufeed writes
+    written = {f for f in _files(out) if not f.startswith(".gpufeed/")} - {"notes.txt", "tfrecord/README"}
+    assert any(f.startswith("tfrecord/train-") for f in written)
+
+    # A file it wrote, changed since: nothing is removed, and the file is named.
+    shard = next(out / f for f in sorted(written) if f.startswith("tfrecord/train-") and not f.endswith(".idx"))
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    before = _files(out)
+    with pytest.raises(DestinationError, match=rf"(?s)run gpufeed clean again.*\n  {shard.relative_to(out)}: "
+                                               "changed since gpufeed wrote it"):
+        clean(str(out))
+    assert _files(out) == before
+    shard.write_bytes(data)
+
+    # Never while a run holds the destination.
+    from gpufeed.convert.state import DestinationLock, state_dir_for
+
+    lock = DestinationLock.acquire(state_dir_for(str(out)), str(out))
+    try:
+        with pytest.raises(ConfigError, match="another gpufeed convert is writing this destination"):
+            clean(str(out))
+    finally:
+        lock.release()
+
+    assert main(["clean", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"{out}: removed the unfinished conversion: {len(written)} files (") and said.rstrip(
+        ).endswith("Nothing else there was changed."), said
+    assert _files(out) == {"notes.txt", "tfrecord/README"}
+    assert not os.path.exists(memory_spool_dir(str(out))) and not os.path.exists(f"{state}.lock")
+    with pytest.raises(ConfigError, match="holds no conversion that was stopped or killed"):
+        clean(str(out))
+    with pytest.raises(ConfigError, match="not found; give the destination"):
+        clean(str(tmp_path / "nothing"))
+    # The destination takes a fresh run, to the bytes of one that never stopped.
+    ref = tmp_path / "ref"
+    convert(options(src, ref, formats=opts.formats, splits=("train",)))
+    (out / "tfrecord" / "README").unlink()
+    convert(opts)
+    got = tree_bytes(out)
+    assert got.pop("notes.txt") == b"mine" and got == tree_bytes(ref)
+
+
+def test_a_remote_destinations_state_in_the_user_cache_is_named_and_removed(src, tmp_path, monkeypatch, capsys):
+    """A remote destination keeps its journal and the split outputs it assembles under ~/.cache/gpufeed: the stop
+    names that folder and its size, and clean removes it with the shards and spools the run wrote to DST."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    from gpufeed.convert.state import state_dir_for
+
+    out = tmp_path / "remote"
+    url = f"local://{out}"
+    _stop(options(src, url, splits=("train",)))
+    state = state_dir_for(url)
+    assert state.startswith(str(tmp_path / "cache" / "gpufeed")) and os.listdir(state)
+    assert f"stays in {state} for the rerun, which resumes from it; to give the run up instead: gpufeed clean {url}" \
+        in capsys.readouterr().err
+    assert any(f.startswith("tfrecord/") for f in _files(out)) and any(f.startswith(".gpufeed/spool/") for f in
+                                                                       _files(out))
+    done = clean(url)
+    assert done.files > 0 and done.spool_bytes > 0 and done.state == state
+    assert _files(out) == set() and not os.path.exists(state) and not os.path.exists(out / ".gpufeed")
+
+
+def test_a_stopped_join_given_up_puts_the_finished_conversion_back_as_it_was(src, tmp_path):
+    """A run adding the val split to a finished train conversion removes its manifest while under way; given up,
+    the manifest is written back and the train files, class list among them, are as they were."""
+    out = tmp_path / "out"
+    convert(options(src, out, splits=("train",)))
+    before = tree_bytes(out)
+    manifest = (out / "manifest.json").read_bytes()
+    _stop(options(src, out, splits=("val",)), n=1)
+    assert not (out / "manifest.json").exists() and (out / "classes.txt").exists()
+    done = clean(str(out))
+    assert done.restored == len(before)
+    assert (out / "manifest.json").read_bytes() == manifest and tree_bytes(out) == before
+    verify(str(out))
