@@ -39,6 +39,8 @@ def test_a_stopped_run_given_up_leaves_only_the_users_files_and_says_what_it_rem
                        f"the conversion's state (its journal and the split outputs assembled so far) stays in {state} "
                        f"for the rerun, which resumes from it; to give the run up instead: gpufeed clean {out}"]
     (out / "tfrecord" / "README").write_text("mine too")  # not a name gpufeed writes
+    # What a worker killed mid-shard leaves (a run stopped this way removes its own; a killed one cannot).
+    (out / "tfrecord" / ".train-00004-of-00005.tmp-0123abcd").write_bytes(b"half a shard")
     written = {f for f in _files(out) if not f.startswith(".gpufeed/")} - {"notes.txt", "tfrecord/README"}
     assert any(f.startswith("tfrecord/train-") for f in written)
 
