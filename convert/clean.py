@@ -111,7 +111,9 @@ def clean(out: str, progress=None) -> Cleaned:
         planned = sorted({e["split"] for e in events if e.get("event") == "plan" and isinstance(e.get("split"), str)})
         rels = sorted((set(evidence.digests) | set(destination.in_the_way(out, formats, planned, False))) - kept)
         file_bytes = sum(io.tree_bytes(io.join(out, rel)) for rel in rels)
-        removed = destination.clear(out, rels, evidence, progress, fix=UNPROVEN_FIX)
+        removed = len(destination.clear(out, rels, evidence, progress, fix=UNPROVEN_FIX))
+        temporaries, size = manifest_mod.remove_temporaries(out, formats)
+        removed, file_bytes = removed + temporaries, file_bytes + size
         for name in formats:
             io.remove_empty_dir(io.join(out, name))
         state_bytes = io.tree_bytes(state_dir)
@@ -127,5 +129,5 @@ def clean(out: str, progress=None) -> Cleaned:
             manifest_mod.save(out, joined)
     finally:
         lock.release()
-    return Cleaned(out, len(removed), file_bytes, state_dir, state_bytes, memory if memory_bytes else None,
+    return Cleaned(out, removed, file_bytes, state_dir, state_bytes, memory if memory_bytes else None,
                    memory_bytes, spool_bytes, len(kept) if joined is not None else None)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import time
 
 import numpy as np
@@ -20,7 +21,7 @@ from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries, owned_split
 from gpufeed.errors import ConfigError, NotAFileError
 from gpufeed.formats.atomic import write_file
-from gpufeed.formats.naming import is_temp_name
+from gpufeed.formats.naming import is_temp_name, temp_target
 
 MANIFEST = "manifest.json"
 #: Bumped when the manifest's layout changes; ``gpufeed verify`` refuses versions it does not know.
@@ -90,11 +91,24 @@ def remove(out: str) -> None:
     sinks.remove(path(out))
 
 
-def remove_temporaries(out: str, formats) -> None:
-    """Delete the temporary files of these formats' outputs that a killed run left next to them (never a final
-    name; called while this conversion's journal holds the destination)."""
-    from gpufeed.convert.destination import owned_split
+def remove_temporaries(out: str, formats) -> tuple[int, int]:
+    """Delete the temporary files of these formats' outputs that a killed run left next to them, and of the
+    manifest, class lists and statistics beside the formats' folders (a run killed as it wrote one) (never a final
+    name; called while this conversion's journal holds the destination). Returns the files removed and their
+    bytes."""
+    from gpufeed.convert.destination import owned_split, top_level_files
 
+    found = []
+    try:
+        names = io.listdir(out)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []
+    own = {MANIFEST, *top_level_files()}
+    for name in names:
+        base = name.rstrip("/").rsplit("/", 1)[-1]
+        # Only a file: gpufeed writes these whole, never as folders or links.
+        if temp_target(base) in own and (not io.is_local(name) or _plain_file(io.local_path(name))):
+            found.append(name)
     for fmt in formats:
         try:
             names = io.listdir(sinks.join(out, fmt))
@@ -103,8 +117,22 @@ def remove_temporaries(out: str, formats) -> None:
         for name in names:
             base = name.rstrip("/").rsplit("/", 1)[-1]
             if is_temp_name(base) and owned_split(f"{fmt}/{base}") is not None:
-                # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
-                io.remove_entry(name)
+                found.append(name)
+    files = size = 0
+    for name in found:
+        folder = io.is_local(name) and os.path.isdir(io.local_path(name))  # an LMDB environment being written
+        files += sum(len(f) for _, _, f in os.walk(io.local_path(name))) if folder else 1
+        size += io.tree_bytes(name)
+        # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
+        io.remove_entry(name)
+    return files, size
+
+
+def _plain_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def save_stats(stats, file: str) -> None:

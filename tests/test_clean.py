@@ -41,6 +41,7 @@ def test_a_stopped_run_given_up_leaves_only_the_users_files_and_says_what_it_rem
     (out / "tfrecord" / "README").write_text("mine too")  # not a name gpufeed writes
     # What a worker killed mid-shard leaves (a run stopped this way removes its own; a killed one cannot).
     (out / "tfrecord" / ".train-00004-of-00005.tmp-0123abcd").write_bytes(b"half a shard")
+    (out / ".manifest.json.tmp-89abcdef").write_bytes(b"{")  # a run killed as it wrote its manifest
     written = {f for f in _files(out) if not f.startswith(".gpufeed/")} - {"notes.txt", "tfrecord/README"}
     assert any(f.startswith("tfrecord/train-") for f in written)
 
@@ -79,6 +80,7 @@ def test_a_stopped_run_given_up_leaves_only_the_users_files_and_says_what_it_rem
     ref = tmp_path / "ref"
     convert(options(src, ref, formats=opts.formats, splits=("train",)))
     (out / "tfrecord" / "README").unlink()
+    (out / ".classes.txt.tmp-0123abcd").write_bytes(b"0\t")  # a run removes these too
     convert(opts)
     got = tree_bytes(out)
     assert got.pop("notes.txt") == b"mine" and got == tree_bytes(ref)
