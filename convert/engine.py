@@ -479,6 +479,7 @@ def _run(options, out, source, plans, items_by_split, journal, state_dir, progre
     spool_dir = (os.path.join(state_dir, sinks.SPOOL_DIR) if driver_writes
                  else sinks.join(out, STATE_DIR, sinks.SPOOL_DIR))
     window, memory = WINDOW_PER_WORKER, None
+    _report_stopped_states(out, progress)
     if ordered and io.is_local(out) and options.address is None:
         _sweep_memory_spools(out, progress)
         # Every worker is on this machine: spools in memory, never written back to the disk.
@@ -660,6 +661,28 @@ def _drop_leftovers(out: str, formats, state_dir: str, memory: str | None = None
         progress.warn(f"{size_text(io.tree_bytes(state_dir))} of the conversion's state (its journal and the split "
                       f"outputs assembled so far) stays in {state_dir} for the rerun, which resumes from it; to give "
                       f"the run up instead: gpufeed clean {shlex.quote(out)}")
+
+
+def _report_stopped_states(out: str, progress, shown: int = 5) -> None:
+    """Say what the remote destinations' runs that were stopped or killed keep under the user cache (their
+    journals and split outputs, out of sight and never freed by a sweep: only they prove what the runs wrote to
+    those destinations), and how to finish or give up each."""
+    from gpufeed.convert.progress import size_text
+    from gpufeed.convert.state import stopped_states
+
+    found = stopped_states(keep=out) if progress is not None else []
+    if not found:
+        return
+    named = [f"{dst} ({size_text(size)})" if dst else f"{folder} ({size_text(size)}; its destination not recorded)"
+             for folder, dst, size in found[:shown]]
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    many = len(found) > 1
+    progress.warn(f"{len(found)} conversion{'s' * many} to {'' if many else 'a '}remote destination{'s' * many}, "
+                  f"stopped or killed, keep{'' if many else 's'} {size_text(sum(size for _, _, size in found))} of "
+                  f"state in "
+                  f"{os.path.dirname(found[0][0])}: {', '.join(named)}{more}; rerun {'each' if many else 'its'} "
+                  f"command to finish it, or give it up: gpufeed clean "
+                  f"{shlex.quote(found[0][1]) if not many and found[0][1] else 'DST'}")
 
 
 def _sweep_memory_spools(out: str, progress) -> None:

@@ -24,7 +24,8 @@ import shutil
 import threading
 
 from gpufeed import io
-from gpufeed.errors import ConfigError, DestinationError, NotAFileError, OutputError, rerun_command, write_fix
+from gpufeed.errors import (ConfigError, DestinationError, GpufeedError, NotAFileError, OutputError, rerun_command,
+                            write_fix)
 from gpufeed.io import is_local, local_path
 
 JOURNAL = "journal.jsonl"
@@ -134,9 +135,7 @@ class DestinationLock:
             except OSError as e:
                 raise OutputError(f"{path}: cannot create the destination's lock file ({e.strerror}); check "
                                   f"that {out} is writable, or choose another destination") from e
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            if not _lock_within(f, LOCK_PATIENCE_S):
                 f.close()
                 raise ConfigError(f"{out}: another gpufeed convert is writing this destination; wait for it "
                                   "to finish or choose another destination") from None
@@ -155,6 +154,67 @@ class DestinationLock:
                 pass
             self._f.close()  # closing the descriptor drops the flock
             self._f = None
+
+
+#: How long a run waits for a destination's lock before it says another run holds it: a run holds it from start to
+#: end, where :func:`stopped_states` holds one for the moment it takes to look.
+LOCK_PATIENCE_S = 0.5
+
+
+def _lock_within(f, seconds: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def stopped_states(keep: str) -> list[tuple[str, str | None, int]]:
+    """The state folders of remote destinations under the user cache (:func:`state_dir_for`) whose runs were
+    stopped or killed and not rerun (no live run holds them), but ``keep``'s: ``(folder, the destination its
+    journal names, or None for a journal from before it named one, bytes)``. A remote run's state is out of its
+    user's sight, and holds the split outputs it assembles, as large as they will be."""
+    base = os.path.dirname(state_dir_for("remote://"))
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        folder = os.path.join(base, name)
+        if not name.startswith("convert-") or folder == state_dir_for(keep) or not os.path.isdir(folder) \
+                or os.path.islink(folder) or _held(folder + ".lock"):
+            continue
+        try:
+            start = next((e for e in Journal.peek(folder) if e.get("event") == "start"), {})
+        except (OSError, GpufeedError):
+            continue  # not a folder gpufeed keeps as it does: left alone, unnamed
+        out = start.get("out") if isinstance(start.get("out"), str) else None
+        found.append((folder, out, io.tree_bytes(folder)))
+    return found
+
+
+def _held(lock: str) -> bool:
+    """Whether a live run holds the lock file ``lock`` (looked at without waiting, and let go at once)."""
+    try:
+        fd = io.open_fd(lock, os.O_RDONLY, follow=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # not a lock file as gpufeed makes them: taken as held, so the folder is left alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # the lock, where taken, goes with it
 
 
 def _own_file(path: str, flags: int, mode: str, where: str = "inside gpufeed's conversion state"):
@@ -208,7 +268,8 @@ class Journal:
         j._f = _own_file(j.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab")
         if start is None:
             j.events = []
-            j.append({"event": "start", "version": JOURNAL_VERSION, "options": key})
+            # ``out``: named where a remote destination's state is found again (:func:`stopped_states`).
+            j.append({"event": "start", "version": JOURNAL_VERSION, "options": key, "out": out})
         else:
             j.version = start["version"]
         return j

@@ -32,8 +32,20 @@ def rng():
 
 
 def pytest_configure(config):
+    import tempfile
+
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # The session's own user cache (children inherit it): what a remote destination's run keeps there, and what a
+    # run says of the states it finds there, then depend on the tests alone, never on this user's own runs.
+    os.environ["XDG_CACHE_HOME"] = config._gpufeed_cache = tempfile.mkdtemp(prefix="gpufeed-tests-cache-")
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if getattr(config, "_gpufeed_cache", None):
+        shutil.rmtree(config._gpufeed_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -101,9 +101,19 @@ def test_a_remote_destinations_state_in_the_user_cache_is_named_and_removed(src,
         in capsys.readouterr().err
     assert any(f.startswith("tfrecord/") for f in _files(out)) and any(f.startswith(".gpufeed/spool/") for f in
                                                                        _files(out))
+    # Out of sight, and freed by no sweep: the next run of any other destination names it.
+    from gpufeed.convert.progress import Progress, size_text
+
+    size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(state) for n in names)
+    convert(options(src, tmp_path / "other", splits=("val",)), Progress(enabled=False))
+    assert (f"warning: 1 conversion to a remote destination, stopped or killed, keeps {size_text(size)} of state in "
+            f"{os.path.dirname(state)}: {url} ({size_text(size)}); rerun its command to finish it, or give it up: "
+            f"gpufeed clean {url}") in capsys.readouterr().err.splitlines()
     done = clean(url)
     assert done.files > 0 and done.spool_bytes > 0 and done.state == state
     assert _files(out) == set() and not os.path.exists(state) and not os.path.exists(out / ".gpufeed")
+    convert(options(src, tmp_path / "another", splits=("val",)), Progress(enabled=False))
+    assert "stopped or killed" not in capsys.readouterr().err
 
 
 def test_a_stopped_join_given_up_puts_the_finished_conversion_back_as_it_was(src, tmp_path):
