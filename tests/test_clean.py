@@ -129,3 +129,29 @@ def test_a_stopped_join_given_up_puts_the_finished_conversion_back_as_it_was(src
     assert done.restored == len(before)
     assert (out / "manifest.json").read_bytes() == manifest and tree_bytes(out) == before
     verify(str(out))
+
+
+def test_a_run_waits_out_a_look_at_its_lock_and_not_a_run_holding_it(tmp_path):
+    """Another run's look at a destination's lock (to tell a stopped run from a live one) holds it for an instant:
+    a run starting then waits for it; a lock held by a run is still refused, after LOCK_PATIENCE_S."""
+    import fcntl
+    import threading
+    import time
+
+    from gpufeed.convert.state import LOCK_PATIENCE_S, DestinationLock, state_dir_for
+
+    out = str(tmp_path / "out")
+    state = state_dir_for(out)
+    os.makedirs(out)
+    with open(state + ".lock", "a+b") as look:
+        fcntl.flock(look, fcntl.LOCK_EX)
+        threading.Timer(0.1, lambda: fcntl.flock(look, fcntl.LOCK_UN)).start()
+        DestinationLock.acquire(state, out).release()
+    held = DestinationLock.acquire(state, out)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match="another gpufeed convert is writing this destination"):
+            DestinationLock.acquire(state, out)
+        assert time.monotonic() - t0 >= LOCK_PATIENCE_S
+    finally:
+        held.release()
