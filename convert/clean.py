@@ -98,13 +98,13 @@ def clean(out: str, progress=None) -> Cleaned:
         if joined is not None:
             entries = destination.check_entries(out, joined.get("files"), journal)
             kept |= {f["path"] for f in entries}
-            changed = [f["path"] for f in entries if f.get("role") == "classes"
-                       and destination.file_problem(io.join(out, f["path"]), f) is not None]
+            changed = [f"{f['path']} ({problem})" for f in entries if f.get("role") == "classes"
+                       and (problem := destination.file_problem(io.join(out, f["path"]), f)) is not None]
             if changed:
-                raise ConfigError(f"{out}: the stopped run was adding splits to a finished conversion and had "
-                                  f"already rewritten {', '.join(changed)} for them, so that conversion cannot be "
-                                  "put back as it was; finish the run instead (rerun the same command), then "
-                                  "convert the splits you want to a destination of their own")
+                raise ConfigError(f"{out}: the stopped run was adding splits to a finished conversion, and "
+                                  f"{', '.join(changed)} no longer holds what that conversion wrote (the run "
+                                  "rewrote it for its splits, or it was changed since), so it cannot be put back as "
+                                  "it was; nothing was removed: finish the run instead (rerun the same command)")
         evidence = destination.Evidence(out)
         evidence.add_journal(events, journal)
         formats = [f for f in ((start or {}).get("options") or {}).get("formats") or () if isinstance(f, str)]

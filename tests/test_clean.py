@@ -125,6 +125,15 @@ def test_a_stopped_join_given_up_puts_the_finished_conversion_back_as_it_was(src
     manifest = (out / "manifest.json").read_bytes()
     _stop(options(src, out, splits=("val",)), n=1)
     assert not (out / "manifest.json").exists() and (out / "classes.txt").exists()
+    # A class list that is not the finished conversion's (as a join's end rewrites it): nothing is removed.
+    classes = (out / "classes.txt").read_bytes()
+    (out / "classes.txt").write_bytes(classes + b"3\textra\n")
+    left = _files(out)
+    with pytest.raises(ConfigError, match=r"classes.txt \(.*\) no longer holds what that conversion wrote .* "
+                                          "nothing was removed: finish the run instead"):
+        clean(str(out))
+    assert _files(out) == left
+    (out / "classes.txt").write_bytes(classes)
     done = clean(str(out))
     assert done.restored == len(before)
     assert (out / "manifest.json").read_bytes() == manifest and tree_bytes(out) == before
