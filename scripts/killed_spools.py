@@ -2,7 +2,9 @@
 the next run of another destination freeing them (its line), and the killed run's rerun finishing to a
 destination `gpufeed verify` passes (scripts/killed_spools.sh runs it on the GPU machine). With ``--signal term``
 the run is stopped as a scheduler stops it (SIGTERM): what it says its spools hold against what they hold, its
-advice to free them followed (``rm -r``), and the rerun, which then converts those shards again.
+advice to free them followed (``rm -r``), and the rerun, which then converts those shards again. With ``--then
+clean`` the stopped run is given up instead (``gpufeed clean``, timed), and a fresh run converts into the same
+destination.
 
     python3 scripts/killed_spools.py --n 100000 --workers 64 --results OUT/killed-spools.jsonl
 """
@@ -54,6 +56,9 @@ def main() -> None:
     p.add_argument("--formats", default="recordio,lmdb")
     p.add_argument("--kill-after", type=float, default=0.5, help="of the planned shards journalled")
     p.add_argument("--signal", choices=("kill", "term"), default="kill")
+    p.add_argument("--then", choices=("rerun", "clean"), default="rerun",
+                   help="clean: the stopped run given up with `gpufeed clean` (timed; what it said, what is left), "
+                        "then a fresh run into the same destination")
     p.add_argument("--work", default="/tmp/gpufeed-killed")
     p.add_argument("--results")
     a = p.parse_args()
@@ -85,7 +90,16 @@ def main() -> None:
     time.sleep(1.0)  # its local processes see the driver's end and exit
     row.update(killed_after_s=round(time.perf_counter() - t, 2), shards_planned=shards,
                shards_journalled=journal_shards(killed), spools_left=spool_bytes())
-    if a.signal == "term":
+    if a.then == "clean":
+        # 2. given up: gpufeed clean, timed, and what it left
+        row.update(stopped_rc=proc.returncode, stopped_said=err.strip().splitlines()[-3:],
+                   dst_files=_files(killed), dst_bytes=_bytes(killed))
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "gpufeed", "clean", killed], capture_output=True, text=True)
+        row.update(clean_rc=done.returncode, clean_s=round(time.perf_counter() - t, 2),
+                   clean_said=(done.stdout + done.stderr).strip()[-600:], left_after_clean=_files(killed),
+                   spools_after_clean=spool_bytes())
+    elif a.signal == "term":
         # 2. what the stopped run said, and its advice followed
         row.update(stopped_rc=proc.returncode, stopped_said=err.strip().splitlines()[-2:])
         advice = [line.rsplit("rm -r ", 1)[1] for line in err.splitlines() if "rm -r " in line]
@@ -114,6 +128,14 @@ def main() -> None:
             f.write(json.dumps(row) + "\n")
     for d in (killed, other):
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _files(root: str) -> int:
+    return sum(len(names) for _, _, names in os.walk(root))
+
+
+def _bytes(root: str) -> int:
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(root) for n in names)
 
 
 def _planned(out: str) -> int | None:
