@@ -312,7 +312,10 @@ def _configurations(task: str, opts: TrainOptions, formats: list[str]):
 
 
 def _warmup_s(accel) -> float:
-    return CUDA_WARMUP_S if accel.kind == "cuda" else 0.0
+    """Seconds of warm-up steps for a GPU's clocks to rise (:data:`CUDA_WARMUP_S`); none for a model on the CPU
+    (DistributedDataParallel ranks over gloo, where no GPU is), whose steps were warmed up for nothing."""
+    device = getattr(accel, "device", None)
+    return CUDA_WARMUP_S if accel.kind == "cuda" and getattr(device, "type", "cuda") == "cuda" else 0.0
 
 
 def _gpu(accel, opts: TrainOptions) -> str | None:
