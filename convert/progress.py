@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import threading
 import time
 
 
@@ -11,6 +12,10 @@ import time
 LOG_INTERVAL_S = 30.0
 #: Seconds of converting before a time left is estimated (the first shards finish in a burst).
 ETA_AFTER_S = 5.0
+
+
+#: Held while a line is written (by any :class:`Progress`, from any thread).
+_LINES = threading.Lock()
 
 
 class Progress:
@@ -33,6 +38,13 @@ class Progress:
         self._unit = "img"
         self._logged = 0.0
 
+    def _line(self, text: str) -> None:
+        """One whole line, written at once: the split outputs' committing threads each say their phase, and
+        ``print``'s separate writes of a text and its newline let two such lines run into one."""
+        with _LINES:
+            self.file.write(text + "\n")
+            self.file.flush()
+
     def phase(self, text: str) -> None:
         """Say what the run is doing now (listing, starting Ray, finishing an LMDB...): the bar's label
         while the bar is up, else a line of its own, so the first seconds are never silent."""
@@ -41,9 +53,9 @@ class Progress:
         if self._bar is not None:
             self._bar.set_description_str(text)
         elif self._t0 is not None and not self.tty:
-            print(f"{text} ({self._counts()})", file=self.file, flush=True)
+            self._line(f"{text} ({self._counts()})")
         else:
-            print(f"{text} ...", file=self.file, flush=True)
+            self._line(f"{text} ...")
 
     def converting(self) -> None:
         """Back to the bar's own label, once a phase shown on it (starting Ray) is over."""
@@ -55,7 +67,7 @@ class Progress:
         if self._bar is not None:
             self._bar.write(f"warning: {text}", file=self.file)
         else:
-            print(f"warning: {text}", file=self.file, flush=True)
+            self._line(f"warning: {text}")
 
     def start(self, total: int, already: int, unit: str = "img") -> None:
         self._t0 = self._logged = time.perf_counter()
@@ -64,7 +76,7 @@ class Progress:
             return
         desc = self._desc = "converting" if not already else f"resuming ({already} samples already done)"
         if not self.tty:
-            print(f"{desc}: {total:,} {unit}", file=self.file, flush=True)
+            self._line(f"{desc}: {total:,} {unit}")
             return
         from tqdm import tqdm
 
@@ -80,7 +92,7 @@ class Progress:
             self._bar.update(samples)
         elif self.enabled and not self.tty and time.perf_counter() - self._logged >= self.log_interval:
             self._logged = time.perf_counter()
-            print(f"{self._desc}: {self._counts()}", file=self.file, flush=True)
+            self._line(f"{self._desc}: {self._counts()}")
 
     def _counts(self) -> str:
         """``12,000 of 120,000 img (10%), 2,400 img/s, 120.0 MB/s, about 45 s left`` so far."""

@@ -365,6 +365,32 @@ def test_the_summarys_verify_command_works_as_printed_for_a_path_with_a_space(tm
     assert main(shlex.split(command)[1:]) == 0
 
 
+def test_phases_said_at_once_by_two_threads_stay_two_lines():
+    """Each split output's committing thread says its phase ("finishing the train lmdb output"): two at once were
+    seen run into one line and an empty one, as a print writes its text and its newline apart."""
+    import io
+    import threading
+    import time
+
+    from gpufeed.convert.progress import Progress
+
+    class Log(io.StringIO):
+        def write(self, text):
+            n = super().write(text)
+            time.sleep(0.001)  # another thread's write may come between this one and the next
+            return n
+
+    log = Log()
+    p = Progress(True, log)
+    said = [f"finishing the train {fmt} output" for fmt in ("recordio", "lmdb")]
+    threads = [threading.Thread(target=lambda t=t: [p.phase(t) for _ in range(20)]) for t in said]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(set(log.getvalue().splitlines())) == sorted(f"{t} ..." for t in said)
+
+
 def test_progress_is_plain_lines_in_a_log_and_a_bar_on_a_terminal():
     """A log (not a terminal) gets a line per phase and per interval, no carriage returns; a terminal the bar."""
     import io
