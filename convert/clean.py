@@ -110,10 +110,9 @@ def clean(out: str, progress=None) -> Cleaned:
         formats = [f for f in ((start or {}).get("options") or {}).get("formats") or () if isinstance(f, str)]
         planned = sorted({e["split"] for e in events if e.get("event") == "plan" and isinstance(e.get("split"), str)})
         rels = sorted((set(evidence.digests) | set(destination.in_the_way(out, formats, planned, False))) - kept)
-        file_bytes = sum(io.tree_bytes(io.join(out, rel)) for rel in rels)
-        removed = len(destination.clear(out, rels, evidence, progress, fix=UNPROVEN_FIX))
+        cleared = destination.clear(out, rels, evidence, progress, fix=UNPROVEN_FIX)
         temporaries, size = manifest_mod.remove_temporaries(out, formats)
-        removed, file_bytes = removed + temporaries, file_bytes + size
+        removed, file_bytes = len(cleared) + temporaries, sum(cleared.values()) + size
         for name in formats:
             io.remove_empty_dir(io.join(out, name))
         state_bytes = io.tree_bytes(state_dir)

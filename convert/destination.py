@@ -120,7 +120,7 @@ def file_problem(url: str, entry: dict) -> str | None:
     a folder) are never opened."""
     from gpufeed.formats.base import parts_digest
 
-    kind = _kind(url)
+    kind = kind_at(url)
     if kind is None:
         return "missing"
     if kind != io.FILE:
@@ -144,7 +144,7 @@ def file_problem(url: str, entry: dict) -> str | None:
     return None
 
 
-def _kind(url: str) -> str | None:
+def kind_at(url: str) -> str | None:
     """What is at ``url`` as :func:`gpufeed.io.kind_of` names it (``io.FILE``, ``io.FOLDER``, ``io.SYMLINK``,
     "a FIFO (named pipe)"...; a local path's not followed), or ``None`` when nothing is."""
     if io.is_local(url):
@@ -242,7 +242,7 @@ def in_the_way(out: str, formats, splits, top_level: bool) -> list[str]:
             if owner is not None and owner[1] in splits:
                 found.append(rel)
     if top_level:
-        found.extend(name for name in top_level_files() if _kind(io.join(out, name)) is not None)
+        found.extend(name for name in top_level_files() if kind_at(io.join(out, name)) is not None)
     return sorted(found)
 
 
@@ -250,11 +250,11 @@ def in_the_way(out: str, formats, splits, top_level: bool) -> list[str]:
 UNPROVEN_FIX = "move them away (or delete what you know to be damaged), or choose another destination"
 
 
-def clear(out: str, rels, evidence: Evidence, progress=None, fix: str = UNPROVEN_FIX) -> list[str]:
+def clear(out: str, rels, evidence: Evidence, progress=None, fix: str = UNPROVEN_FIX) -> dict[str, int]:
     """Remove ``rels`` (relative paths in ``out``; an LMDB environment's folder with what it holds) when every
     file among them is proven gpufeed's by ``evidence``; else remove nothing and raise :class:`DestinationError`
-    naming each file that is not, and ``fix``. Missing ones are fine. Returns the relative paths of the files
-    removed."""
+    naming each file that is not, and ``fix``. Missing ones are fine. Returns the files removed (relative paths)
+    and their bytes: a proven file's as checked, another's (a temporary, a reserved name) as found."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpufeed.convert.progress import size_text
@@ -262,12 +262,12 @@ def clear(out: str, rels, evidence: Evidence, progress=None, fix: str = UNPROVEN
 
     files, folders = {}, []  # relative path -> what is there (a listed file inside a folder in the way: once)
     for rel in sorted(set(rels)):
-        kind = _kind(io.join(out, rel))
+        kind = kind_at(io.join(out, rel))
         if kind == io.FOLDER and _folder_output(rel):
             folders.append(rel)
             for child in io.listdir(io.join(out, rel)):
                 inside = f"{rel}/{child.rstrip('/').rsplit('/', 1)[-1]}"
-                files[inside] = _kind(io.join(out, inside))
+                files[inside] = kind_at(io.join(out, inside))
         elif kind is not None:
             files[rel] = kind
     hashed = [r for r in files if r in evidence.digests]
@@ -293,11 +293,13 @@ def clear(out: str, rels, evidence: Evidence, progress=None, fix: str = UNPROVEN
         raise DestinationError(f"{out}: holds {len(refused)} file{'s' if len(refused) > 1 else ''} at names this "
                                f"conversion writes that gpufeed cannot prove it wrote, so it removes or overwrites "
                                f"nothing: {fix}:\n{shown}{more}")
+    removed = {rel: evidence.digests[rel]["bytes"] if rel in problems else io.file_size(io.join(out, rel)) or 0
+               for rel in files}
     for rel in files:
         io.remove(io.join(out, rel))
     for rel in folders:
         io.remove_empty_dir(io.join(out, rel))
-    return list(files)
+    return removed
 
 
 def _folder_output(rel: str) -> bool:
@@ -328,7 +330,7 @@ def check_state_dir(out: str) -> None:
     it would write outside the destination (a partial ``.lst`` linked to a user's file was cut and overwritten):
     the run stops naming it, before the journal is read."""
     url = io.join(out, STATE)
-    kind = _kind(url)
+    kind = kind_at(url)
     if kind is None:
         return
     if kind != io.FOLDER:
@@ -377,6 +379,6 @@ def check_output_folders(out: str, formats) -> None:
                                    f"{name} output; gpufeed writes, and later removes, only inside {out}: make it a "
                                    "folder (or move it away), or choose a destination on the disk it points to")
         if not os.path.isdir(path):  # a symlink to a folder inside DST is one
-            kind = _kind(url) if not os.path.islink(path) else f"{io.SYMLINK} to nothing"
+            kind = kind_at(url) if not os.path.islink(path) else f"{io.SYMLINK} to nothing"
             raise DestinationError(f"{url}: {kind}, where gpufeed writes its {name} output folder; move it away, "
                                    "or choose another destination")

@@ -677,12 +677,12 @@ def _report_stopped_states(out: str, progress, shown: int = 5) -> None:
              for folder, dst, size in found[:shown]]
     more = f" and {len(found) - shown} more" if len(found) > shown else ""
     many = len(found) > 1
+    total = size_text(sum(size for _, _, size in found))
+    command = shlex.quote(found[0][1]) if not many and found[0][1] else "DST"
     progress.warn(f"{len(found)} conversion{'s' * many} to {'' if many else 'a '}remote destination{'s' * many}, "
-                  f"stopped or killed, keep{'' if many else 's'} {size_text(sum(size for _, _, size in found))} of "
-                  f"state in "
-                  f"{os.path.dirname(found[0][0])}: {', '.join(named)}{more}; rerun {'each' if many else 'its'} "
-                  f"command to finish it, or give it up: gpufeed clean "
-                  f"{shlex.quote(found[0][1]) if not many and found[0][1] else 'DST'}")
+                  f"stopped or killed, keep{'' if many else 's'} {total} of state in {os.path.dirname(found[0][0])}: "
+                  f"{', '.join(named)}{more}; rerun {'each' if many else 'its'} command to finish it, or give it up: "
+                  f"gpufeed clean {command}")
 
 
 def _sweep_memory_spools(out: str, progress) -> None:

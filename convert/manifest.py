@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import platform
-import stat
 import time
 
 import numpy as np
@@ -96,7 +95,7 @@ def remove_temporaries(out: str, formats) -> tuple[int, int]:
     manifest, class lists and statistics beside the formats' folders (a run killed as it wrote one) (never a final
     name; called while this conversion's journal holds the destination). Returns the files removed and their
     bytes."""
-    from gpufeed.convert.destination import owned_split, top_level_files
+    from gpufeed.convert.destination import kind_at, owned_split, top_level_files
 
     found = []
     try:
@@ -107,7 +106,7 @@ def remove_temporaries(out: str, formats) -> tuple[int, int]:
     for name in names:
         base = name.rstrip("/").rsplit("/", 1)[-1]
         # Only a file: gpufeed writes these whole, never as folders or links.
-        if temp_target(base) in own and (not io.is_local(name) or _plain_file(io.local_path(name))):
+        if temp_target(base) in own and kind_at(name) == io.FILE:
             found.append(name)
     for fmt in formats:
         try:
@@ -126,13 +125,6 @@ def remove_temporaries(out: str, formats) -> tuple[int, int]:
         # Gone meanwhile is fine: a task of the stopped run, still finishing, renamed or dropped it.
         io.remove_entry(name)
     return files, size
-
-
-def _plain_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def save_stats(stats, file: str) -> None:

@@ -49,11 +49,16 @@ def destination_spelling(out: str) -> str:
     return os.path.abspath(local_path(out)) if is_local(out) else out.rstrip("/")
 
 
+def _remote_states() -> str:
+    """Where remote destinations' states are kept: the user cache's gpufeed folder."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpufeed")
+
+
 def state_dir_for(out: str) -> str:
     if is_local(out):
         return os.path.join(local_path(out), STATE_DIR)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpufeed", "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
+    return os.path.join(_remote_states(), "convert-" + hashlib.sha256(out.encode()).hexdigest()[:16])
 
 
 def recorded_options(old: dict, new: dict) -> dict:
@@ -180,7 +185,7 @@ def stopped_states(keep: str) -> list[tuple[str, str | None, int]]:
     stopped or killed and not rerun (no live run holds them), but ``keep``'s: ``(folder, the destination its
     journal names, or None for a journal from before it named one, bytes)``. A remote run's state is out of its
     user's sight, and holds the split outputs it assembles, as large as they will be."""
-    base = os.path.dirname(state_dir_for("remote://"))
+    base = _remote_states()
     try:
         names = sorted(os.listdir(base))
     except OSError:
