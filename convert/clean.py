@@ -74,6 +74,7 @@ def clean(out: str, progress=None) -> Cleaned:
     from gpufeed.convert import manifest as manifest_mod
     from gpufeed.convert.state import (JOURNAL, STATE_DIR, DestinationLock, Journal, destination_spelling,
                                        remove_state, state_dir_for)
+    from gpufeed.formats import get_format
 
     out = destination_spelling(out)
     if io.is_local(out) and not os.path.isdir(out):
@@ -108,6 +109,11 @@ def clean(out: str, progress=None) -> Cleaned:
         evidence = destination.Evidence(out)
         evidence.add_journal(events, journal)
         formats = [f for f in ((start or {}).get("options") or {}).get("formats") or () if isinstance(f, str)]
+        for name in formats:
+            get_format(name)  # a journal is input: a name that is no format's stops here
+        # Each format's folder inside DST, as a run checks it: one that is a link to a folder elsewhere would have
+        # the names the plan reserved removed there.
+        destination.check_output_folders(out, formats)
         planned = sorted({e["split"] for e in events if e.get("event") == "plan" and isinstance(e.get("split"), str)})
         rels = sorted((set(evidence.digests) | set(destination.in_the_way(out, formats, planned, False))) - kept)
         cleared = destination.clear(out, rels, evidence, progress, fix=UNPROVEN_FIX)

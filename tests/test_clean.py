@@ -168,6 +168,45 @@ def test_a_stopped_join_given_up_puts_the_finished_conversion_back_as_it_was(src
     verify(str(out))
 
 
+def test_nothing_outside_the_destination_is_touched_whatever_its_folders_or_journal_say(src, tmp_path):
+    """A journal is input and a format's folder may be a link: clean removes nothing outside DST. A recordio run
+    stopped before its end has journalled only spools, so its reserved names (train.rec ...) are all it would
+    remove in DST/recordio."""
+    import json
+
+    from gpufeed.errors import GpufeedError
+
+    out = tmp_path / "out"
+    _stop(src, str(out), "train", formats=("recordio",))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "train.rec").write_bytes(b"a user's own")
+    # DST/recordio a link to a folder elsewhere holding a file at a name the plan reserved: refused, before anything.
+    if (out / "recordio").exists():
+        (out / "recordio").rmdir()
+    (out / "recordio").symlink_to(elsewhere)
+    before = _files(out)
+    with pytest.raises(DestinationError, match=f"a symlink to {elsewhere}, outside the destination"):
+        clean(str(out))
+    assert (elsewhere / "train.rec").read_bytes() == b"a user's own" and _files(out) == before
+    (out / "recordio").unlink()
+    # A journal naming a "format" that leads out of DST, or a file outside it.
+    journal = out / ".gpufeed" / "journal.jsonl"
+    events = [json.loads(line) for line in journal.read_text().splitlines()]
+    start = next(e for e in events if e["event"] == "start")
+    start["options"]["formats"] = ["recordio", "../elsewhere"]
+    journal.write_text("".join(json.dumps(e) + "\n" for e in events))
+    with pytest.raises(GpufeedError, match="unknown format '../elsewhere'"):
+        clean(str(out))
+    start["options"]["formats"] = ["recordio"]
+    shard = next(e for e in events if e["event"] == "shard")
+    shard["files"][0]["path"] = str(elsewhere / "train.rec")
+    journal.write_text("".join(json.dumps(e) + "\n" for e in events))
+    clean(str(out))
+    assert (elsewhere / "train.rec").read_bytes() == b"a user's own" and sorted(os.listdir(elsewhere)) == ["train.rec"]
+    assert _files(out) == set()
+
+
 def test_a_run_waits_out_a_look_at_its_lock_and_not_a_run_holding_it(tmp_path):
     """Another run's look at a destination's lock (to tell a stopped run from a live one) holds it for an instant:
     a run starting then waits for it; a lock held by a run is still refused, after LOCK_PATIENCE_S."""
