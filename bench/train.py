@@ -776,6 +776,8 @@ def _rank_main(rank: int, world: int, port: int, grid: tuple, device_kind: str, 
 
     if device_kind == "cuda":
         torch.cuda.set_device(rank)
+    else:  # the ranks share the machine's cores: one intra-op pool each as large as the whole would oversubscribe it
+        torch.set_num_threads(max(1, usable_cores() // world))
     dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
 
