@@ -188,6 +188,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     if progress is not None:
         progress.phase(f"listing {options.src}")
     source = open_source(options.dataset, root, on_error=options.on_error, **options.source_options())
+    local = ray_start.local if ray_start is not None else None
+    source.pool = local.pool if local is not None else None  # its processes start while the driver lists
     available = source.splits()
     splits = list(options.splits or available)
     for s in splits:

@@ -12,7 +12,7 @@ import dataclasses
 import operator
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any, Protocol, Union
+from typing import Any, NamedTuple, Protocol, Union
 
 import numpy as np
 
@@ -128,9 +128,21 @@ def read_item(item: Item) -> Union[bytes, np.ndarray]:
 
 
 
+class MemberRun(NamedTuple):
+    """What the members of one tar inside an archive share in a :class:`ListedItems` (``add_members``): each is
+    the item ``key_prefix + name`` at ``(offset, size)`` of ``url``, member ``member_prefix + name``."""
+
+    key_prefix: str
+    url: str
+    label: Label
+    meta: Mapping[str, Any]
+    member_prefix: str
+
+
 class ListedItems(Sequence):
-    """Items in the order a listing found them, where most are the files of a few folders: a folder's files are
-    kept as its listing's names (with the folder's key and URL prefixes, label and meta), and an :class:`Item` is
+    """Items in the order a listing found them, where most are the files of a few folders (or the members of a few
+    tars inside an archive): a folder's files are kept as its listing's names (with the folder's key and URL
+    prefixes, label and meta), a tar's members as its index's entries (:class:`MemberRun`), and an :class:`Item` is
     made for one only when it is asked for. A conversion's driver needs every key to plan, but each item only in
     its shard's worker: making 300,000 Items while listing took ~0.4 s of the run's start (2 cores), their keys
     alone 0.03 s; and handing out every shard of them as :class:`ItemBatch` es (:meth:`take`), gathered and
@@ -149,6 +161,11 @@ class ListedItems(Sequence):
         ``url_prefix + name``."""
         if names:
             self._add(((key_prefix, url_prefix, label, meta), names), len(names))
+
+    def add_members(self, run: MemberRun, entries: list) -> None:
+        """The members of one tar inside an archive: ``(name, offset, size)`` each (a tar index's entries)."""
+        if entries:
+            self._add((run, entries), len(entries))
 
     def append(self, item: Item) -> None:
         if self._runs and self._runs[-1][0] is None:
@@ -170,6 +187,9 @@ class ListedItems(Sequence):
             for folder, names in self._runs:
                 if folder is None:
                     keys += map(item_key, names)
+                elif isinstance(folder, MemberRun):
+                    prefix = folder.key_prefix
+                    keys += [prefix + entry[0] for entry in names]
                 else:
                     prefix = folder[0]
                     keys += [prefix + name for name in names]
@@ -178,7 +198,12 @@ class ListedItems(Sequence):
 
     def url_prefixes(self) -> list[str]:
         """The URL prefix of each folder's files."""
-        return [folder[1] for folder, _ in self._runs if folder is not None]
+        return [folder[1] for folder, _ in self._runs if folder is not None and not isinstance(folder, MemberRun)]
+
+    def runs(self) -> list[tuple]:
+        """``(folder, names)`` as listed: ``(None, items)``, a folder's ``((key prefix, URL prefix, label, meta),
+        names)``, or a tar's ``(MemberRun, entries)``."""
+        return list(self._runs)
 
     def loose(self) -> list[Item]:
         """The items listed one by one (not as a folder's files)."""
@@ -249,7 +274,12 @@ class ItemBatch(Sequence):
 def _made(entry) -> Item:
     if isinstance(entry, Item):
         return entry
-    (key_prefix, url_prefix, label, meta), name = entry
+    folder, name = entry
+    if isinstance(folder, MemberRun):
+        name, offset, size = name
+        return Item(folder.key_prefix + name, folder.label,
+                    TarMemberRef(folder.url, offset, size, folder.member_prefix + name), folder.meta)
+    key_prefix, url_prefix, label, meta = folder
     return Item(key_prefix + name, label, FileRef(url_prefix + name), meta)
 
 
@@ -282,6 +312,8 @@ def all_local_files(items: Sequence[Item]) -> bool:
     from gpufeed.io import is_local
 
     if isinstance(items, ListedItems):  # a folder's URL prefix stands for its files'
+        if any(isinstance(folder, MemberRun) for folder, _ in items.runs()):
+            return False
         urls, items = items.url_prefixes(), items.loose()
     else:
         urls = []

@@ -1,0 +1,119 @@
+"""How long indexing ImageNet's train tar in place takes, cold and warm: a tar of per-class tars of JPEGs spaced as
+ImageNet's are (~110 KB apart, so each header is a read of its own on a cold disk), indexed as ``convert imagenet``
+lists it (in one process, or in a pool of processes as a conversion's), page cache dropped before each cold run
+(root: the GPU machine). The tar and its class list are left in the folder for a conversion to read.
+
+    python3 scripts/tar_index.py /tmp/tarprobe --classes 1000 --per-class 60 --processes 0,16 --results OUT/x.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tarfile
+import time
+
+
+def build(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
+    """The train tar (and a class list) in ``folder``, made once; its path."""
+    path = os.path.join(folder, "ILSVRC2012_img_train.tar")
+    if os.path.exists(path):
+        return path
+    os.makedirs(folder, exist_ok=True)
+    pool = jpegs(member_bytes)
+    block = tarfile.BLOCKSIZE
+    inner_bytes = sum(block + -(-len(pool[i % len(pool)]) // block) * block for i in range(per_class)) + 2 * block
+    with open(path + ".part", "wb") as f:
+        for c in range(classes):
+            wnid = f"n{c:08d}"
+            info = tarfile.TarInfo(f"{wnid}.tar")
+            info.size = inner_bytes + (-inner_bytes % (20 * block))  # tar pads an archive to its record size
+            f.write(info.tobuf(tarfile.GNU_FORMAT))
+            written = 0
+            for i in range(per_class):
+                m = tarfile.TarInfo(f"{wnid}_{i}.JPEG")
+                m.size = len(pool[i % len(pool)])
+                data = m.tobuf(tarfile.GNU_FORMAT) + pool[i % len(pool)]
+                data += bytes(-len(data) % block)
+                f.write(data)
+                written += len(data)
+            f.write(bytes(info.size - written))
+        f.write(bytes(2 * block))
+    os.rename(path + ".part", path)
+    with open(os.path.join(folder, "LOC_synset_mapping.txt"), "w") as f:
+        f.writelines(f"n{c:08d} class {c}\n" for c in range(classes))
+    return path
+
+
+def index(path: str, processes: int) -> list:
+    """The train tar's index as ``convert imagenet`` lists it: in ``processes`` processes of a fork server's
+    pool (a conversion's local processes), or here (0)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from gpufeed.pipelines.archive import index_tar
+
+    nested = lambda e: e.name.endswith(".tar")  # noqa: E731
+    if not processes:
+        return index_tar(path, nested=nested)
+    with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
+        return index_tar(path, nested=nested, pool=pool)
+
+
+def jpegs(member_bytes: int, n: int = 16) -> list[bytes]:
+    """``n`` distinct JPEGs of about ``member_bytes`` each (noise, which no disk compresses away)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    side = 64
+    while True:
+        data = cv2.imencode(".jpg", rng.integers(0, 256, (side, side * 4 // 3, 3), dtype=np.uint8))[1].tobytes()
+        if len(data) >= member_bytes:
+            break
+        side += 16
+    return [cv2.imencode(".jpg", rng.integers(0, 256, (side, side * 4 // 3, 3), dtype=np.uint8))[1].tobytes()
+            for _ in range(n)]
+
+
+def drop_caches() -> None:
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder")
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--per-class", type=int, default=60)
+    p.add_argument("--member-bytes", type=int, default=110_000)
+    p.add_argument("--processes", default="0,16", help="0: in this process; N: in a pool of N (comma-separated)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--results")
+    a = p.parse_args()
+    t = time.perf_counter()
+    path = build(a.folder, a.classes, a.per_class, a.member_bytes)
+    print(f"tar: {os.path.getsize(path) / 1e9:.2f} GB, {a.classes} x {a.per_class} members "
+          f"({time.perf_counter() - t:.1f} s to make)", flush=True)
+    for _ in range(a.repeats):
+        for processes in [int(x) for x in a.processes.split(",")]:
+            for cache in ("cold", "warm"):
+                if cache == "cold":
+                    drop_caches()
+                t = time.perf_counter()
+                entries = index(path, processes)
+                s = time.perf_counter() - t
+                members = sum(len(inner or ()) for _, inner in entries)
+                row = {"bench": "tar-index", "cache": cache, "processes": processes, "members": members,
+                       "seconds": round(s, 3), "members_per_s": round(members / s), "cores": os.cpu_count()}
+                print(json.dumps(row), flush=True)
+                if a.results:
+                    with open(a.results, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

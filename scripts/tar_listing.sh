@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# ImageNet's train tar read in place: its index alone, in one process and in a pool (scripts/tar_index.py), then
+# `convert imagenet` of it, page cache dropped first, this build and COMPARE (a `git archive` of another commit,
+# carried as an ignored path) back to back, alternating; each conversion's timeline (listed, first shard) kept.
+#
+#   device run, carry .whl and compare-build:  PER=100 COMPARE=compare-build OUT=$OUT bash scripts/tar_listing.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=$PWD
+WHEELS=${WHEELS:-.whl}
+source scripts/device_out.sh tar-index-KIND.jsonl
+DATA=${DATA:-/tmp/gpufeed-tar}
+WORKERS=${WORKERS:-$(nproc)}
+(cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" \
+  --processes "0,$WORKERS" --repeats "${REPEATS:-2}" --results "$RESULTS")
+if [ -n "${COMPARE:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
+fi
+for round in 1 2; do
+  for build in current ${COMPARE:+compare}; do
+    path=/tmp/site; [ "$build" = compare ] && path=/tmp/site-compare:/tmp/site
+    rm -rf "$DATA-out"
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    (cd /tmp && PYTHONPATH=$path python3 -m gpufeed convert imagenet "$DATA" --to recordio --out "$DATA-out" \
+      --workers "$WORKERS" --limit "${LIMIT:-4000}" --no-progress >/dev/null)
+    python3 - "$DATA-out/manifest.json" "$build" "$round" "$RESULTS" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+t = m["timings"]["timeline"]
+row = {"bench": "tar-convert", "build": sys.argv[2], "round": int(sys.argv[3]), "cache": "cold",
+       "listed_s": t.get("listed"), "first_shard_started_s": t.get("first_shard_started"),
+       "seconds": m["timings"]["seconds"], "images": sum(s["written"] for s in m["splits"].values()),
+       "workers": m["options"].get("workers")}
+print(json.dumps(row))
+with open(sys.argv[4], "a") as f:
+    f.write(json.dumps(row) + "\n")
+PY
+  done
+done

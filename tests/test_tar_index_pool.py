@@ -1,0 +1,130 @@
+"""ImageNet's train tar indexed with the inner tars in a process pool (a conversion's local processes): the same
+entries, the same problems in the same order, the same errors and limits as indexed in one process, and the
+source keeps its members without an Item made for each."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+import pytest
+from test_archive_safety import JPEG, make_tar, member
+
+from gpufeed.convert.identity import identities, item_identity
+from gpufeed.errors import GpufeedError
+from gpufeed.pipelines import open_source
+from gpufeed.pipelines.archive import TARS_PER_TASK, ArchiveLimits, index_tar
+from gpufeed.pipelines.base import ItemBatch, ListedItems, TarMemberRef, take_items
+from gpufeed.pipelines.sources import read_ref
+
+NESTED = staticmethod(lambda e: e.name.endswith(".tar"))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPoolExecutor(2, mp_context=get_context("forkserver")) as p:
+        yield p
+
+
+def inner(*members) -> bytes:
+    buf = io.BytesIO()
+    make_tar(buf, list(members))
+    return buf.getvalue()
+
+
+def train_tar(path, damaged: str | None = None):
+    """Nine per-class tars (three tasks' worth), members out of name order, refused members in two of them, a
+    file and a refused member among the outer tar's members; ``damaged``: that class tar's second header broken."""
+    outer = []
+    for c in range(3 * TARS_PER_TASK - 3):
+        wnid = f"n{c:02d}"
+        members = [member(f"{wnid}_{i}.JPEG", JPEG + bytes([c, i])) for i in (2, 0, 1)]
+        if c == 2:
+            members.insert(1, member("../evil.JPEG", JPEG))
+        if c == 5:
+            members.append(member("link.JPEG", type_=b"2", linkname="/etc/passwd"))
+        data = inner(*members)
+        if wnid == damaged:
+            data = bytearray(data)
+            data[1024 + 148:1024 + 156] = b"9999999\0"
+            data = bytes(data)
+        outer.append(member(f"{wnid}.tar", data))
+        if c == 3:
+            outer.append(member("README.txt", b"not a class"))
+            outer.append(member("/abs.tar", inner(member("x.JPEG", JPEG))))
+    make_tar(path, outer)
+    (path.parent / "LOC_synset_mapping.txt").write_text(
+        "".join(f"n{c:02d} class {c}\n" for c in range(3 * TARS_PER_TASK - 3)))
+    return str(path)
+
+
+def indexed(url, pool=None, **kw):
+    seen = []
+    try:
+        out = index_tar(url, nested=NESTED.__func__, on_problem=seen.append, pool=pool, **kw)
+    except GpufeedError as e:
+        out = e
+    return [(type(e).__name__, str(e)) for e in seen], (out if not isinstance(out, Exception) else
+                                                        (type(out).__name__, str(out)))
+
+
+def test_a_pool_indexes_the_inner_tars_as_one_process_does(tmp_path, pool):
+    url = train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    here, there = indexed(url), indexed(url, pool)
+    assert here == there
+    problems, entries = there
+    assert [p[1].split(".tar::", 1)[1].split(": ")[0] for p in problems] == [
+        "n02.tar::../evil.JPEG", "/abs.tar", "n05.tar::link.JPEG"]
+    assert [(e.name, inner is not None) for e, inner in entries][:5] == [
+        ("n00.tar", True), ("n01.tar", True), ("n02.tar", True), ("n03.tar", True), ("README.txt", False)]
+    assert [m.name for m in entries[0][1]] == ["n00_2.JPEG", "n00_0.JPEG", "n00_1.JPEG"]  # archive order
+    # Without on_problem the first refused member in archive order is raised, by either.
+    with pytest.raises(GpufeedError) as a:
+        index_tar(url, nested=NESTED.__func__)
+    with pytest.raises(GpufeedError) as b:
+        index_tar(url, nested=NESTED.__func__, pool=pool)
+    assert str(a.value) == str(b.value) and "evil" in str(a.value)
+    # Limits count every tar's members: the same refusal.
+    limits = ArchiveLimits(max_members=20)
+    assert indexed(url, limits=limits) == indexed(url, pool, limits=limits)
+    assert "more than 20 members" in indexed(url, pool, limits=limits)[1][1]
+
+
+def test_a_damaged_inner_tar_stops_both_after_the_problems_before_it(tmp_path, pool):
+    url = train_tar(tmp_path / "ILSVRC2012_img_train.tar", damaged="n06")
+    here, there = indexed(url), indexed(url, pool)
+    assert here == there
+    problems, error = there
+    assert len(problems) == 3 and error[0] == "InputError" and "n06.tar: has a damaged header at byte" in error[1]
+
+
+def test_a_pool_that_cannot_take_work_leaves_it_to_this_process(tmp_path):
+    url = train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    closed = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
+    closed.shutdown()
+    assert indexed(url, closed) == indexed(url)
+
+
+def test_the_train_tar_lists_its_members_without_an_item_each(tmp_path, pool):
+    train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    sources = [open_source("imagenet", str(tmp_path), on_error="skip") for _ in range(2)]
+    sources[1].pool = pool
+    listed = [s.items("train") for s in sources]
+    assert all(isinstance(items, ListedItems) for items in listed)
+    assert [s.skipped() for s in sources][0] == [s.skipped() for s in sources][1] and len(sources[0].skipped()) == 4
+    items = list(listed[1])
+    keys = [it.key for it in items]
+    assert keys == sorted(keys) == [f"n{c:02d}/n{c:02d}_{i}.JPEG" for c in range(9) for i in range(3)]
+    assert keys == [it.key for it in listed[0]]
+    assert all(isinstance(it.ref, TarMemberRef) and it.ref.member == f"{it.key[:3]}.tar/{it.key[4:]}" for it in items)
+    assert [read_ref(it.ref) for it in items[:3]] == [JPEG + bytes([0, i]) for i in range(3)]
+    assert items[4].label == 1 and items[4].meta == {"synset": "n01", "text": "class 1"}
+    # The identities the plan digests: the same bytes as one Item's at a time.
+    cache = {}
+    assert identities(listed[1]) == [item_identity(it, cache) for it in items]
+    # A shard's items as a worker gets them.
+    batch = pickle.loads(pickle.dumps(take_items(listed[1], [5, 0])))
+    assert isinstance(batch, ItemBatch) and [it.key for it in batch] == [keys[5], keys[0]]
+    assert [it.ref for it in batch] == [items[5].ref, items[0].ref]
