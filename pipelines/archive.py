@@ -19,8 +19,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from gpufeed.errors import GpufeedError, InputError, LabelError, UnsafeArchiveError
+from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
 from gpufeed.io import open_file
+from gpufeed.pipelines.pooled import PIECE_ERRORS, in_order
 
 #: Tar's unit: headers and member data are padded to 512-byte blocks.
 BLOCK = 512
@@ -176,10 +177,10 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         try:
             for entry in _index(f, 0, size, url, _Budget(limits, url), lambda e: found.append((len(outer), e))):
                 outer.append(entry)
-        except (GpufeedError, OSError) as e:
+        except PIECE_ERRORS as e:
             found.append((len(outer), _Raise(e)))
     spans = [(e.offset, e.offset + e.size, f"{url}::{e.name}") for e in outer if nested(e)]
-    indexes = _indexed_in(pool, url, spans, limits, on_problem is not None)
+    indexes = in_order(pool, _index_tars, spans, TARS_PER_TASK, url, limits, on_problem is not None)
 
     def say(e: Exception) -> None:
         if isinstance(e, _Raise) or on_problem is None:
@@ -194,7 +195,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
             budget.merge(1, entry.size)
             inner = None
             if nested(entry):
-                inner, problems, error = next(indexes)
+                (inner, problems), error = next(indexes)
                 counted = 0  # the archive's budget counts the members up to each problem before it is said
                 for at, e in [*problems, (len(inner), None)]:
                     budget.merge(at - counted, sum(m.size for m in inner[counted:at]))
@@ -219,34 +220,11 @@ class _Raise(Exception):
         self.error = error
 
 
-def _indexed_in(pool, url: str, spans: list, limits: ArchiveLimits, collect: bool) -> Iterator[tuple]:
-    """:func:`_index_tars` of ``spans`` in ``pool``'s processes: ``(members, problems, error)`` per span, in order.
-    Where the pool cannot take the work (broken, or shut down), the spans not yet done are indexed here.
-    Closing the iterator cancels the tasks not begun."""
-    from concurrent.futures import BrokenExecutor
-
-    chunks = [spans[i:i + TARS_PER_TASK] for i in range(0, len(spans), TARS_PER_TASK)]
-    futures = []
-    try:
-        try:
-            futures = [pool.submit(_index_tars, url, chunk, limits, collect) for chunk in chunks]
-        except (RuntimeError, BrokenExecutor):  # shut down or broken: BrokenProcessPool is a RuntimeError too
-            pass
-        for i, chunk in enumerate(chunks):
-            try:
-                done = futures[i].result() if i < len(futures) else None
-            except BrokenExecutor:  # a process died: the work is redone here
-                done = None
-            yield from done if done is not None else _index_tars(url, chunk, limits, collect)
-    finally:
-        for future in futures:
-            future.cancel()
-
-
-def _index_tars(url: str, spans: list, limits: ArchiveLimits, collect: bool) -> list[tuple]:
-    """``(members, problems, error)`` for each ``(start, end, where)`` tar of ``url`` in ``spans``, up to the first
-    that fails (its ``error``); ``collect``: a refused member is one of ``problems`` (each with the number of
-    members before it), else an ``error``. The budget spans this call's tars only (the caller counts every tar's
+def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
+    """For each ``(start, end, where)`` tar of ``url`` in ``spans``: ``((members, problems), None)``, up to the
+    first that fails, ``((members, problems), error)`` (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what
+    was found before the error); ``collect``: a refused member is one of ``problems`` (each with the number of
+    members before it), else an error. The budget spans this call's tars only (the caller counts every tar's
     members against the archive's)."""
     budget = _Budget(limits, url)
     out = []
@@ -258,10 +236,10 @@ def _index_tars(url: str, spans: list, limits: ArchiveLimits, collect: bool) -> 
                 for m in _index(f, start, end, where, budget,
                                 (lambda e: problems.append((len(members), e))) if collect else None):
                     members.append(m)
-            except (GpufeedError, OSError) as e:
-                out.append((members, problems, e))
+            except PIECE_ERRORS as e:
+                out.append(((members, problems), e))
                 break  # the caller raises it: it asks for no tar after this one
-            out.append((members, problems, None))
+            out.append(((members, problems), None))
     return out
 
 

@@ -18,6 +18,7 @@ import re
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, MemberRun, Skipped, TarMemberRef
+from gpufeed.pipelines.pooled import in_order, pieces
 from gpufeed.pipelines.sources import BaseSource, Root, read_named
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
@@ -41,6 +42,8 @@ EXPECTED = ("an ImageNet layout: train/ and val/ folders (train/<wnid>/*.JPEG), 
 
 
 _NAME = operator.itemgetter(0)  # a tar index entry's name
+#: Class folders one task of a source's pool walks (ImageNet's 1,000 make 125 tasks).
+FOLDERS_PER_TASK = 8
 
 
 def _stem(name: str) -> str:
@@ -59,35 +62,45 @@ class _ImageSource(BaseSource):
         """Items of ``top/<class>/**``; a class folder not in ``label_of`` is an unknown class.
 
         A file directly in ``top`` goes to ``flat_file(name)`` (flat ImageNet val) or is reported as unlabelled.
+        The class folders are walked in the source's pool where it has one (a cold folder is a chain of reads).
         """
         items = ListedItems()
-        for cls, is_dir in self.root.listdir(top):
-            path = self.root.join(top, cls)
-            if not is_dir:
-                item = flat_file(cls) if flat_file else self._unlabelled(path)
-                if item is not None:
-                    items.append(item)
-                continue
-            if cls not in label_of:
-                self.problem(LabelError(printable(self.root.url(path)), f"is a folder for the unknown class {cls!r}",
-                                        "remove it, or use a class list (devkit / LOC_synset_mapping.txt) that has it"))
-                continue
-            meta, label = meta_of(cls), label_of[cls]
-            rels = self.root.walk_files(path)
-            # Per file this is the listing's cost (a million files in ImageNet): the common case, a folder of
-            # ASCII names with image extensions, is checked in one comprehension and kept as its names;
-            # _file_item says what is wrong with a name otherwise.
-            url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
-            if all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels]):
-                items.add_files(f"{cls}/", url, label, meta, rels)
-                continue
-            for rel in rels:
-                if rel.isascii() and _is_image(rel):
-                    items.append(Item(f"{cls}/{rel}", label, FileRef(url + rel), meta))
-                else:
-                    item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label, meta)
+        entries = self.root.listdir(top)
+        walked = in_order(self.pool, pieces, [self.root.join(top, cls) for cls, is_dir in entries
+                                              if is_dir and cls in label_of], FOLDERS_PER_TASK, self.root.walk_files)
+        try:
+            for cls, is_dir in entries:
+                path = self.root.join(top, cls)
+                if not is_dir:
+                    item = flat_file(cls) if flat_file else self._unlabelled(path)
                     if item is not None:
                         items.append(item)
+                    continue
+                if cls not in label_of:
+                    self.problem(LabelError(printable(self.root.url(path)), f"is a folder for the unknown class "
+                                            f"{cls!r}", "remove it, or use a class list (devkit / "
+                                            "LOC_synset_mapping.txt) that has it"))
+                    continue
+                meta, label = meta_of(cls), label_of[cls]
+                rels, error = next(walked)
+                if error is not None:
+                    raise error
+                # Per file this is the listing's cost (a million files in ImageNet): the common case, a folder of
+                # ASCII names with image extensions, is checked in one comprehension and kept as its names;
+                # _file_item says what is wrong with a name otherwise.
+                url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
+                if all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels]):
+                    items.add_files(f"{cls}/", url, label, meta, rels)
+                    continue
+                for rel in rels:
+                    if rel.isascii() and _is_image(rel):
+                        items.append(Item(f"{cls}/{rel}", label, FileRef(url + rel), meta))
+                    else:
+                        item = self._file_item(self.root.join(path, rel), f"{cls}/{rel}", label, meta)
+                        if item is not None:
+                            items.append(item)
+        finally:
+            walked.close()
         return items
 
     def _unlabelled(self, path: str) -> None:

@@ -1,7 +1,8 @@
 """How long indexing ImageNet's train tar in place takes, cold and warm: a tar of per-class tars of JPEGs spaced as
 ImageNet's are (~110 KB apart, so each header is a read of its own on a cold disk), indexed as ``convert imagenet``
 lists it (in one process, or in a pool of processes as a conversion's), page cache dropped before each cold run
-(root: the GPU machine). The tar and its class list are left in the folder for a conversion to read.
+(root: the GPU machine). The tar and its class list are left in the folder for a conversion to read. With
+``--layout tree``, the same for ImageNet's train tree: its class folders walked here or in the pool.
 
     python3 scripts/tar_index.py /tmp/tarprobe --classes 1000 --per-class 60 --processes 0,16 --results OUT/x.jsonl
 """
@@ -62,6 +63,41 @@ def index(path: str, processes: int) -> list:
         return index_tar(path, nested=nested, pool=pool)
 
 
+def build_tree(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
+    """ImageNet's train tree (``train/<wnid>/<wnid>_<n>.JPEG``) and a class list in ``folder``, made once; the
+    folder. The listing reads folders, not files: small JPEGs serve."""
+    train = os.path.join(folder, "train")
+    if os.path.isdir(train):
+        return folder
+    pool = jpegs(member_bytes)
+    for c in range(classes):
+        wnid = f"n{c:08d}"
+        os.makedirs(os.path.join(train + ".part", wnid))
+        for i in range(per_class):
+            with open(os.path.join(train + ".part", wnid, f"{wnid}_{i}.JPEG"), "wb") as f:
+                f.write(pool[i % len(pool)])
+    os.rename(train + ".part", train)
+    with open(os.path.join(folder, "LOC_synset_mapping.txt"), "w") as f:
+        f.writelines(f"n{c:08d} class {c}\n" for c in range(classes))
+    return folder
+
+
+def list_tree(folder: str, processes: int) -> int:
+    """How many inputs ``convert imagenet`` lists in the tree, its class folders walked in ``processes``
+    processes of a fork server's pool, or here (0)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from gpufeed.pipelines import open_source
+
+    source = open_source("imagenet", folder)
+    if not processes:
+        return len(source.items("train"))
+    with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
+        source.pool = pool
+        return len(source.items("train"))
+
+
 def jpegs(member_bytes: int, n: int = 16) -> list[bytes]:
     """``n`` distinct JPEGs of about ``member_bytes`` each (noise, which no disk compresses away)."""
     import cv2
@@ -93,22 +129,30 @@ def main() -> None:
     p.add_argument("--processes", default="0,16", help="0: in this process; N: in a pool of N (comma-separated)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--results")
+    p.add_argument("--layout", choices=("tar", "tree"), default="tar")
     a = p.parse_args()
     t = time.perf_counter()
-    path = build(a.folder, a.classes, a.per_class, a.member_bytes)
-    print(f"tar: {os.path.getsize(path) / 1e9:.2f} GB, {a.classes} x {a.per_class} members "
-          f"({time.perf_counter() - t:.1f} s to make)", flush=True)
+    if a.layout == "tar":
+        path = build(a.folder, a.classes, a.per_class, a.member_bytes)
+        print(f"tar: {os.path.getsize(path) / 1e9:.2f} GB, {a.classes} x {a.per_class} members "
+              f"({time.perf_counter() - t:.1f} s to make)", flush=True)
+    else:
+        build_tree(a.folder, a.classes, a.per_class, a.member_bytes)
+        print(f"tree: {a.classes} x {a.per_class} files ({time.perf_counter() - t:.1f} s to make)", flush=True)
     for _ in range(a.repeats):
         for processes in [int(x) for x in a.processes.split(",")]:
             for cache in ("cold", "warm"):
                 if cache == "cold":
                     drop_caches()
                 t = time.perf_counter()
-                entries = index(path, processes)
+                if a.layout == "tar":
+                    members = sum(len(inner or ()) for _, inner in index(path, processes))
+                else:
+                    members = list_tree(a.folder, processes)
                 s = time.perf_counter() - t
-                members = sum(len(inner or ()) for _, inner in entries)
-                row = {"bench": "tar-index", "cache": cache, "processes": processes, "members": members,
-                       "seconds": round(s, 3), "members_per_s": round(members / s), "cores": os.cpu_count()}
+                row = {"bench": f"{a.layout}-index" if a.layout == "tar" else "tree-list", "cache": cache,
+                       "processes": processes, "members": members, "seconds": round(s, 3),
+                       "members_per_s": round(members / s), "cores": os.cpu_count()}
                 print(json.dumps(row), flush=True)
                 if a.results:
                     with open(a.results, "a") as f:

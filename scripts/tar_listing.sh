@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ImageNet's train tar read in place: its index alone, in one process and in a pool (scripts/tar_index.py), then
+# ImageNet's train tar read in place (LAYOUT=tree: its train tree): its index (the tree: its listing) alone, in one
+# process and in a pool (scripts/tar_index.py), then
 # `convert imagenet` of it, page cache dropped first, this build and COMPARE (a `git archive` of another commit,
 # carried as an ignored path) back to back, alternating; each conversion's timeline (listed, first shard) kept.
 #
@@ -12,7 +13,8 @@ source scripts/device_out.sh tar-index-KIND.jsonl
 DATA=${DATA:-/tmp/gpufeed-tar}
 WORKERS=${WORKERS:-$(nproc)}
 (cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" \
-  --processes "0,$WORKERS" --repeats "${REPEATS:-2}" --results "$RESULTS")
+  --processes "0,$WORKERS" --repeats "${REPEATS:-2}" --layout "${LAYOUT:-tar}" --member-bytes "${MEMBER_BYTES:-110000}" \
+  --results "$RESULTS")
 if [ -n "${COMPARE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
     --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
@@ -24,11 +26,11 @@ for round in 1 2; do
     sync; echo 3 > /proc/sys/vm/drop_caches
     (cd /tmp && PYTHONPATH=$path python3 -m gpufeed convert imagenet "$DATA" --to recordio --out "$DATA-out" \
       --workers "$WORKERS" --limit "${LIMIT:-4000}" --no-progress >/dev/null)
-    python3 - "$DATA-out/manifest.json" "$build" "$round" "$RESULTS" <<'PY'
+    python3 - "$DATA-out/manifest.json" "$build" "$round" "$RESULTS" "${LAYOUT:-tar}" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
 t = m["timings"]["timeline"]
-row = {"bench": "tar-convert", "build": sys.argv[2], "round": int(sys.argv[3]), "cache": "cold",
+row = {"bench": f"{sys.argv[5]}-convert", "build": sys.argv[2], "round": int(sys.argv[3]), "cache": "cold",
        "listed_s": t.get("listed"), "first_shard_started_s": t.get("first_shard_started"),
        "seconds": m["timings"]["seconds"], "images": sum(s["written"] for s in m["splits"].values()),
        "workers": m["options"].get("workers")}

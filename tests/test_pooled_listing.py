@@ -1,6 +1,6 @@
-"""ImageNet's train tar indexed with the inner tars in a process pool (a conversion's local processes): the same
-entries, the same problems in the same order, the same errors and limits as indexed in one process, and the
-source keeps its members without an Item made for each."""
+"""Listing in a process pool (a conversion's local processes): ImageNet's train tar with its inner tars indexed
+there, and a tree's class folders walked there, give the same entries, the same problems in the same order, the
+same errors and limits as in one process; the tar's members are kept without an Item made for each."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gpufeed.errors import GpufeedError
 from gpufeed.pipelines import open_source
 from gpufeed.pipelines.archive import TARS_PER_TASK, ArchiveLimits, index_tar
 from gpufeed.pipelines.base import ItemBatch, ListedItems, TarMemberRef, take_items
+from gpufeed.pipelines.pooled import in_order, pieces
 from gpufeed.pipelines.sources import read_ref
 
 NESTED = staticmethod(lambda e: e.name.endswith(".tar"))
@@ -128,3 +129,45 @@ def test_the_train_tar_lists_its_members_without_an_item_each(tmp_path, pool):
     batch = pickle.loads(pickle.dumps(take_items(listed[1], [5, 0])))
     assert isinstance(batch, ItemBatch) and [it.key for it in batch] == [keys[5], keys[0]]
     assert [it.ref for it in batch] == [items[5].ref, items[0].ref]
+
+
+def _fails_at_five(n: int) -> int:
+    if n == 5:
+        raise OSError(5, "Input/output error", f"/data/{n}")
+    return n * n
+
+
+@pytest.mark.parametrize("where", ["pool", "here"])
+def test_pieces_come_back_in_order_up_to_the_first_error(pool, where):
+    got = list(in_order(pool if where == "pool" else None, pieces, list(range(12)), 2, _fails_at_five))
+    # 0..4, then 5's error; 6 and 7 were in another task, which ran: the caller stops at the error all the same.
+    assert [r for r, e in got[:5]] == [0, 1, 4, 9, 16] and all(e is None for _, e in got[:5])
+    assert got[5][0] is None and isinstance(got[5][1], OSError) and got[5][1].filename == "/data/5"
+    assert [r for r, _ in got[6:]] == [36, 49, 64, 81, 100, 121]  # 5's task gave nothing after it
+
+
+def test_a_tree_walked_in_a_pool_lists_as_one_process_does(tmp_path, pool):
+    root = tmp_path / "folder"
+    for c in range(20):
+        d = root / "train" / f"n{c:02d}"
+        d.mkdir(parents=True)
+        for i in (2, 0, 1):
+            (d / f"n{c:02d}_{i}.JPEG").write_bytes(JPEG)
+    (root / "train" / "n03" / "notes.txt").write_text("x")  # a non-image in a class folder
+    (root / "train" / "n07" / "sub").mkdir()
+    (root / "train" / "n07" / "sub" / "deep.JPEG").write_bytes(JPEG)
+    (root / "train" / "zz_loose.JPEG").write_bytes(JPEG)  # a file outside any class folder
+    (root / "train" / "zz_unknown").mkdir()
+    (root / "LOC_synset_mapping.txt").write_text("".join(f"n{c:02d} class {c}\n" for c in range(20)))
+    sources = [open_source("imagenet", str(root), on_error="skip") for _ in range(2)]
+    sources[1].pool = pool
+    listed = [[(it.key, it.label, it.ref) for it in s.items("train")] for s in sources]
+    assert listed[0] == listed[1] and len(listed[0]) == 61 and ("n07/sub/deep.JPEG", 7) == listed[1][24][:2]
+    assert sources[0].skipped() == sources[1].skipped() and len(sources[0].skipped()) == 3
+    with pytest.raises(GpufeedError) as a:
+        open_source("imagenet", str(root)).items("train")
+    failing = open_source("imagenet", str(root))
+    failing.pool = pool
+    with pytest.raises(GpufeedError) as b:
+        failing.items("train")
+    assert str(a.value) == str(b.value) and "notes.txt" in str(a.value)

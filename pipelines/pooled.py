@@ -1,0 +1,60 @@
+"""Listing work handed to a process pool (a conversion's local processes, :attr:`BaseSource.pool`), its results
+taken back in order, as if it had been done here one piece after another.
+
+A source lists a split before any image is converted, and a listing is mostly chains of requests a disk (or a
+remote store) answers one at a time: a tar's headers, a folder's entries. Handed out a few at a time to a pool's
+processes, many chains are in flight at once, and their Python runs on as many cores. Errors keep their place: a
+piece's error is given where it falls, after every result before it, as the same listing in one process would
+meet it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from gpufeed.errors import GpufeedError
+
+#: What a piece of listing work may raise and still be given back in its place: a gpufeed error naming the input,
+#: or the filesystem's (a folder that cannot be read).
+PIECE_ERRORS = (GpufeedError, OSError)
+
+
+def pieces(items: list, fn: Callable, *args) -> list[tuple]:
+    """``(fn(item, *args), None)`` for each of ``items``, up to the first that raises one of
+    :data:`PIECE_ERRORS`: ``(None, error)`` for it, and nothing after it. A pool's task."""
+    out = []
+    for item in items:
+        try:
+            out.append((fn(item, *args), None))
+        except PIECE_ERRORS as e:
+            out.append((None, e))
+            break
+    return out
+
+
+def in_order(pool, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
+    """``task(chunk, *args)`` (:func:`pieces`' shape: ``(result, error)`` per item) over ``items``, ``per_task``
+    a chunk, every chunk submitted to ``pool`` at once; yields each item's ``(result, error)`` in order. The
+    caller raises an error when it meets one (a chunk gives nothing after it). Where the pool cannot take the work
+    (shut down, or broken: a process died), the chunks not yet back are done here. Closing the iterator cancels
+    the tasks not begun."""
+    from concurrent.futures import BrokenExecutor
+
+    chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
+    futures = []
+    try:
+        if pool is not None and len(chunks) > 1:  # (one chunk would only wait for a process to take it)
+            try:
+                for chunk in chunks:
+                    futures.append(pool.submit(task, chunk, *args))
+            except (RuntimeError, BrokenExecutor):  # shut down or broken (BrokenProcessPool is a RuntimeError too)
+                pass
+        for i, chunk in enumerate(chunks):
+            try:
+                done = futures[i].result() if i < len(futures) else None
+            except BrokenExecutor:
+                done = None
+            yield from done if done is not None else task(chunk, *args)
+    finally:
+        for future in futures:
+            future.cancel()
