@@ -181,6 +181,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     from gpufeed.convert.state import (TAPERED_JOURNAL_VERSION, DestinationLock, Journal, destination_spelling,
                                        state_dir_for)
     from gpufeed.pipelines import open_source
+    from gpufeed.pipelines.pooled import Lent
 
     out = destination_spelling(options.out)
     root = options.source_root
@@ -189,7 +190,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         progress.phase(f"listing {options.src}")
     source = open_source(options.dataset, root, on_error=options.on_error, **options.source_options())
     local = ray_start.local if ray_start is not None else None
-    source.pool = local.pool if local is not None else None  # its processes start while the driver lists
+    if local is not None:  # its processes start while the driver lists: they take part once they are up
+        source.pool = Lent(local.pool, lambda: local.started_at() is not None)
     available = source.splits()
     splits = list(options.splits or available)
     for s in splits:

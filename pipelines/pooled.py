@@ -32,29 +32,43 @@ def pieces(items: list, fn: Callable, *args) -> list[tuple]:
     return out
 
 
-def in_order(pool, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
+class Lent:
+    """A process pool (:class:`concurrent.futures.ProcessPoolExecutor`) lent to a listing, and ``ready()``: whether
+    its processes are up. Work goes to it only once they are: until then the listing goes on here, as fast as it
+    would without the pool (a conversion's processes start while its driver lists)."""
+
+    def __init__(self, executor, ready: Callable[[], bool] | None = None):
+        self.executor = executor
+        self.ready = ready or (lambda: True)
+
+
+def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
     """``task(chunk, *args)`` (:func:`pieces`' shape: ``(result, error)`` per item) over ``items``, ``per_task``
-    a chunk, every chunk submitted to ``pool`` at once; yields each item's ``(result, error)`` in order. The
-    caller raises an error when it meets one (a chunk gives nothing after it). Where the pool cannot take the work
-    (shut down, or broken: a process died), the chunks not yet back are done here. Closing the iterator cancels
-    the tasks not begun."""
+    a chunk; yields each item's ``(result, error)`` in order. The chunks are done here, one after another, until
+    ``pool`` is ready; then every chunk left is handed to it at once and taken back in order. The caller raises an
+    error when it meets one (a chunk gives nothing after it). Where the pool cannot take the work (shut down, or
+    broken: a process died), the chunks not back are done here. Closing the iterator cancels the tasks not begun."""
     from concurrent.futures import BrokenExecutor
 
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
-    futures = []
+    futures: dict = {}
+    handed = pool is None or len(chunks) <= 1  # (one chunk would only wait for a process to take it)
     try:
-        if pool is not None and len(chunks) > 1:  # (one chunk would only wait for a process to take it)
-            try:
-                for chunk in chunks:
-                    futures.append(pool.submit(task, chunk, *args))
-            except (RuntimeError, BrokenExecutor):  # shut down or broken (BrokenProcessPool is a RuntimeError too)
-                pass
         for i, chunk in enumerate(chunks):
-            try:
-                done = futures[i].result() if i < len(futures) else None
-            except BrokenExecutor:
-                done = None
+            if not handed and pool.ready():
+                handed = True
+                try:
+                    for j in range(i, len(chunks)):
+                        futures[j] = pool.executor.submit(task, chunks[j], *args)
+                except (RuntimeError, BrokenExecutor):  # shut down or broken (BrokenProcessPool is a RuntimeError)
+                    pass
+            done = None
+            if i in futures:
+                try:
+                    done = futures.pop(i).result()
+                except BrokenExecutor:
+                    pass
             yield from done if done is not None else task(chunk, *args)
     finally:
-        for future in futures:
+        for future in futures.values():
             future.cancel()

@@ -354,8 +354,9 @@ class BaseSource:
 
     name = ""
     modality = "image"
-    #: A process pool (:class:`concurrent.futures.ProcessPoolExecutor`) the source may list with, where there is
-    #: one: a conversion lends its local processes (ImageNet's train tar has its inner tars indexed in them).
+    #: A process pool the source may list with (:class:`gpufeed.pipelines.pooled.Lent`), where there is one: a
+    #: conversion lends its local processes (ImageNet's class folders are walked, and its train tar's inner tars
+    #: indexed, in them).
     pool = None
 
     def __init__(self, root: Root, on_error: str = "fail"):

@@ -67,7 +67,7 @@ class _ImageSource(BaseSource):
         items = ListedItems()
         entries = self.root.listdir(top)
         walked = in_order(self.pool, pieces, [self.root.join(top, cls) for cls, is_dir in entries
-                                              if is_dir and cls in label_of], FOLDERS_PER_TASK, self.root.walk_files)
+                                              if is_dir and cls in label_of], FOLDERS_PER_TASK, _walk_class, self.root)
         try:
             for cls, is_dir in entries:
                 path = self.root.join(top, cls)
@@ -82,14 +82,12 @@ class _ImageSource(BaseSource):
                                             "LOC_synset_mapping.txt) that has it"))
                     continue
                 meta, label = meta_of(cls), label_of[cls]
-                rels, error = next(walked)
+                walk, error = next(walked)
                 if error is not None:
                     raise error
-                # Per file this is the listing's cost (a million files in ImageNet): the common case, a folder of
-                # ASCII names with image extensions, is checked in one comprehension and kept as its names;
-                # _file_item says what is wrong with a name otherwise.
+                rels, plain = walk
                 url = self.root.url(self.root.join(path, "x"))[:-1]  # "<folder>/", so that url + rel is the file's
-                if all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels]):
+                if plain:
                     items.add_files(f"{cls}/", url, label, meta, rels)
                     continue
                 for rel in rels:
@@ -118,6 +116,15 @@ class _ImageSource(BaseSource):
                                     "delete it or give it an image extension"))
             return None
         return Item(key, label, FileRef(url), meta)
+
+
+def _walk_class(path: str, root: Root) -> tuple[list[str], bool]:
+    """A class folder's files (relative paths, sorted), and whether every one is plainly an image's (an ASCII name
+    with an image extension: the common case, kept as its names; ``_file_item`` says what is wrong with a name
+    otherwise). Per file this is the listing's cost, a million files in ImageNet, run in a pool's processes where
+    the source has one."""
+    rels = root.walk_files(path)
+    return rels, all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels])
 
 
 class ImageNetSource(_ImageSource):

@@ -55,12 +55,13 @@ def index(path: str, processes: int) -> list:
     from multiprocessing import get_context
 
     from gpufeed.pipelines.archive import index_tar
+    from gpufeed.pipelines.pooled import Lent
 
     nested = lambda e: e.name.endswith(".tar")  # noqa: E731
     if not processes:
         return index_tar(path, nested=nested)
     with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
-        return index_tar(path, nested=nested, pool=pool)
+        return index_tar(path, nested=nested, pool=Lent(pool))
 
 
 def build_tree(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
@@ -89,12 +90,13 @@ def list_tree(folder: str, processes: int) -> int:
     from multiprocessing import get_context
 
     from gpufeed.pipelines import open_source
+    from gpufeed.pipelines.pooled import Lent
 
     source = open_source("imagenet", folder)
     if not processes:
         return len(source.items("train"))
     with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
-        source.pool = pool
+        source.pool = Lent(pool)
         return len(source.items("train"))
 
 

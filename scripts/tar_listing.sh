@@ -5,6 +5,7 @@
 # carried as an ignored path) back to back, alternating; each conversion's timeline (listed, first shard) kept.
 #
 #   device run, carry .whl and compare-build:  PER=100 COMPARE=compare-build OUT=$OUT bash scripts/tar_listing.sh
+#   CACHES="cold warm": the conversions also with the page cache as the runs before left it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=$PWD
@@ -19,19 +20,21 @@ if [ -n "${COMPARE:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
     --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
 fi
+for cache in ${CACHES:-cold}; do
 for round in 1 2; do
   for build in current ${COMPARE:+compare}; do
     path=/tmp/site; [ "$build" = compare ] && path=/tmp/site-compare:/tmp/site
     rm -rf "$DATA-out"
-    sync; echo 3 > /proc/sys/vm/drop_caches
+    [ "$cache" = cold ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }
     (cd /tmp && PYTHONPATH=$path python3 -m gpufeed convert imagenet "$DATA" --to recordio --out "$DATA-out" \
       --workers "$WORKERS" --limit "${LIMIT:-4000}" --no-progress >/dev/null)
-    python3 - "$DATA-out/manifest.json" "$build" "$round" "$RESULTS" "${LAYOUT:-tar}" <<'PY'
+    python3 - "$DATA-out/manifest.json" "$build" "$round" "$RESULTS" "${LAYOUT:-tar}" "$cache" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
 t = m["timings"]["timeline"]
-row = {"bench": f"{sys.argv[5]}-convert", "build": sys.argv[2], "round": int(sys.argv[3]), "cache": "cold",
-       "listed_s": t.get("listed"), "first_shard_started_s": t.get("first_shard_started"),
+row = {"bench": f"{sys.argv[5]}-convert", "build": sys.argv[2], "round": int(sys.argv[3]), "cache": sys.argv[6],
+       "listed_s": t.get("listed"), "processes_ready_s": t.get("local_processes_started"),
+       "first_shard_started_s": t.get("first_shard_started"),
        "seconds": m["timings"]["seconds"], "images": sum(s["written"] for s in m["splits"].values()),
        "workers": m["options"].get("workers")}
 print(json.dumps(row))
@@ -39,4 +42,5 @@ with open(sys.argv[4], "a") as f:
     f.write(json.dumps(row) + "\n")
 PY
   done
+done
 done

@@ -5,6 +5,7 @@ same errors and limits as in one process; the tar's members are kept without an 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -17,7 +18,7 @@ from gpufeed.errors import GpufeedError
 from gpufeed.pipelines import open_source
 from gpufeed.pipelines.archive import TARS_PER_TASK, ArchiveLimits, index_tar
 from gpufeed.pipelines.base import ItemBatch, ListedItems, TarMemberRef, take_items
-from gpufeed.pipelines.pooled import in_order, pieces
+from gpufeed.pipelines.pooled import Lent, in_order, pieces
 from gpufeed.pipelines.sources import read_ref
 
 NESTED = staticmethod(lambda e: e.name.endswith(".tar"))
@@ -26,7 +27,7 @@ NESTED = staticmethod(lambda e: e.name.endswith(".tar"))
 @pytest.fixture(scope="module")
 def pool():
     with ProcessPoolExecutor(2, mp_context=get_context("forkserver")) as p:
-        yield p
+        yield Lent(p)
 
 
 def inner(*members) -> bytes:
@@ -105,7 +106,7 @@ def test_a_pool_that_cannot_take_work_leaves_it_to_this_process(tmp_path):
     url = train_tar(tmp_path / "ILSVRC2012_img_train.tar")
     closed = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
     closed.shutdown()
-    assert indexed(url, closed) == indexed(url)
+    assert indexed(url, Lent(closed)) == indexed(url)
 
 
 def test_the_train_tar_lists_its_members_without_an_item_each(tmp_path, pool):
@@ -171,3 +172,18 @@ def test_a_tree_walked_in_a_pool_lists_as_one_process_does(tmp_path, pool):
     with pytest.raises(GpufeedError) as b:
         failing.items("train")
     assert str(a.value) == str(b.value) and "notes.txt" in str(a.value)
+
+
+def _where(n: int) -> tuple[int, int]:
+    return n, os.getpid()
+
+
+def test_chunks_are_done_here_until_the_pool_is_up(pool):
+    """A conversion's processes start while its driver lists: the listing goes on here until they are up."""
+    never = Lent(pool.executor, lambda: False)
+    assert {pid for _, pid in (r for r, _ in in_order(never, pieces, list(range(8)), 2, _where))} == {os.getpid()}
+    checks = iter([False, False])
+    later = Lent(pool.executor, lambda: next(checks, True))
+    got = [r for r, _ in in_order(later, pieces, list(range(8)), 2, _where)]
+    assert [n for n, _ in got] == list(range(8))
+    assert {pid for _, pid in got[:4]} == {os.getpid()} and os.getpid() not in {pid for _, pid in got[4:]}
