@@ -43,11 +43,15 @@ def main() -> None:
     ap.add_argument("--results", default=None, help="append rows to this JSON-lines file")
     args = ap.parse_args()
     for _ in range(args.repeats):
-        row = run_once(args.src, args.dataset)
-        print(json.dumps(row), flush=True)
-        if args.results:
-            with open(args.results, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(run_once(args.src, args.dataset), args.results)
+
+
+def emit(row: dict, results: str | None) -> None:
+    """Print ``row`` and append it to the JSON-lines file ``results`` (where given)."""
+    print(json.dumps(row), flush=True)
+    if results:
+        with open(results, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ lists it (in one process, or in a pool of processes as a conversion's), page cac
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import tarfile
 import time
 
@@ -116,13 +114,9 @@ def jpegs(member_bytes: int, n: int = 16) -> list[bytes]:
             for _ in range(n)]
 
 
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def main() -> None:
+    from listing_probe import drop_caches, emit  # (scripts/, this script's folder)
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder")
     p.add_argument("--classes", type=int, default=1000)
@@ -155,10 +149,7 @@ def main() -> None:
                 row = {"bench": f"{a.layout}-index" if a.layout == "tar" else "tree-list", "cache": cache,
                        "processes": processes, "members": members, "seconds": round(s, 3),
                        "members_per_s": round(members / s), "cores": os.cpu_count()}
-                print(json.dumps(row), flush=True)
-                if a.results:
-                    with open(a.results, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                emit(row, a.results)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from gpufeed.pipelines.base import ItemBatch, ListedItems, TarMemberRef, take_it
 from gpufeed.pipelines.pooled import Lent, in_order, pieces
 from gpufeed.pipelines.sources import read_ref
 
-NESTED = staticmethod(lambda e: e.name.endswith(".tar"))
+def nested(entry) -> bool:
+    return entry.name.endswith(".tar")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def train_tar(path, damaged: str | None = None):
 def indexed(url, pool=None, **kw):
     seen = []
     try:
-        out = index_tar(url, nested=NESTED.__func__, on_problem=seen.append, pool=pool, **kw)
+        out = index_tar(url, nested=nested, on_problem=seen.append, pool=pool, **kw)
     except GpufeedError as e:
         out = e
     return [(type(e).__name__, str(e)) for e in seen], (out if not isinstance(out, Exception) else
@@ -84,9 +85,9 @@ def test_a_pool_indexes_the_inner_tars_as_one_process_does(tmp_path, pool):
     assert [m.name for m in entries[0][1]] == ["n00_2.JPEG", "n00_0.JPEG", "n00_1.JPEG"]  # archive order
     # Without on_problem the first refused member in archive order is raised, by either.
     with pytest.raises(GpufeedError) as a:
-        index_tar(url, nested=NESTED.__func__)
+        index_tar(url, nested=nested)
     with pytest.raises(GpufeedError) as b:
-        index_tar(url, nested=NESTED.__func__, pool=pool)
+        index_tar(url, nested=nested, pool=pool)
     assert str(a.value) == str(b.value) and "evil" in str(a.value)
     # Limits count every tar's members: the same refusal.
     limits = ArchiveLimits(max_members=20)
