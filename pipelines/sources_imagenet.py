@@ -66,7 +66,7 @@ class _ImageSource(BaseSource):
         """
         items = ListedItems()
         entries = self.root.listdir(top)
-        walked = in_order(self.pool, pieces, [self.root.join(top, cls) for cls, is_dir in entries
+        walked = in_order(self._local_pool(), pieces, [self.root.join(top, cls) for cls, is_dir in entries
                                               if is_dir and cls in label_of], FOLDERS_PER_TASK, _walk_class, self.root)
         try:
             for cls, is_dir in entries:
@@ -100,6 +100,11 @@ class _ImageSource(BaseSource):
         finally:
             walked.close()
         return items
+
+    def _local_pool(self):
+        """The pool the source lists with, for a local root: a remote filesystem's objects are not always the same
+        in another process (``memory://`` is this process's own)."""
+        return self.pool if self.root.local else None
 
     def _unlabelled(self, path: str) -> None:
         self.problem(LabelError(printable(self.root.url(path)), "is a file outside any class folder, so it has no "
@@ -360,7 +365,7 @@ class ImageNetSource(_ImageSource):
         label_of = self.labels()
         runs = []
         for outer, inner in index_tar(url, limits=self.limits, on_problem=self.problem,
-                                      nested=lambda e: e.name.endswith(".tar"), pool=self.pool):
+                                      nested=lambda e: e.name.endswith(".tar"), pool=self._local_pool()):
             if inner is None:
                 self.problem(InputError(f"{url}::{outer.name}", "is not a per-class tar; "
                                         f"{TRAIN_TAR} holds only <wnid>.tar members", "remove it from the archive"))

@@ -188,3 +188,22 @@ def test_chunks_are_done_here_until_the_pool_is_up(pool):
     got = [r for r, _ in in_order(later, pieces, list(range(8)), 2, _where)]
     assert [n for n, _ in got] == list(range(8))
     assert {pid for _, pid in got[:4]} == {os.getpid()} and os.getpid() not in {pid for _, pid in got[4:]}
+
+
+def test_a_remote_source_lists_here_whatever_pool_it_is_lent(tmp_path, pool):
+    """memory:// is this process's own filesystem: another process would find nothing there."""
+    import fsspec
+
+    (tmp_path / "tar").mkdir()
+    train_tar(tmp_path / "tar" / "ILSVRC2012_img_train.tar")
+    fs = fsspec.filesystem("memory")
+    for path in (tmp_path / "tar").iterdir():
+        fs.pipe(f"/pooled-tar/{path.name}", path.read_bytes())
+    for c in range(12):
+        fs.pipe(f"/pooled-tree/train/n{c:02d}/n{c:02d}_0.JPEG", JPEG)
+    fs.pipe("/pooled-tree/LOC_synset_mapping.txt", "".join(f"n{c:02d} c\n" for c in range(12)).encode())
+    for root, n in (("memory://pooled-tar", 27), ("memory://pooled-tree", 12)):
+        source = open_source("imagenet", root, on_error="skip")
+        source.pool = pool
+        items = list(source.items("train"))
+        assert len(items) == n and items[0].ref.url.startswith("memory://")
