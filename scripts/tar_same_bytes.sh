@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole of an ImageNet-shaped train tar converted by this build and by COMPARE (a `git archive` of another
+# commit, carried as an ignored path), then verified and compared byte for byte: a change to how the tar is listed
+# must not change a byte of the output.
+#
+#   device run, carry .whl and compare-build:  PER=100 COMPARE=compare-build OUT=$OUT bash scripts/tar_same_bytes.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=$PWD
+WHEELS=${WHEELS:-.whl}
+source scripts/device_out.sh tar-same-bytes-KIND.jsonl
+DATA=${DATA:-/tmp/gpufeed-tar}
+WORKERS=${WORKERS:-$(nproc)}
+(cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" --repeats 0)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
+for build in current compare; do
+  path=/tmp/site; [ "$build" = compare ] && path=/tmp/site-compare:/tmp/site
+  rm -rf "$DATA-$build"
+  start=$(date +%s%N)
+  (cd /tmp && PYTHONPATH=$path python3 -m gpufeed convert imagenet "$DATA" --to "${FORMATS:-recordio}" \
+    --out "$DATA-$build" --workers "$WORKERS" --no-progress | tail -2)
+  echo "$build: $(( ($(date +%s%N) - start) / 1000000 )) ms from the command's start to its exit"
+done
+(cd /tmp && python3 -m gpufeed verify "$DATA-current" | tail -1)
+for f in $(cd "$DATA-current" && find . -type f ! -name manifest.json ! -path "./.gpufeed/*" | sort); do
+  cmp "$DATA-current/$f" "$DATA-compare/$f" && echo "same: $f"
+done
