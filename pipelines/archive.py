@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
-from gpufeed.io import open_file
+from gpufeed.io import is_local, open_file
 from gpufeed.pipelines.pooled import PIECE_ERRORS, in_order
+from gpufeed.pipelines.sources import unreadable
 
 #: Tar's unit: headers and member data are padded to 512-byte blocks.
 BLOCK = 512
@@ -158,7 +159,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     """
     budget = _Budget(limits, url)
     if pool is None or nested is None:
-        with open_file(url) as f:
+        with _open(url) as f:
             size = f.seek(0, io.SEEK_END)  # every read below seeks to an absolute offset first
             out = []
             for entry in _index(f, 0, size, url, budget, on_problem):
@@ -172,7 +173,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     # place (after how many entries), and its entries counted there, in archive order among the inner tars'.
     outer: list[TarEntry] = []
     found: list[tuple[int, Exception]] = []
-    with open_file(url) as f:
+    with _open(url) as f:
         size = f.seek(0, io.SEEK_END)
         try:
             for entry in _index(f, 0, size, url, _Budget(limits, url), lambda e: found.append((len(outer), e))):
@@ -228,7 +229,7 @@ def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> 
     members against the archive's)."""
     budget = _Budget(limits, url)
     out = []
-    with open_file(url, buffering=0) as f:  # no read buffer: a header is one 512-byte read where it lies
+    with _open(url, buffering=0) as f:  # no read buffer: a header is one 512-byte read where it lies
         for start, end, where in spans:
             problems: list[tuple[int, Exception]] = []
             members: list[TarEntry] = []
@@ -241,6 +242,19 @@ def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> 
                 break  # the caller raises it: it asks for no tar after this one
             out.append(((members, problems), None))
     return out
+
+
+def _open(url: str, buffering: int = -1):
+    """The archive at ``url``, opened to read; a local one that exists but cannot be read (no permission) is an
+    :class:`InputError` naming it."""
+    try:
+        return open_file(url, buffering=buffering)
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except OSError as e:
+        if not is_local(url):
+            raise
+        raise unreadable(url, e) from None
 
 
 #: Header fields (POSIX ustar, which GNU tar shares up to ``magic``): byte ranges in the 512-byte block.
@@ -395,7 +409,7 @@ def stream_tar(url: str, wanted: Callable[[str], bool], *, limits: ArchiveLimits
     For ``.tar.gz`` sources (CIFAR, Penn Treebank) where seeking would mean decompressing again.
     """
     budget = _Budget(limits, url)
-    with open_file(url) as f:
+    with _open(url) as f:
         try:
             tar = tarfile.open(fileobj=_decompressed(f), mode="r|")
             with tar:

@@ -20,15 +20,15 @@ PIECE_ERRORS = (GpufeedError, OSError)
 
 
 def pieces(items: list, fn: Callable, *args) -> list[tuple]:
-    """``(fn(item, *args), None)`` for each of ``items``, up to the first that raises one of
-    :data:`PIECE_ERRORS`: ``(None, error)`` for it, and nothing after it. A pool's task."""
+    """``(fn(item, *args), None)`` for each of ``items``, or ``(None, error)`` where it raised one of
+    :data:`PIECE_ERRORS` (the caller raises it, or under ``--on-error skip`` leaves that piece out). A pool's
+    task."""
     out = []
     for item in items:
         try:
             out.append((fn(item, *args), None))
         except PIECE_ERRORS as e:
             out.append((None, e))
-            break
     return out
 
 
@@ -45,9 +45,10 @@ class Lent:
 def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
     """``task(chunk, *args)`` (:func:`pieces`' shape: ``(result, error)`` per item) over ``items``, ``per_task``
     a chunk; yields each item's ``(result, error)`` in order. The chunks are done here, one after another, until
-    ``pool`` is ready; then every chunk left is handed to it at once and taken back in order. The caller raises an
-    error when it meets one (a chunk gives nothing after it). Where the pool cannot take the work (shut down, or
-    broken: a process died), the chunks not back are done here. Closing the iterator cancels the tasks not begun."""
+    ``pool`` is ready; then every chunk left is handed to it at once and taken back in order. (A task may end its
+    chunk at an error the caller always raises, as a tar's index does.) Where the pool cannot take the work (shut
+    down, or broken: a process died), the chunks not back are done here. Closing the iterator cancels the tasks
+    not begun."""
     from concurrent.futures import BrokenExecutor
 
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]

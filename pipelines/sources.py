@@ -85,18 +85,34 @@ MAX_INPUT_BYTES = 1 << 30
 _SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
 
 
+#: What to do about a part of the source the user running gpufeed may not read.
+UNREADABLE_FIX = "make it readable by the user running gpufeed (chmod, chown), or remove it from the source"
+
+
+def unreadable(path: str, e: OSError, what: str = "cannot be read") -> InputError:
+    """An :class:`InputError` for a part of the source that exists but cannot be listed or read (no permission,
+    an I/O error), naming it; a source under ``--on-error skip`` leaves out what it held and lists it."""
+    return InputError(path, f"{what} ({e.strerror or e})", UNREADABLE_FIX)
+
+
 def _scan(path: str) -> tuple[list[str], list[str]]:
     """The names of a local folder's entries, unsorted: files, and folders (entries that are, or link to, a
     folder). A link that resolves to nothing (dangling, a loop) is listed as a file, and reading it says what
-    is wrong with it. (Per entry this is a listing's cost: ImageNet's train split has 1.28 million.)"""
+    is wrong with it; a folder that cannot be listed (no permission) is an :class:`InputError` naming it. (Per
+    entry this is a listing's cost: ImageNet's train split has 1.28 million.)"""
     files, folders = [], []
-    with os.scandir(path) as it:
-        for e in it:
-            try:
-                is_dir = e.is_dir()
-            except OSError:
-                is_dir = False
-            (folders if is_dir else files).append(e.name)
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    is_dir = False
+                (folders if is_dir else files).append(e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        raise
+    except OSError as e:
+        raise unreadable(path, e, "is a folder that cannot be listed") from None
     return files, folders
 
 
@@ -116,10 +132,17 @@ def read_named(url: str, limit: int | None = None) -> bytes:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if not stat.S_ISREG(mode):
             raise _not_a_dataset_file(path, mode)
-    if limit is None:
-        return read_url(url)
-    with open_file(url) as f:
-        return f.read(limit + 1)
+    try:
+        if limit is None:
+            return read_url(url)
+        with open_file(url) as f:
+            return f.read(limit + 1)
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except OSError as e:
+        if not is_local(url):
+            raise
+        raise unreadable(url, e) from None
 
 
 def _dataset_file_mode(path: str) -> int | None:

@@ -19,7 +19,7 @@ from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, MemberRun, Skipped, TarMemberRef
 from gpufeed.pipelines.pooled import in_order, pieces
-from gpufeed.pipelines.sources import BaseSource, Root, read_named
+from gpufeed.pipelines.sources import UNREADABLE_FIX, BaseSource, Root, read_named
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
@@ -83,6 +83,12 @@ class _ImageSource(BaseSource):
                     continue
                 meta, label = meta_of(cls), label_of[cls]
                 walk, error = next(walked)
+                if isinstance(error, InputError):  # a folder that cannot be listed: under skip, the class's left out
+                    inside = "" if error.path == path else f"; inside {path}, all of which is left out with it"
+                    self.problem(InputError(error.path, error.reason + (inside if self.on_error == "skip" else ""),
+                                            UNREADABLE_FIX.split(", or ")[0] + ", or leave it out with --on-error "
+                                            "skip"))
+                    continue
                 if error is not None:
                     raise error
                 rels, plain = walk

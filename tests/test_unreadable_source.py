@@ -1,0 +1,101 @@
+"""A part of the source the user running gpufeed may not read (no permission): a class folder, a folder inside
+one, the class list, the train tar. Each is an error naming it and saying what to do, never a traceback; under
+``--on-error skip`` a class folder that cannot be listed is left out and listed, and the rest converted. As root
+(which reads everything), the commands run without the capabilities that let root read what it may not."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from test_archive_safety import make_tar, member
+
+JPEG = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300080606070605080707070909080a0c140d0c0b0b0c1912130f141d1a1f1e1d"
+    "1a1c1c20242e2720222c231c1c2837292c30313434341f27393d38323c2e333432ffc0000b080001000101011100ffc4001f000001050101"
+    "0101010100000000000000000102030405060708090a0bffc400b5100002010303020403050504040000017d010203000411051221314106"
+    "13516107227114328191a1082342b1c11552d1f02433627282090a161718191a25262728292a3435363738393a434445464748494a535455"
+    "565758595a636465666768696a737475767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9ba"
+    "c2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffda0008010100003f00fbd3ffd9")
+CLASSES = [f"n{c:02d}" for c in range(10)]  # more than a task of folders: the conversion's processes walk them
+
+
+def unprivileged() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root reads every file, and setpriv (util-linux), which drops that, is not installed")
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps",
+            "-dac_override,-dac_read_search", "--"]
+
+
+def convert(src, out, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run([*unprivileged(), sys.executable, "-m", "gpufeed", "convert", "imagenet", str(src), "--to",
+                           "recordio", "--out", str(out), "--workers", "2", "--no-progress", *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "src"
+    for wnid in CLASSES:
+        (root / "train" / wnid).mkdir(parents=True)
+        for i in range(2):
+            (root / "train" / wnid / f"{wnid}_{i}.JPEG").write_bytes(JPEG)
+    (root / "LOC_synset_mapping.txt").write_text("".join(f"{w} class {w}\n" for w in CLASSES))
+    yield root
+    for dirpath, dirs, _ in os.walk(root):
+        for d in dirs:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+
+
+def test_a_class_folder_that_cannot_be_listed(tree, tmp_path):
+    os.chmod(tree / "train" / "n03", 0)
+    failed = convert(tree, tmp_path / "a")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1] == (
+        f"gpufeed: error: {tree}/train/n03: is a folder that cannot be listed (Permission denied); make it readable "
+        "by the user running gpufeed (chmod, chown), or leave it out with --on-error skip")
+    skipped = convert(tree, tmp_path / "b", "--on-error", "skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert f"{tree}/train/n03: is a folder that cannot be listed (Permission denied)" in skipped.stdout
+    assert "train: 18 of 18 images written" in skipped.stdout
+
+
+def test_a_folder_inside_a_class_folder_leaves_the_class_out_under_skip(tree, tmp_path):
+    sub = tree / "train" / "n05" / "more"
+    sub.mkdir()
+    (sub / "x.JPEG").write_bytes(JPEG)
+    os.chmod(sub, 0)
+    skipped = convert(tree, tmp_path / "b", "--on-error", "skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert (f"{sub}: is a folder that cannot be listed (Permission denied); inside {tree}/train/n05, all of which is "
+            "left out with it") in skipped.stdout
+    assert "train: 18 of 18 images written" in skipped.stdout
+
+
+def test_a_class_list_that_cannot_be_read(tree, tmp_path):
+    os.chmod(tree / "LOC_synset_mapping.txt", 0)
+    failed = convert(tree, tmp_path / "a", "--on-error", "skip")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1] == (
+        f"gpufeed: error: {tree}/LOC_synset_mapping.txt: cannot be read (Permission denied); make it readable by the "
+        "user running gpufeed (chmod, chown), or remove it from the source")
+
+
+def test_a_train_tar_that_cannot_be_read(tmp_path):
+    root = tmp_path / "tars"
+    root.mkdir()
+    inner = io.BytesIO()
+    make_tar(inner, [member("n00_0.JPEG", JPEG)])
+    make_tar(root / "ILSVRC2012_img_train.tar", [member("n00.tar", inner.getvalue())])
+    os.chmod(root / "ILSVRC2012_img_train.tar", 0)
+    failed = convert(root, tmp_path / "a")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1] == (
+        f"gpufeed: error: {root}/ILSVRC2012_img_train.tar: cannot be read (Permission denied); make it readable by "
+        "the user running gpufeed (chmod, chown), or remove it from the source")
