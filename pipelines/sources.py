@@ -155,8 +155,13 @@ def _dataset_file_mode(path: str) -> int | None:
             raise InputError(path, "is a link to nothing, where the dataset's file of that name goes",
                              "point the link at the file, or remove it") from None
         return None
+    except PermissionError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.access(folder, os.X_OK):  # the folder it would be in may not be searched: name that
+            raise unreadable(folder, e, "is a folder that cannot be searched") from None
+        raise unreadable(path, e) from None
     except OSError as e:
-        raise InputError(path, f"cannot be read ({e.strerror or e})", "fix it, or remove it") from None
+        raise unreadable(path, e) from None
 
 
 def _not_a_dataset_file(path: str, mode: int) -> InputError:

@@ -99,3 +99,14 @@ def test_a_train_tar_that_cannot_be_read(tmp_path):
     assert failed.stderr.strip().splitlines()[-1] == (
         f"gpufeed: error: {root}/ILSVRC2012_img_train.tar: cannot be read (Permission denied); make it readable by "
         "the user running gpufeed (chmod, chown), or remove it from the source")
+
+
+def test_a_source_folder_that_cannot_be_searched_is_named_not_the_file_looked_for_in_it(tree, tmp_path):
+    os.chmod(tree, 0o644)  # its names can be listed, nothing in it reached
+    try:
+        failed = convert(tree, tmp_path / "a")
+    finally:
+        os.chmod(tree, 0o755)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines()[-1].startswith(
+        f"gpufeed: error: {tree}: is a folder that cannot be searched (Permission denied); make it readable")
