@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from gpufeed.errors import InputError, LabelError, UnsafeArchiveError
-from gpufeed.io import is_local, open_file
+from gpufeed.io import open_file
 from gpufeed.pipelines.pooled import PIECE_ERRORS, in_order
-from gpufeed.pipelines.sources import unreadable
+from gpufeed.pipelines.sources import reading
 
 #: Tar's unit: headers and member data are padded to 512-byte blocks.
 BLOCK = 512
@@ -247,14 +247,8 @@ def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> 
 def _open(url: str, buffering: int = -1):
     """The archive at ``url``, opened to read; a local one that exists but cannot be read (no permission) is an
     :class:`InputError` naming it."""
-    try:
+    with reading(url):
         return open_file(url, buffering=buffering)
-    except (FileNotFoundError, IsADirectoryError):
-        raise
-    except OSError as e:
-        if not is_local(url):
-            raise
-        raise unreadable(url, e) from None
 
 
 #: Header fields (POSIX ustar, which GNU tar shares up to ``magic``): byte ranges in the 512-byte block.

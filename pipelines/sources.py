@@ -132,11 +132,19 @@ def read_named(url: str, limit: int | None = None) -> bytes:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
         if not stat.S_ISREG(mode):
             raise _not_a_dataset_file(path, mode)
-    try:
+    with reading(url):
         if limit is None:
             return read_url(url)
         with open_file(url) as f:
             return f.read(limit + 1)
+
+
+@contextlib.contextmanager
+def reading(url: str):
+    """Around reading a local dataset file: one that is there but cannot be read (no permission, an I/O error)
+    is an :class:`InputError` naming it (:func:`unreadable`); one that is not there stays a FileNotFoundError."""
+    try:
+        yield
     except (FileNotFoundError, IsADirectoryError):
         raise
     except OSError as e:
