@@ -114,10 +114,21 @@ def check_entries(out: str, entries, where: str) -> list[dict]:
     return entries
 
 
+#: How :func:`file_problem` begins for a file that is there but cannot be read (no permission, an I/O error).
+UNREADABLE = "cannot be read"
+
+
 def file_problem(url: str, entry: dict) -> str | None:
     """What keeps the file at ``url`` from being the one ``entry`` records (``bytes``, ``sha256``, and for a file
     assembled from parts each part's digest), or ``None`` when it is that file. Special files (a FIFO, a device,
-    a folder) are never opened."""
+    a folder) are never opened; a file that cannot be read is :data:`UNREADABLE` with the reason."""
+    try:
+        return _file_problem(url, entry)
+    except OSError as e:
+        return f"{UNREADABLE} ({e.strerror or e})"
+
+
+def _file_problem(url: str, entry: dict) -> str | None:
     from gpufeed.formats.base import parts_digest
 
     kind = kind_at(url)

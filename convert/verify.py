@@ -30,6 +30,8 @@ DAMAGED_ALL = f"delete those that are there, then {RERUN} (gpufeed never removes
 #: The fix for an output whose files are as the manifest records them but whose records are not: every file
 #: is then proven gpufeed's, so converting again replaces them.
 AGAIN = "convert again: rerun the same gpufeed convert command with --no-resume"
+#: The fix for a file that is there but cannot be read: nothing is known to be wrong with it yet.
+READABLE = "make it readable by the user running gpufeed (chmod, chown), then verify again"
 
 
 def add_arguments(p) -> None:
@@ -76,12 +78,14 @@ class _Output:
 
 
 def _check_file(out: str, entry: dict) -> None:
-    from gpufeed.convert.destination import file_problem
+    from gpufeed.convert.destination import UNREADABLE, file_problem
 
     url = io.join(out, entry["path"])
     problem = file_problem(url, entry)
     if problem == "missing":
         raise ShardNotFound(url, RERUN)
+    if problem is not None and problem.startswith(UNREADABLE):
+        raise IncompleteOutputError(f"{url}: {problem}; {READABLE}")
     if problem is not None:
         raise IncompleteOutputError(f"{url}: {problem} (against manifest.json); {DAMAGED}")
 
@@ -266,10 +270,18 @@ def _raise_all(checks: list, out: str) -> None:
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        lines = [str(e).removesuffix(f"; {RERUN}").removesuffix(f"; {DAMAGED}") for e in problems]
+        lines = [str(e).removesuffix(f"; {RERUN}").removesuffix(f"; {DAMAGED}").removesuffix(f"; {READABLE}")
+                 for e in problems]
+        unread = sum(str(e).endswith(f"; {READABLE}") for e in problems)
         fix = RERUN if all(isinstance(e, ShardNotFound) for e in problems) else DAMAGED_ALL
-        raise IncompleteOutputError(f"{out}: {len(problems)} of {len(checks)} files do not match manifest.json; "
-                                    f"{fix}:\n" + "\n".join(f"  {line}" for line in lines))
+        if unread == len(problems):
+            fix = READABLE.replace("make it", "make them")
+        elif unread:
+            fix = f"make those that cannot be read readable by the user running gpufeed (chmod, chown); of the others, {fix}"
+        what = "cannot be read" if unread == len(problems) else "cannot be read or do not match manifest.json" \
+            if unread else "do not match manifest.json"
+        raise IncompleteOutputError(f"{out}: {len(problems)} of {len(checks)} files {what}; {fix}:\n"
+                                    + "\n".join(f"  {line}" for line in lines))
 
 
 class _Done:

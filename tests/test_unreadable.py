@@ -1,7 +1,8 @@
-"""A part of the source the user running gpufeed may not read (no permission): a class folder, a folder inside
-one, the class list, the train tar. Each is an error naming it and saying what to do, never a traceback; under
-``--on-error skip`` a class folder that cannot be listed is left out and listed, and the rest converted. As root
-(which reads everything), the commands run without the capabilities that let root read what it may not."""
+"""What the user running gpufeed may not read (no permission): in the source, a class folder, a folder inside one,
+the class list, the train tar, the source folder itself; in a conversion's output, a file, a format's folder, the
+manifest. Each is an error naming it and saying what to do, never a traceback; under ``--on-error skip`` a class
+folder that cannot be listed is left out and listed, and the rest converted. As root (which reads everything), the
+commands run without the capabilities that let root read what it may not."""
 
 from __future__ import annotations
 
@@ -33,10 +34,14 @@ def unprivileged() -> list[str]:
             "-dac_override,-dac_read_search", "--"]
 
 
-def convert(src, out, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([*unprivileged(), sys.executable, "-m", "gpufeed", "convert", "imagenet", str(src), "--to",
-                           "recordio", "--out", str(out), "--workers", "2", "--no-progress", *extra],
+def gpufeed(*args, privileged: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([*([] if privileged else unprivileged()), sys.executable, "-m", "gpufeed", *map(str, args)],
                           capture_output=True, text=True, timeout=300)
+
+
+def convert(src, out, *extra, privileged: bool = False) -> subprocess.CompletedProcess:
+    return gpufeed("convert", "imagenet", src, "--to", "recordio,tfrecord", "--out", out, "--workers", "2",
+                   "--no-progress", *extra, privileged=privileged)
 
 
 @pytest.fixture
@@ -110,3 +115,31 @@ def test_a_source_folder_that_cannot_be_searched_is_named_not_the_file_looked_fo
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert failed.stderr.strip().splitlines()[-1].startswith(
         f"gpufeed: error: {tree}: is a folder that cannot be searched (Permission denied); make it readable")
+
+
+def last_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.stderr.strip().splitlines()[-1]
+
+
+def test_an_output_that_cannot_be_read(tree, tmp_path):
+    out = tmp_path / "out"
+    assert convert(tree, out, privileged=True).returncode == 0
+    os.chmod(out / "recordio" / "train.rec", 0)
+    assert last_line(gpufeed("verify", out)) == (
+        f"gpufeed: error: {out}/recordio/train.rec: cannot be read (Permission denied); make it readable by the user "
+        "running gpufeed (chmod, chown), then verify again")
+    os.chmod(out / "recordio" / "train.rec", 0o644)
+    os.chmod(out / "tfrecord", 0)
+    try:
+        done = gpufeed("verify", out)
+    finally:
+        os.chmod(out / "tfrecord", 0o755)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    shards = len([f for f in os.listdir(out / "tfrecord")])
+    assert done.stderr.splitlines()[0].startswith(f"gpufeed: error: {out}: {shards} of ")
+    assert "files cannot be read; make them readable by the user running gpufeed (chmod, chown)" in done.stderr
+    os.chmod(out / "manifest.json", 0)
+    for done in (gpufeed("verify", out), convert(tree, out)):
+        assert last_line(done) == (f"gpufeed: error: {out}/manifest.json: cannot be read (Permission denied); make "
+                                   "it readable by the user running gpufeed (chmod, chown), then run the command again")
