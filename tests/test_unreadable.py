@@ -1,6 +1,6 @@
 """What the user running gpufeed may not read (no permission): in the source, a class folder, a folder inside one,
 the class list, the train tar, the source folder itself; in a conversion's output, a file, a format's folder, the
-manifest. Each is an error naming it and saying what to do, never a traceback; under ``--on-error skip`` a class
+manifest; and a data file a benchmark reads. Each is an error naming it and saying what to do, never a traceback; under ``--on-error skip`` a class
 folder that cannot be listed is left out and listed, and the rest converted. As root (which reads everything), the
 commands run without the capabilities that let root read what it may not."""
 
@@ -133,6 +133,11 @@ def test_an_output_that_cannot_be_read(tree, tmp_path):
     assert last_line(gpufeed("verify", out)) == (
         f"gpufeed: error: {out}/recordio/train.rec: cannot be read (Permission denied); make it readable by the user "
         "running gpufeed (chmod, chown), then verify again")
+    # A benchmark reading it: one line naming it too (whatever command meets a file it may not use).
+    assert last_line(gpufeed("bench", "read", out, "--formats", "recordio", "--samples", "8", "--repeats", "1",
+                             "--results", tmp_path / "r.jsonl")) == (
+        f"gpufeed: error: {out}/recordio/train.rec: Permission denied: the user running gpufeed may not use it; "
+        "change its permissions (chmod, chown), or run as a user who may")
     os.chmod(out / "recordio" / "train.rec", 0o644)
     os.chmod(out / "tfrecord", 0)
     try:
