@@ -18,7 +18,7 @@ import numpy as np
 from gpufeed import __version__, io
 from gpufeed.convert import sinks
 from gpufeed.convert.destination import check_entries, owned_split
-from gpufeed.errors import ConfigError, NotAFileError, OutputError
+from gpufeed.errors import ConfigError, NotAFileError, OutputError, make_readable
 from gpufeed.formats.atomic import write_file
 from gpufeed.formats.naming import is_temp_name, temp_target
 
@@ -59,8 +59,8 @@ def load(out: str) -> dict | None:
     except IsADirectoryError:
         raise NotAManifest(f"{io.FOLDER}, which gpufeed never writes") from None
     except OSError as e:  # there, but not to be read by this user (or an I/O error)
-        raise OutputError(f"{url}: cannot be read ({e.strerror or e}); make it readable by the user running "
-                          "gpufeed (chmod, chown), then run the command again") from None
+        raise OutputError(f"{url}: cannot be read ({e.strerror or e}); {make_readable()}, then run the command "
+                          "again") from None
     with open(fd, "rb") as f:
         st = os.fstat(fd)
         if st.st_size > MAX_MANIFEST_BYTES:

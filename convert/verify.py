@@ -16,7 +16,8 @@ import os
 
 from gpufeed import io
 from gpufeed.convert.destination import check_entries
-from gpufeed.errors import ConfigError, CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound
+from gpufeed.errors import (ConfigError, CorruptRecordError, IncompleteOutputError, ShardNotFound, SourceNotFound,
+                            make_readable)
 from gpufeed.formats.base import label_key
 from gpufeed.machine import usable_cores
 
@@ -31,7 +32,7 @@ DAMAGED_ALL = f"delete those that are there, then {RERUN} (gpufeed never removes
 #: is then proven gpufeed's, so converting again replaces them.
 AGAIN = "convert again: rerun the same gpufeed convert command with --no-resume"
 #: The fix for a file that is there but cannot be read: nothing is known to be wrong with it yet.
-READABLE = "make it readable by the user running gpufeed (chmod, chown), then verify again"
+READABLE = f"{make_readable()}, then verify again"
 
 
 def add_arguments(p) -> None:
@@ -273,13 +274,13 @@ def _raise_all(checks: list, out: str) -> None:
         lines = [str(e).removesuffix(f"; {RERUN}").removesuffix(f"; {DAMAGED}").removesuffix(f"; {READABLE}")
                  for e in problems]
         unread = sum(str(e).endswith(f"; {READABLE}") for e in problems)
+        what = "do not match manifest.json"
         fix = RERUN if all(isinstance(e, ShardNotFound) for e in problems) else DAMAGED_ALL
         if unread == len(problems):
-            fix = READABLE.replace("make it", "make them")
+            what, fix = "cannot be read", f"{make_readable('them')}, then verify again"
         elif unread:
-            fix = f"make those that cannot be read readable by the user running gpufeed (chmod, chown); of the others, {fix}"
-        what = "cannot be read" if unread == len(problems) else "cannot be read or do not match manifest.json" \
-            if unread else "do not match manifest.json"
+            what = f"cannot be read or {what}"
+            fix = f"{make_readable('those that cannot be read')}; of the others, {fix}"
         raise IncompleteOutputError(f"{out}: {len(problems)} of {len(checks)} files {what}; {fix}:\n"
                                     + "\n".join(f"  {line}" for line in lines))
 

@@ -148,10 +148,10 @@ def _run(args) -> int:
     except GpufeedError as e:
         print(f"gpufeed: error: {e}", file=sys.stderr)
         return 2
-    except PermissionError as e:  # where no step said more (a benchmark reading a dataset file, say): one line naming it
+    except PermissionError as e:  # where no step said more (a benchmark reading a dataset file): one line naming it
         what = f"{e.filename}: {e.strerror or e}" if e.filename else str(e)
-        print(f"gpufeed: error: {what}: the user running gpufeed may not use it; change its permissions (chmod, chown), "
-              "or run as a user who may", file=sys.stderr)
+        print(f"gpufeed: error: {what}: the user running gpufeed may not use it; change its permissions (chmod, "
+              "chown), or run as a user who may", file=sys.stderr)
         return 2
     except Terminated:
         print("gpufeed: terminated (SIGTERM); rerun the same command to resume", file=sys.stderr)

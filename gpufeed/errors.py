@@ -159,6 +159,11 @@ class OutputError(GpufeedError, OSError):
     """The destination cannot be written (full disk, unreachable remote, permissions)."""
 
 
+def make_readable(what: str = "it") -> str:
+    """The advice for a file or folder that is there but that the user running gpufeed may not read."""
+    return f"make {what} readable by the user running gpufeed (chmod, chown)"
+
+
 def write_fix(path: str, e: BaseException) -> str:
     """What to do about ``e``, an error writing ``path``, by its errno, naming the filesystem ``path`` is on
     (its mount point and type: a memory spool's ``/dev/shm (tmpfs, memory)`` is not the destination's disk)."""

@@ -150,12 +150,12 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     it the error is raised. Limits breaches always raise.
 
     ``pool`` (a :class:`~gpufeed.pipelines.pooled.Lent` process pool) indexes the inner tars in its processes,
-    :data:`TARS_PER_TASK` a task, once they are up. A tar's index is a chain of reads, each header's place given by the one before
-    it: in one process, ImageNet's train tar is 1.28 million reads one after another, ~110 KB apart (a cold disk
-    at one request in flight), and as much Python. On the 16-core H200 machine, 100,000 members in 1,000 inner tars
-    took 6.3-7.7 s cold and 1.6-1.8 s warm in one process, 1.9-2.1 s and 0.33 s in 16 (threads were slower than
-    one process: each header's parsing holds the GIL; results/tar-index-h200.txt). What the processes find
-    reaches ``on_problem``, and errors are raised, in archive order, as without a pool.
+    :data:`TARS_PER_TASK` a task, once they are up. A tar's index is a chain of reads, each header's place given
+    by the one before it: in one process, ImageNet's train tar is 1.28 million reads one after another, ~110 KB
+    apart (a cold disk at one request in flight), and as much Python. On the 16-core H200 machine, 100,000 members
+    in 1,000 inner tars took 6.3-7.7 s cold and 1.6-1.8 s warm in one process, 1.9-2.1 s and 0.33 s in 16 (threads
+    were slower than one process: each header's parsing holds the GIL; results/tar-index-h200.txt). What the
+    processes find reaches ``on_problem``, and errors are raised, in archive order, as without a pool.
     """
     budget = _Budget(limits, url)
     if pool is None or nested is None:
@@ -171,21 +171,23 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
             return out
     # The outer tar first (a header per inner tar), bounded by a budget of its own; what it finds is kept at its
     # place (after how many entries), and its entries counted there, in archive order among the inner tars'.
+    # An error that ends the outer pass comes after all of its entries and problems.
     outer: list[TarEntry] = []
     found: list[tuple[int, Exception]] = []
+    stopped = None
     with _open(url) as f:
         size = f.seek(0, io.SEEK_END)
         try:
             for entry in _index(f, 0, size, url, _Budget(limits, url), lambda e: found.append((len(outer), e))):
                 outer.append(entry)
         except PIECE_ERRORS as e:
-            found.append((len(outer), _Raise(e)))
+            stopped = e
     spans = [(e.offset, e.offset + e.size, f"{url}::{e.name}") for e in outer if nested(e)]
     indexes = in_order(pool, _index_tars, spans, TARS_PER_TASK, url, limits, on_problem is not None)
 
     def say(e: Exception) -> None:
-        if isinstance(e, _Raise) or on_problem is None:
-            raise e.error if isinstance(e, _Raise) else e
+        if on_problem is None:
+            raise e
         on_problem(e)
 
     try:
@@ -208,17 +210,11 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
             out.append((entry, inner))
         for _, e in found:
             say(e)
+        if stopped is not None:
+            raise stopped
         return out
     finally:
         indexes.close()
-
-
-class _Raise(Exception):
-    """An error of the outer tar's pass, to be raised in its place in archive order."""
-
-    def __init__(self, error: BaseException):
-        super().__init__(str(error))
-        self.error = error
 
 
 def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:

@@ -29,7 +29,7 @@ import posixpath
 import stat
 from collections.abc import Sequence
 
-from gpufeed.errors import ConfigError, InputError, LabelError, NotAFileError, SourceNotFound
+from gpufeed.errors import ConfigError, InputError, LabelError, NotAFileError, SourceNotFound, make_readable
 from gpufeed.io import FOLDER, is_local, kind_of, local_path, open_file
 from gpufeed.pipelines import ON_ERROR
 from gpufeed.pipelines.base import (ClassInfo, FileRef, InlineRef, Item, Ref, Skipped, SynthRef, TarMemberRef, item_key,
@@ -86,7 +86,7 @@ _SKIP_FIX = "remove it from the source, or leave it out with --on-error skip"
 
 
 #: What to do about a part of the source the user running gpufeed may not read.
-UNREADABLE_FIX = "make it readable by the user running gpufeed (chmod, chown), or remove it from the source"
+UNREADABLE_FIX = f"{make_readable()}, or remove it from the source"
 
 
 def unreadable(path: str, e: OSError, what: str = "cannot be read") -> InputError:

@@ -15,11 +15,11 @@ import os
 import posixpath
 import re
 
-from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound
+from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound, make_readable
 from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, MemberRun, Skipped, TarMemberRef
 from gpufeed.pipelines.pooled import in_order, pieces
-from gpufeed.pipelines.sources import UNREADABLE_FIX, BaseSource, Root, read_named
+from gpufeed.pipelines.sources import BaseSource, Root, read_named
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
@@ -86,8 +86,7 @@ class _ImageSource(BaseSource):
                 if isinstance(error, InputError):  # a folder that cannot be listed: under skip, the class's left out
                     inside = "" if error.path == path else f"; inside {path}, all of which is left out with it"
                     self.problem(InputError(error.path, error.reason + (inside if self.on_error == "skip" else ""),
-                                            UNREADABLE_FIX.split(", or ")[0] + ", or leave it out with --on-error "
-                                            "skip"))
+                                            f"{make_readable()}, or leave it out with --on-error skip"))
                     continue
                 if error is not None:
                     raise error
@@ -129,13 +128,18 @@ class _ImageSource(BaseSource):
         return Item(key, label, FileRef(url), meta)
 
 
+def _plain_images(names) -> bool:
+    """Whether every name is plainly an image's (ASCII, with an image extension): the common case, checked in one
+    comprehension, since per file this is a listing's cost (1.28 million in ImageNet's train split)."""
+    return all([name.isascii() and name.lower().endswith(IMAGE_EXTENSIONS) for name in names])
+
+
 def _walk_class(path: str, root: Root) -> tuple[list[str], bool]:
-    """A class folder's files (relative paths, sorted), and whether every one is plainly an image's (an ASCII name
-    with an image extension: the common case, kept as its names; ``_file_item`` says what is wrong with a name
-    otherwise). Per file this is the listing's cost, a million files in ImageNet, run in a pool's processes where
-    the source has one."""
+    """A class folder's files (relative paths, sorted), and whether they are :func:`_plain_images` (kept as their
+    names; ``_file_item`` says what is wrong with a name otherwise); run in a pool's processes where the source
+    has one."""
     rels = root.walk_files(path)
-    return rels, all([rel.isascii() and rel.lower().endswith(IMAGE_EXTENSIONS) for rel in rels])
+    return rels, _plain_images(rels)
 
 
 class ImageNetSource(_ImageSource):
@@ -381,10 +385,8 @@ class ImageNetSource(_ImageSource):
                 self.problem(LabelError(f"{url}::{outer.name}", f"is a tar for the unknown synset {wnid!r}",
                                         "use a class list (devkit / LOC_synset_mapping.txt) that has it"))
                 continue
-            # Per member this is the listing's cost (1.28 million): the common case, every name an image's, is
-            # checked in one comprehension, and the members are kept as their index's entries (ListedItems makes
-            # an Item of one where it is used).
-            if not all([e.name.isascii() and e.name.lower().endswith(IMAGE_EXTENSIONS) for e in inner]):
+            # The members are kept as their index's entries (ListedItems makes an Item of one where it is used).
+            if not _plain_images([e.name for e in inner]):
                 images = []
                 for e in inner:
                     if _is_image(e.name):

@@ -1,8 +1,8 @@
 """What the user running gpufeed may not read (no permission): in the source, a class folder, a folder inside one,
 the class list, the train tar, the source folder itself; in a conversion's output, a file, a format's folder, the
-manifest; and a data file a benchmark reads. Each is an error naming it and saying what to do, never a traceback; under ``--on-error skip`` a class
-folder that cannot be listed is left out and listed, and the rest converted. As root (which reads everything), the
-commands run without the capabilities that let root read what it may not."""
+manifest; and a data file a benchmark reads. Each is an error naming it and saying what to do, never a traceback;
+under ``--on-error skip`` a class folder that cannot be listed is left out and listed, and the rest converted. As
+root (which reads everything), the commands run without the capabilities that let root read what it may not."""
 
 from __future__ import annotations
 
