@@ -148,7 +148,14 @@ def test_an_output_that_cannot_be_read(tree, tmp_path):
     shards = len([f for f in os.listdir(out / "tfrecord")])
     assert done.stderr.splitlines()[0].startswith(f"gpufeed: error: {out}: {shards} of ")
     assert "files cannot be read; make them readable by the user running gpufeed (chmod, chown)" in done.stderr
+    before = {p: p.stat().st_size for p in out.rglob("*") if p.is_file()}
     os.chmod(out / "manifest.json", 0)
+    assert last_line(gpufeed("clean", out)).startswith(f"gpufeed: error: {out}: ")
     for done in (gpufeed("verify", out), convert(tree, out)):
         assert last_line(done) == (f"gpufeed: error: {out}/manifest.json: cannot be read (Permission denied); make "
                                    "it readable by the user running gpufeed (chmod, chown), then run the command again")
+    # Nothing the finished conversion wrote was removed or changed by the runs that could not read its manifest.
+    os.chmod(out / "manifest.json", 0o644)
+    assert {p: p.stat().st_size for p in out.rglob("*") if p.is_file() and ".gpufeed" not in p.parts} == {
+        p: n for p, n in before.items() if ".gpufeed" not in p.parts}
+    assert gpufeed("verify", out).returncode == 0
