@@ -198,6 +198,7 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
         if s not in available:
             raise ConfigError(f"--split {s!r} is not in {options.src}; it holds {', '.join(available) or 'no splits'}")
     plans, items_by_split, listed, known_by_split = {}, {}, {}, {}
+    source.expect(splits)
     for s in splits:
         items = source.items(s)
         if options.list_file is not None:

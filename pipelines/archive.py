@@ -138,10 +138,19 @@ def check_member(info: tarfile.TarInfo, archive: str) -> str | None:
 TARS_PER_TASK = 4
 
 
+def index_ahead(url: str, pool, *, limits: ArchiveLimits = ArchiveLimits(), collect: bool = True):
+    """Begin indexing the flat tar at ``url`` in one of ``pool``'s processes (a
+    :class:`~gpufeed.pipelines.pooled.Lent`) while this process lists something else; give what this returns to
+    :func:`index_tar` as ``ahead``, with the same ``limits``, and an ``on_problem`` where ``collect`` (refused
+    members kept to be said there; else the first is the error). A flat tar is one chain of reads: ImageNet's
+    val tar, 50,000 headers ~128 KB apart, is read after the train split's listing unless it goes on beside it."""
+    return pool.later(_index_tars, [(0, None, url)], url, limits, collect)
+
+
 def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
               on_problem: Callable[[Exception], None] | None = None,
               nested: Callable[[TarEntry], bool] | None = None,
-              pool=None) -> list[tuple[TarEntry, list[TarEntry] | None]]:
+              pool=None, ahead=None) -> list[tuple[TarEntry, list[TarEntry] | None]]:
     """Index ``url`` (an uncompressed tar) by reading only its headers.
 
     Returns ``(entry, inner)`` per regular file in archive order; ``inner`` is the index of the tar inside
@@ -156,8 +165,16 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     in 1,000 inner tars took 6.3-7.7 s cold and 1.6-1.8 s warm in one process, 1.9-2.1 s and 0.33 s in 16 (threads
     were slower than one process: each header's parsing holds the GIL; results/tar-index-h200.txt). What the
     processes find reaches ``on_problem``, and errors are raised, in archive order, as without a pool.
+
+    ``ahead``: the index of this flat tar begun by :func:`index_ahead`, taken back here.
     """
     budget = _Budget(limits, url)
+    if ahead is not None:
+        (members, problems), error = ahead.result()[0]
+        _replay(budget, members, problems, on_problem)
+        if error is not None:
+            raise error
+        return [(m, None) for m in members]
     if pool is None or nested is None:
         with _open(url) as f:
             size = f.seek(0, io.SEEK_END)  # every read below seeks to an absolute offset first
@@ -199,12 +216,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
             inner = None
             if nested(entry):
                 (inner, problems), error = next(indexes)
-                counted = 0  # the archive's budget counts the members up to each problem before it is said
-                for at, e in [*problems, (len(inner), None)]:
-                    budget.merge(at - counted, sum(m.size for m in inner[counted:at]))
-                    counted = at
-                    if e is not None:
-                        on_problem(e)
+                _replay(budget, inner, problems, on_problem)
                 if error is not None:
                     raise error
             out.append((entry, inner))
@@ -217,16 +229,28 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         indexes.close()
 
 
+def _replay(budget: _Budget, members: list[TarEntry], problems: list[tuple[int, Exception]], on_problem) -> None:
+    """What another process found indexing a tar (:func:`_index_tars`), said here as indexing it here would:
+    ``budget`` counts the members up to each problem before it goes to ``on_problem``, then the rest."""
+    counted = 0
+    for at, e in [*problems, (len(members), None)]:
+        budget.merge(at - counted, sum(m.size for m in members[counted:at]))
+        counted = at
+        if e is not None:
+            on_problem(e)
+
+
 def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
-    """For each ``(start, end, where)`` tar of ``url`` in ``spans``: ``((members, problems), None)``, up to the
-    first that fails, ``((members, problems), error)`` (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what
-    was found before the error); ``collect``: a refused member is one of ``problems`` (each with the number of
-    members before it), else an error. The budget spans this call's tars only (the caller counts every tar's
-    members against the archive's)."""
+    """For each ``(start, end, where)`` tar of ``url`` in ``spans`` (``end`` None: the file's end):
+    ``((members, problems), None)``, up to the first that fails, ``((members, problems), error)``
+    (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what was found before the error); ``collect``: a
+    refused member is one of ``problems`` (each with the number of members before it), else an error. The budget
+    spans this call's tars only (the caller counts every tar's members against the archive's)."""
     budget = _Budget(limits, url)
     out = []
     with _open(url, buffering=0) as f:  # no read buffer: a header is one 512-byte read where it lies
         for start, end, where in spans:
+            end = f.seek(0, io.SEEK_END) if end is None else end
             problems: list[tuple[int, Exception]] = []
             members: list[TarEntry] = []
             try:

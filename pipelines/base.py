@@ -110,6 +110,9 @@ class Source(Protocol):
     def splits(self) -> list[str]:
         """The splits present, named as the dataset names them (``train``, ``val``, ``test``, ``valid``)."""
 
+    def expect(self, splits: list[str]) -> None:
+        """The splits about to be listed, in this order (work for a later one may begin now)."""
+
     def items(self, split: str) -> Sequence[Item]:
         """Every item of ``split`` in a deterministic order (sorted by key): a list, or a :class:`ListedItems`."""
 

@@ -40,6 +40,52 @@ class Lent:
     def __init__(self, executor, ready: Callable[[], bool] | None = None):
         self.executor = executor
         self.ready = ready or (lambda: True)
+        self._waiting: list[Later] = []
+
+    def later(self, fn: Callable, *args) -> Later:
+        """``fn(*args)`` (picklable, run for its result) for one of the processes: handed to the pool now if its
+        processes are up, else by the next listing work that finds them up (:func:`in_order`); where that never
+        comes before its result is asked for, done here then (:meth:`Later.result`)."""
+        job = Later(self, fn, args)
+        self._waiting.append(job)
+        self.hand_over()
+        return job
+
+    def hand_over(self) -> None:
+        """Submit the work :meth:`later` holds, once the processes are up."""
+        if self._waiting and self.ready():
+            waiting, self._waiting = self._waiting, []
+            for job in waiting:
+                job.submit()
+
+
+class Later:
+    """Work lent to a pool ahead of when its result is needed (:meth:`Lent.later`)."""
+
+    def __init__(self, pool: Lent, fn: Callable, args: tuple):
+        self.pool, self.fn, self.args, self.future = pool, fn, args, None
+
+    def submit(self) -> None:
+        from concurrent.futures import BrokenExecutor
+
+        try:
+            self.future = self.pool.executor.submit(self.fn, *self.args)
+        except (RuntimeError, BrokenExecutor):  # shut down or broken: done here when asked for
+            self.future = None
+
+    def result(self):
+        """What ``fn(*args)`` returned (or raised), from the pool, or done here where the pool never took it (its
+        processes not up yet, shut down, or broken)."""
+        from concurrent.futures import BrokenExecutor
+
+        if self.future is None:
+            if self in self.pool._waiting:
+                self.pool._waiting.remove(self)
+            return self.fn(*self.args)
+        try:
+            return self.future.result()
+        except BrokenExecutor:
+            return self.fn(*self.args)
 
 
 def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
@@ -56,6 +102,8 @@ def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, p
     handed = pool is None or len(chunks) <= 1  # (one chunk would only wait for a process to take it)
     try:
         for i, chunk in enumerate(chunks):
+            if pool is not None:
+                pool.hand_over()  # work lent ahead goes first: it was asked for before these chunks
             if not handed and pool.ready():
                 handed = True
                 try:

@@ -414,6 +414,10 @@ class BaseSource:
     def splits(self) -> list[str]:
         raise NotImplementedError
 
+    def expect(self, splits: list[str]) -> None:
+        """The splits a conversion is about to list, in this order: a source may begin, in its :attr:`pool`, what a
+        later one needs while the first are listed (ImageNet's val tar)."""
+
     def _list(self, split: str) -> list[Item]:
         raise NotImplementedError
 

@@ -16,7 +16,8 @@ import posixpath
 import re
 
 from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound, make_readable
-from gpufeed.pipelines.archive import ArchiveLimits, has_undecodable, index_tar, printable, stream_tar
+from gpufeed.pipelines.archive import (ArchiveLimits, has_undecodable, index_ahead, index_tar, printable,
+                                       stream_tar)
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, MemberRun, Skipped, TarMemberRef
 from gpufeed.pipelines.pooled import in_order, pieces
 from gpufeed.pipelines.sources import BaseSource, Root, read_named
@@ -186,9 +187,17 @@ class ImageNetSource(_ImageSource):
         self._id_to_wnid: dict[int, str] | None = None
         self._devkit_files: dict[str, bytes] | None = None
         self._class_meta: dict[str, dict] = {}
+        self._val_ahead = None  # the val tar's index begun in the pool (expect)
 
     def splits(self) -> list[str]:
         return [s for s in ("train", "val") if getattr(self, f"{s}_dir") or getattr(self, f"{s}_tar")]
+
+    def expect(self, splits: list[str]) -> None:
+        """The val tar, listed after another split, is indexed in a process of the pool meanwhile (where the source
+        has one): one chain of 50,000 reads that otherwise begins only when the train split is listed."""
+        pool = self._local_pool()
+        if pool is not None and self.val_tar and not self.val_dir and "val" in splits[1:]:
+            self._val_ahead = index_ahead(self.root.url(self.val_tar), pool, limits=self.limits)
 
     # -- class list -------------------------------------------------------------------------------------------
 
@@ -406,7 +415,8 @@ class ImageNetSource(_ImageSource):
         url = self.root.url(tar)
         labels, where = self._val_labels()
         items = []
-        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem):
+        ahead, self._val_ahead = self._val_ahead, None
+        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem, ahead=ahead):
             origin = f"{url}::{e.name}"
             if not _is_image(e.name):
                 self.problem(InputError(origin, "is not an image file", "remove it from the archive"))

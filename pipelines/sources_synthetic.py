@@ -87,6 +87,9 @@ class SyntheticSource:
     def splits(self) -> list[str]:
         return ["train"]
 
+    def expect(self, splits: list[str]) -> None:
+        """Nothing to begin: the items are made, not listed."""
+
     def items(self, split: str) -> list[Item]:
         classes, ext, kind, seed = CLASSES[self.kind], _EXT[self.kind], self.kind, self.seed
         return [Item(f"train/{i:09d}{ext}", i % classes, SynthRef(kind, seed, i), {"source": f"synthetic {kind} {i}"})

@@ -46,6 +46,26 @@ def build(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
     return path
 
 
+def build_val(folder: str, n: int, classes: int, member_bytes: int) -> str:
+    """ImageNet's flat val tar of ``n`` JPEGs (``ILSVRC2012_val_<n>.JPEG``, ~``member_bytes`` apart) and its
+    ``val_labels.txt`` in ``folder``, made once; its path."""
+    path = os.path.join(folder, "ILSVRC2012_img_val.tar")
+    if os.path.exists(path):
+        return path
+    pool = jpegs(member_bytes)
+    with open(path + ".part", "wb") as f:
+        for i in range(1, n + 1):
+            m = tarfile.TarInfo(f"ILSVRC2012_val_{i:08d}.JPEG")
+            m.size = len(pool[i % len(pool)])
+            data = m.tobuf(tarfile.GNU_FORMAT) + pool[i % len(pool)]
+            f.write(data + bytes(-len(data) % tarfile.BLOCKSIZE))
+        f.write(bytes(2 * tarfile.BLOCKSIZE))
+    os.rename(path + ".part", path)
+    with open(os.path.join(folder, "val_labels.txt"), "w") as f:
+        f.writelines(f"ILSVRC2012_val_{i:08d}.JPEG n{i % classes:08d}\n" for i in range(1, n + 1))
+    return path
+
+
 def index(path: str, processes: int) -> list:
     """The train tar's index as ``convert imagenet`` lists it: in ``processes`` processes of a fork server's
     pool (a conversion's local processes), or here (0)."""
@@ -126,16 +146,33 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--results")
     p.add_argument("--layout", choices=("tar", "tree"), default="tar")
+    p.add_argument("--val", type=int, default=0, help="also a flat val tar of this many JPEGs (tar layout)")
     a = p.parse_args()
     t = time.perf_counter()
     if a.layout == "tar":
         path = build(a.folder, a.classes, a.per_class, a.member_bytes)
         print(f"tar: {os.path.getsize(path) / 1e9:.2f} GB, {a.classes} x {a.per_class} members "
               f"({time.perf_counter() - t:.1f} s to make)", flush=True)
+        if a.val:
+            t = time.perf_counter()
+            val = build_val(a.folder, a.val, a.classes, a.member_bytes)
+            print(f"val tar: {os.path.getsize(val) / 1e9:.2f} GB, {a.val} members ({time.perf_counter() - t:.1f} s "
+                  "to make)", flush=True)
     else:
         build_tree(a.folder, a.classes, a.per_class, a.member_bytes)
         print(f"tree: {a.classes} x {a.per_class} files ({time.perf_counter() - t:.1f} s to make)", flush=True)
     for _ in range(a.repeats):
+        if a.layout == "tar" and a.val:  # the val tar's index alone, here: one chain
+            from gpufeed.pipelines.archive import index_tar
+
+            for cache in ("cold", "warm"):
+                if cache == "cold":
+                    drop_caches()
+                t = time.perf_counter()
+                members = len(index_tar(val))
+                s = time.perf_counter() - t
+                emit({"bench": "val-index", "cache": cache, "processes": 0, "members": members, "seconds": round(s, 3),
+                      "members_per_s": round(members / s), "cores": os.cpu_count()}, a.results)
         for processes in [int(x) for x in a.processes.split(",")]:
             for cache in ("cold", "warm"):
                 if cache == "cold":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
@@ -205,3 +206,80 @@ def test_a_remote_source_lists_here_whatever_pool_it_is_lent(tmp_path, pool):
         source.pool = pool
         items = list(source.items("train"))
         assert len(items) == n and items[0].ref.url.startswith("memory://")
+
+
+def val_tar(folder, damaged: bool = False):
+    """A flat val tar of 30 images beside the train tar, with a non-image, a member climbing out, a link and an
+    unlabelled image among them (``damaged``: the 20th header broken), and its ``val_labels.txt``."""
+    members = [member(f"ILSVRC2012_val_{i:08d}.JPEG", JPEG + bytes([i])) for i in range(1, 31)]
+    members[3:3] = [member("notes.txt", b"x"), member("../evil.JPEG", JPEG)]
+    members[12:12] = [member("link.JPEG", type_=b"2", linkname="/etc/passwd"),
+                      member("ILSVRC2012_val_00000099.JPEG", JPEG)]
+    buf = io.BytesIO()
+    make_tar(buf, members)
+    data = bytearray(buf.getvalue())
+    if damaged:
+        buf.seek(0)
+        with tarfile.open(fileobj=buf) as t:
+            at = t.getmembers()[19].offset
+        data[at + 124:at + 136] = b"zzzzzzzzzzz\0"  # its size field
+    (folder / "ILSVRC2012_img_val.tar").write_bytes(bytes(data))
+    (folder / "val_labels.txt").write_text("".join(f"ILSVRC2012_val_{i:08d}.JPEG n{i % 9:02d}\n" for i in range(1, 31)))
+
+
+def listed_both(folder, pool, on_error="skip"):
+    """Each split of ``folder`` listed here, and with ``pool`` as a conversion lists them (``expect`` first): keys,
+    labels and refs of each split, what was skipped, or the error; and the val tar's work lent ahead."""
+    out, lent = [], None
+    for p in (None, pool):
+        source = open_source("imagenet", str(folder), on_error=on_error)
+        source.pool = p
+        source.expect(["train", "val"])
+        lent = lent or source._val_ahead
+        try:
+            got = [[(it.key, it.label, it.ref) for it in source.items(s)] for s in ("train", "val")]
+        except GpufeedError as e:
+            got = (type(e).__name__, str(e))
+        out.append((got, source.skipped()))
+    return out, lent
+
+
+def test_the_val_tar_is_indexed_in_a_pool_while_the_train_tar_is_listed(tmp_path, pool):
+    train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    val_tar(tmp_path)
+    (here, there), lent = listed_both(tmp_path, pool)
+    assert lent is not None and lent.future is not None and lent.future.done()  # it went to the pool
+    assert here == there
+    (train, val), skipped = there
+    assert len(train) == 27 and len(val) == 30 and val[0][:2] == ("ILSVRC2012_val_00000001.JPEG", 1)
+    assert [s.origin.rsplit("::", 1)[-1] for s in skipped[4:]] == [  # the index's refusals, then the listing's
+        "../evil.JPEG", "link.JPEG", "notes.txt", "ILSVRC2012_val_00000099.JPEG"]
+    # Under --on-error fail, the same first problem stops both: the train tar's, then (train alone good) the val's.
+    (here, there), _ = listed_both(tmp_path, pool, on_error="fail")
+    assert here == there and "evil.JPEG" in here[0][1]
+
+
+def test_a_damaged_val_tar_stops_both_after_the_problems_before_it(tmp_path, pool):
+    train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    val_tar(tmp_path, damaged=True)
+    (here, there), _ = listed_both(tmp_path, pool)
+    assert here == there
+    error, skipped = here
+    assert error[0] == "InputError" and "_val.tar: has a damaged header at byte 18944 (checksum mismatch)" in error[1]
+    # The train tar's four, then the two members the val tar's index refused before its damaged header.
+    assert [s.origin.rsplit("::", 1)[-1] for s in skipped[4:]] == ["../evil.JPEG", "link.JPEG"]
+
+
+def test_work_lent_ahead_waits_for_the_processes_or_is_done_here(pool):
+    never = Lent(pool.executor, lambda: False)
+    job = never.later(_where, 1)
+    assert job.future is None and job.result() == ((1, os.getpid()))  # the processes never came: done here
+    checks = iter([False])
+    soon = Lent(pool.executor, lambda: next(checks, True))
+    job = soon.later(_where, 2)
+    assert job.future is None
+    assert [r for r, _ in in_order(soon, pieces, [0], 1, _where)] == [(0, os.getpid())]
+    assert job.future is not None and job.result()[1] != os.getpid()  # handed over by the listing that saw them up
+    closed = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
+    closed.shutdown()
+    assert Lent(closed).later(_where, 3).result() == (3, os.getpid())  # a pool that cannot take it
