@@ -139,12 +139,17 @@ TARS_PER_TASK = 4
 
 
 def index_ahead(url: str, pool, *, limits: ArchiveLimits = ArchiveLimits(), collect: bool = True):
-    """Begin indexing the flat tar at ``url`` in one of ``pool``'s processes (a
-    :class:`~gpufeed.pipelines.pooled.Lent`) while this process lists something else; give what this returns to
+    """Begin indexing the flat tar at ``url`` in ``pool``'s processes (a :class:`~gpufeed.pipelines.pooled.Lent`),
+    while this process lists something else: its spans (:data:`SPAN_BYTES`), one a task. Give what this returns to
     :func:`index_tar` as ``ahead``, with the same ``limits``, and an ``on_problem`` where ``collect`` (refused
-    members kept to be said there; else the first is the error). A flat tar is one chain of reads: ImageNet's
-    val tar, 50,000 headers ~128 KB apart, is read after the train split's listing unless it goes on beside it."""
-    return pool.later(_index_tars, [(0, None, url)], url, limits, collect)
+    members kept to be said there; else the first is the error). ``None`` where the tar cannot be opened here
+    (:func:`index_tar` says why, where it is listed)."""
+    try:
+        with _open(url) as f:
+            spans = _spans(f.seek(0, io.SEEK_END))
+    except PIECE_ERRORS:
+        return None
+    return spans, [pool.later(_span_task, [span], url, limits, collect) for span in spans]
 
 
 def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
@@ -166,11 +171,26 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     were slower than one process: each header's parsing holds the GIL; results/tar-index-h200.txt). What the
     processes find reaches ``on_problem``, and errors are raised, in archive order, as without a pool.
 
-    ``ahead``: the index of this flat tar begun by :func:`index_ahead`, taken back here.
+    A flat tar (``nested`` ``None``) is one chain of reads too: ImageNet's val tar, 50,000 headers ~128 KB apart
+    (~3 s cold on the H200 machine). With a pool, each of its spans (:data:`SPAN_BYTES`) is walked in a process of
+    its own from the first header found in it, and the walks are joined where each arrives at the next
+    (:func:`_merge_spans`): the same index as one walk finds. ``ahead``: those walks, begun by
+    :func:`index_ahead` while something else was listed, taken back here (walked here where the pool never took
+    them).
     """
     budget = _Budget(limits, url)
+    walked = None
     if ahead is not None:
-        (members, problems), error = ahead.result()[0]
+        spans, laters = ahead
+        if not all(later.withdraw() for later in laters):  # (none handed to the processes: walked here in one)
+            walked = (later.result()[0][0] for later in laters)
+    elif pool is not None and nested is None:
+        with _open(url) as f:
+            spans = _spans(f.seek(0, io.SEEK_END))
+        if len(spans) > 1:
+            walked = (r for r, _ in in_order(pool, _span_task, spans, 1, url, limits, on_problem is not None))
+    if walked is not None:
+        (members, problems), error = _merge_spans(url, spans, walked, limits, on_problem is not None)
         _replay(budget, members, problems, on_problem)
         if error is not None:
             raise error
@@ -241,16 +261,14 @@ def _replay(budget: _Budget, members: list[TarEntry], problems: list[tuple[int, 
 
 
 def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
-    """For each ``(start, end, where)`` tar of ``url`` in ``spans`` (``end`` None: the file's end):
-    ``((members, problems), None)``, up to the first that fails, ``((members, problems), error)``
-    (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what was found before the error); ``collect``: a
-    refused member is one of ``problems`` (each with the number of members before it), else an error. The budget
+    """For each ``(start, end, where)`` tar of ``url`` in ``spans``: ``((members, problems), None)``, up to the
+    first that fails, ``((members, problems), error)`` (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what
+    was found before the error); ``collect``: a refused member is one of ``problems`` (each with the number of members before it), else an error. The budget
     spans this call's tars only (the caller counts every tar's members against the archive's)."""
     budget = _Budget(limits, url)
     out = []
     with _open(url, buffering=0) as f:  # no read buffer: a header is one 512-byte read where it lies
         for start, end, where in spans:
-            end = f.seek(0, io.SEEK_END) if end is None else end
             problems: list[tuple[int, Exception]] = []
             members: list[TarEntry] = []
             try:
@@ -262,6 +280,117 @@ def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> 
                 break  # the caller raises it: it asks for no tar after this one
             out.append(((members, problems), None))
     return out
+
+
+#: A flat tar (ImageNet's val tar) indexed in a pool is cut into spans of this many bytes, each walked by a process
+#: of its own from the first header it finds in it (:func:`_index_span`): the val tar's 6.4 GB make 25.
+SPAN_BYTES = 256 << 20
+#: How far into its span a process looks for a first header (a member longer than this may hide it: the span is
+#: then walked on from where the walk before it stopped).
+_FIND_BYTES = 1 << 20
+_FIND_READ = 64 << 10
+
+
+def _spans(size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + SPAN_BYTES, size)) for lo in range(0, size, SPAN_BYTES)] or [(0, size)]
+
+
+def _find_header(f, lo: int, hi: int) -> int | None:
+    """Where the first block that reads as a ustar or GNU header lies in ``[lo, hi)`` of ``f`` (or in the first
+    :data:`_FIND_BYTES` of it), ``None`` where there is none. (Image bytes may hold one by chance: a walk from it
+    counts only where the walk before it arrives at the same place, :func:`_merge_spans`.) Read 64 KB at a time:
+    a header is usually within a member's length (ImageNet's: ~110 KB)."""
+    at = -(-lo // BLOCK) * BLOCK
+    stop = min(hi, lo + _FIND_BYTES)
+    while at < stop:
+        f.seek(at)
+        window = f.read(min(_FIND_READ, stop - at))
+        if not window:
+            return None
+        i = window.find(b"ustar", _MAGIC.start)
+        while i >= 0:
+            start = i - _MAGIC.start
+            if start % BLOCK == 0 and len(window) >= start + BLOCK:
+                block = window[start:start + BLOCK]
+                try:
+                    if _sums(block, _number(block[_CHKSUM], "checksum", "", at + start)):
+                        return at + start
+                except InputError:
+                    pass
+            i = window.find(b"ustar", i + 1)
+        at += len(window)
+    return None
+
+
+def _index_span(url: str, lo: int, hi: int, limits: ArchiveLimits, collect: bool, begin: int | None = None,
+                pax_global: tuple = ()) -> tuple[list, tuple]:
+    """The members whose headers begin in ``[lo, hi)`` of the flat tar at ``url``, as a walk from ``begin`` (a
+    member's first header, with ``pax_global`` in force) finds them, or from the first header found at or after
+    ``lo`` (:func:`_find_header`; 0 for the first span). ``(groups, tail)``: ``[pos, pax_global, entry, problem]``
+    for each member in order (``entry`` ``None`` for a directory or a member refused, ``problem`` what refused it
+    where ``collect``, else that is the error); ``tail`` ``("next", pos, pax_global)`` where the walk reached the
+    first member at or past ``hi``, ``("end",)``, ``("error", e)`` (raised in the last member's headers) or
+    ``("lost",)`` where no header was found."""
+    groups: list = []
+    tail: tuple = ("end",)
+
+    def mark(pos: int, state: tuple) -> bool:
+        nonlocal tail
+        if pos >= hi:
+            tail = ("next", pos, state)
+            return True
+        groups.append([pos, state, None, None])
+        return False
+
+    def problem(e: Exception) -> None:
+        groups[-1][3] = e
+
+    with _open(url, buffering=0) as f:
+        size = f.seek(0, io.SEEK_END)
+        if begin is None:
+            begin = 0 if lo == 0 else _find_header(f, lo, hi)
+            if begin is None:
+                return [], ("lost",)
+        budget = _Budget(limits, url)  # each member's own limits; the archive's totals are counted by the caller
+        try:
+            for info in _headers(f, 0, size, url, begin, pax_global, mark):
+                groups[-1][2] = _entry(info, 0, size, url, budget, problem if collect else None)
+        except PIECE_ERRORS as e:
+            tail = ("error", e)
+    return groups, tail
+
+
+def _span_task(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
+    """:func:`_index_span` of each span, in :func:`~gpufeed.pipelines.pooled.pieces`' shape (a pool's task)."""
+    return [(_index_span(url, lo, hi, limits, collect), None) for lo, hi in spans]
+
+
+def _merge_spans(url: str, spans: list, walked: Iterator[tuple], limits: ArchiveLimits,
+                 collect: bool) -> tuple[tuple[list, list], Exception | None]:
+    """The index of the flat tar at ``url`` from its ``spans`` walked apart (``walked``: each span's
+    :func:`_index_span`, in order), exactly as one walk from its start finds it: ``((members, problems), error)``
+    in :func:`_index_tars`' shape. A span's walk counts from the first member where the walk before it arrives,
+    at the same place with the same pax fields in force (from there both read the same bytes the same way);
+    where it arrives at none of them (the span's first "header" was image bytes, a member hid the first header,
+    or pax fields in force), that span is walked here, on from where the last walk stopped."""
+    members: list[TarEntry] = []
+    problems: list[tuple[int, Exception]] = []
+    at: tuple | None = (0, ())  # where the one walk is: a member's first header, and the pax fields in force
+    for (lo, hi), (groups, tail) in zip(spans, walked):
+        if at is None or at[0] >= hi:  # the archive ended, or a member reaches past this span
+            continue
+        first = next((i for i, g in enumerate(groups) if (g[0], g[1]) == at), None)
+        if first is None:
+            (groups, tail), first = _index_span(url, lo, hi, limits, collect, *at), 0
+        for _, _, entry, problem in groups[first:]:
+            if problem is not None:
+                problems.append((len(members), problem))
+            if entry is not None:
+                members.append(entry)
+        if tail[0] == "error":
+            return (members, problems), tail[1]
+        at = tail[1:] if tail[0] == "next" else None
+    return (members, problems), None
 
 
 def _open(url: str, buffering: int = -1):
@@ -317,7 +446,8 @@ def _pax(raw: bytes, where: str, pos: int) -> dict[str, str]:
     return out
 
 
-def _headers(f, start: int, end: int, where: str) -> Iterator[tarfile.TarInfo]:
+def _headers(f, start: int, end: int, where: str, begin: int | None = None, pax_global: tuple = (),
+             mark: Callable[[int, tuple], bool] | None = None) -> Iterator[tarfile.TarInfo]:
     """The members of the tar in bytes ``[start, end)`` of ``f``, read header by header with seeks.
 
     Each is a :class:`tarfile.TarInfo` with ``offset_data`` absolute in ``f``. This parses only what an
@@ -325,21 +455,24 @@ def _headers(f, start: int, end: int, where: str) -> Iterator[tarfile.TarInfo]:
     ten times faster than :mod:`tarfile`, which matters for the 1.28 million headers of ImageNet's train tar.
     Like tarfile it checks every header's checksum; unlike tarfile, a damaged header after the first is an
     error, not a quiet end of the archive.
+
+    ``begin`` (a member's first header) and ``pax_global`` (the pax global fields in force there, sorted items):
+    carry on a walk from there. ``mark(pos, pax_global)`` is told where each member's headers begin (the state
+    of a walk between members), before they are read; where it returns true, the walk ends there.
     """
     if end - start < BLOCK:
         raise InputError(where, f"is {end - start} bytes, too short to be a tar archive", "download it again")
-    pos, pending, pax_global = start, {}, {}
+    pos, pending, pax_global = start if begin is None else begin, {}, dict(pax_global)
     while pos < end:
+        if mark is not None and not pending and mark(pos, tuple(sorted(pax_global.items()))):
+            return
         f.seek(pos)
         block = f.read(BLOCK) if pos + BLOCK <= end else b""
         if len(block) < BLOCK:
             raise InputError(where, f"ends inside a header at byte {pos}", "the archive is truncated: download it again")
         if block == _ZERO:
             return
-        checksum = _number(block[_CHKSUM], "checksum", where, pos)
-        unsigned = sum(block) - sum(block[_CHKSUM]) + 8 * 32
-        if checksum != unsigned and checksum != unsigned - 256 * sum(1 for b in block if b > 127) \
-                + 256 * sum(1 for b in block[_CHKSUM] if b > 127):
+        if not _sums(block, _number(block[_CHKSUM], "checksum", where, pos)):
             what = "is not a tar archive" if pos == start else f"has a damaged header at byte {pos}"
             raise InputError(where, f"{what} (checksum mismatch); members from there on cannot be listed",
                              "download the archive again")
@@ -385,21 +518,36 @@ def _headers(f, start: int, end: int, where: str) -> Iterator[tarfile.TarInfo]:
         yield info
 
 
+def _sums(block: bytes, checksum: int) -> bool:
+    """Whether a header's ``checksum`` is its bytes' sum (unsigned, or signed as some old tars wrote it)."""
+    unsigned = sum(block) - sum(block[_CHKSUM]) + 8 * 32
+    return checksum == unsigned or checksum == unsigned - 256 * sum(1 for b in block if b > 127) \
+        + 256 * sum(1 for b in block[_CHKSUM] if b > 127)
+
+
 def _index(f, start: int, end: int, where: str, budget: _Budget, on_problem) -> Iterator[TarEntry]:
     """Regular members of the tar occupying bytes ``[start, end)`` of ``f``, offsets absolute in ``f``.
 
     ``end`` keeps a hostile inner tar from reaching into the bytes after it.
     """
     for info in _headers(f, start, end, where):
-        name = _checked(info, where, on_problem)
-        if name is None:
-            continue
-        budget.add(name, info.size)
-        if info.offset_data + info.size > end:
-            raise InputError(where, f"member {name!r} runs past the end of the archive "
-                             f"({info.offset_data + info.size - start} > {end - start} bytes)",
-                             "the archive is truncated: download it again")
-        yield TarEntry(name, info.offset_data, info.size)
+        entry = _entry(info, start, end, where, budget, on_problem)
+        if entry is not None:
+            yield entry
+
+
+def _entry(info: tarfile.TarInfo, start: int, end: int, where: str, budget: _Budget, on_problem) -> TarEntry | None:
+    """The index's entry of one member of the tar in ``[start, end)``, ``None`` for a directory or a member
+    refused (:func:`_checked`)."""
+    name = _checked(info, where, on_problem)
+    if name is None:
+        return None
+    budget.add(name, info.size)
+    if info.offset_data + info.size > end:
+        raise InputError(where, f"member {name!r} runs past the end of the archive "
+                         f"({info.offset_data + info.size - start} > {end - start} bytes)",
+                         "the archive is truncated: download it again")
+    return TarEntry(name, info.offset_data, info.size)
 
 
 #: Leading bytes of the compressions tar archives come in, and the readers that check their trailers (CRC,

@@ -73,6 +73,13 @@ class Later:
         except (RuntimeError, BrokenExecutor):  # shut down or broken: done here when asked for
             self.future = None
 
+    def withdraw(self) -> bool:
+        """Take the work back if the pool has not been given it yet (it is then not done at all): whether it was."""
+        if self.future is None and self in self.pool._waiting:
+            self.pool._waiting.remove(self)
+            return True
+        return False
+
     def result(self):
         """What ``fn(*args)`` returned (or raised), from the pool, or done here where the pool never took it (its
         processes not up yet, shut down, or broken)."""

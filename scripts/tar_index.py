@@ -82,6 +82,21 @@ def index(path: str, processes: int) -> list:
         return index_tar(path, nested=nested, pool=Lent(pool))
 
 
+def index_flat(path: str, processes: int) -> list:
+    """The val tar's index as ``convert imagenet --split val`` lists it: its spans walked in ``processes``
+    processes of a fork server's pool, or here (0)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from gpufeed.pipelines.archive import index_tar
+    from gpufeed.pipelines.pooled import Lent
+
+    if not processes:
+        return index_tar(path)
+    with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
+        return index_tar(path, pool=Lent(pool))
+
+
 def build_tree(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
     """ImageNet's train tree (``train/<wnid>/<wnid>_<n>.JPEG``) and a class list in ``folder``, made once; the
     folder. The listing reads folders, not files: small JPEGs serve."""
@@ -162,17 +177,15 @@ def main() -> None:
         build_tree(a.folder, a.classes, a.per_class, a.member_bytes)
         print(f"tree: {a.classes} x {a.per_class} files ({time.perf_counter() - t:.1f} s to make)", flush=True)
     for _ in range(a.repeats):
-        if a.layout == "tar" and a.val:  # the val tar's index alone, here: one chain
-            from gpufeed.pipelines.archive import index_tar
-
-            for cache in ("cold", "warm"):
+        for processes in [int(x) for x in a.processes.split(",")] if a.layout == "tar" and a.val else ():
+            for cache in ("cold", "warm"):  # the val tar's index alone: one chain here, its spans in a pool
                 if cache == "cold":
                     drop_caches()
                 t = time.perf_counter()
-                members = len(index_tar(val))
+                members = len(index_flat(val, processes))
                 s = time.perf_counter() - t
-                emit({"bench": "val-index", "cache": cache, "processes": 0, "members": members, "seconds": round(s, 3),
-                      "members_per_s": round(members / s), "cores": os.cpu_count()}, a.results)
+                emit({"bench": "val-index", "cache": cache, "processes": processes, "members": members,
+                      "seconds": round(s, 3), "members_per_s": round(members / s), "cores": os.cpu_count()}, a.results)
         for processes in [int(x) for x in a.processes.split(",")]:
             for cache in ("cold", "warm"):
                 if cache == "cold":

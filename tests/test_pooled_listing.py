@@ -17,6 +17,7 @@ from test_archive_safety import JPEG, make_tar, member
 from gpufeed.convert.identity import identities, item_identity
 from gpufeed.errors import GpufeedError
 from gpufeed.pipelines import open_source
+from gpufeed.pipelines import archive
 from gpufeed.pipelines.archive import TARS_PER_TASK, ArchiveLimits, index_tar
 from gpufeed.pipelines.base import ItemBatch, ListedItems, TarMemberRef, take_items
 from gpufeed.pipelines.pooled import Lent, in_order, pieces
@@ -248,7 +249,7 @@ def test_the_val_tar_is_indexed_in_a_pool_while_the_train_tar_is_listed(tmp_path
     train_tar(tmp_path / "ILSVRC2012_img_train.tar")
     val_tar(tmp_path)
     (here, there), lent = listed_both(tmp_path, pool)
-    assert lent is not None and lent.future is not None and lent.future.done()  # it went to the pool
+    assert lent is not None and all(later.future is not None for later in lent[1])  # it went to the pool
     assert here == there
     (train, val), skipped = there
     assert len(train) == 27 and len(val) == 30 and val[0][:2] == ("ILSVRC2012_val_00000001.JPEG", 1)
@@ -283,3 +284,90 @@ def test_work_lent_ahead_waits_for_the_processes_or_is_done_here(pool):
     closed = ProcessPoolExecutor(1, mp_context=get_context("forkserver"))
     closed.shutdown()
     assert Lent(closed).later(_where, 3).result() == (3, os.getpid())  # a pool that cannot take it
+
+
+def flat_tar(path, damaged_at: int | None = None, global_pax: bool = False) -> str:
+    """A flat tar of every kind of header a walk meets: plain members of many sizes, a member that is itself a tar
+    (headers inside image bytes, on block boundaries), long names as pax and as GNU records, a directory, members
+    refused (a link, a name climbing out), a member longer than several spans; ``global_pax``: a pax global header
+    first (fields in force for every member after it); ``damaged_at``: that member's header broken."""
+    blocks = []
+
+    def add(info, data=b"", fmt=tarfile.GNU_FORMAT):
+        info.size = len(data) if info.type in (tarfile.REGTYPE, tarfile.AREGTYPE) else 0
+        blocks.append(info.tobuf(fmt) + data + bytes(-len(data) % 512))
+
+    if global_pax:
+        blocks.append(tarfile.TarInfo.create_pax_global_header({"comment": "made here"}))
+    for i in range(60):
+        name = f"ILSVRC2012_val_{i:08d}.JPEG"
+        if i == 7:
+            add(tarfile.TarInfo(name), inner(member("a.JPEG", JPEG), member("b.JPEG", JPEG * 40)))
+        elif i in (11, 31):
+            add(tarfile.TarInfo("long/" * 30 + name), JPEG + bytes([i]) * 700, tarfile.PAX_FORMAT)
+        elif i in (12, 47):
+            add(tarfile.TarInfo("gnu/" * 40 + name), JPEG + bytes([i]) * 900, tarfile.GNU_FORMAT)
+        elif i == 20:
+            d = tarfile.TarInfo("a_folder")
+            d.type = tarfile.DIRTYPE
+            add(d)
+        elif i == 25:
+            link = tarfile.TarInfo(name)
+            link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            add(link)
+        elif i == 33:
+            add(tarfile.TarInfo("../evil.JPEG"), JPEG)
+        elif i == 40:
+            add(tarfile.TarInfo(name), JPEG + bytes(range(256)) * 90)  # ~23 KB: several spans
+        else:
+            add(tarfile.TarInfo(name), JPEG + bytes([i]) * (97 * i % 3000))
+    data = bytearray(b"".join(blocks) + bytes(1024))
+    if damaged_at is not None:
+        at = sum(len(b) for b in blocks[:damaged_at + global_pax])
+        data[at + 100:at + 108] = b"9999999\0"  # its mode: the checksum no longer sums
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+def flat_indexed(url, pool=None, collect=True):
+    seen = []
+    try:
+        out = index_tar(url, on_problem=seen.append if collect else None, pool=pool)
+    except GpufeedError as e:
+        out = e
+    return [(type(e).__name__, str(e)) for e in seen], (out if not isinstance(out, Exception) else
+                                                        (type(out).__name__, str(out)))
+
+
+@pytest.mark.parametrize("span", [1536, 2560, 4096, 7000, 30000])
+@pytest.mark.parametrize("kind", ["plain", "global pax", "damaged", "refused is the error"])
+def test_a_flat_tar_walked_in_spans_indexes_as_one_walk(tmp_path, pool, monkeypatch, span, kind):
+    url = flat_tar(tmp_path / "ILSVRC2012_img_val.tar", damaged_at=44 if kind == "damaged" else None,
+                   global_pax=kind == "global pax")
+    monkeypatch.setattr(archive, "SPAN_BYTES", span)
+    assert len(archive._spans(os.path.getsize(url))) > 1
+    collect = kind != "refused is the error"
+    here = flat_indexed(url, collect=collect)
+    assert flat_indexed(url, pool, collect=collect) == here
+    problems, out = here
+    if kind == "damaged":
+        assert out[0] == "InputError" and "has a damaged header at byte" in out[1] and len(problems) == 2
+    elif kind == "refused is the error":
+        assert problems == [] and out[0] == "UnsafeArchiveError" and "symbolic link" in out[1]
+    else:
+        assert [name for name, _, _ in (e for e, _ in out)][:1] == ["ILSVRC2012_val_00000000.JPEG"]
+        assert len(out) == 57 and len(problems) == 2 and "long/long/" in out[11][0][0] and "gnu/gnu/" in out[12][0][0]
+
+
+def test_a_flat_tar_begun_ahead_is_walked_here_where_the_processes_never_came(tmp_path, pool, monkeypatch):
+    url = flat_tar(tmp_path / "ILSVRC2012_img_val.tar")
+    monkeypatch.setattr(archive, "SPAN_BYTES", 4096)
+    here = flat_indexed(url)
+    for ready in (False, True):
+        lent = Lent(pool.executor, lambda: ready)
+        ahead = archive.index_ahead(url, lent)
+        assert all((later.future is not None) == ready for later in ahead[1])
+        seen = []
+        out = index_tar(url, on_problem=seen.append, ahead=ahead)
+        assert ([(type(e).__name__, str(e)) for e in seen], out) == here
+        assert not lent._waiting  # nothing left for the pool to take later
