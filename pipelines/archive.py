@@ -263,8 +263,9 @@ def _replay(budget: _Budget, members: list[TarEntry], problems: list[tuple[int, 
 def _index_tars(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
     """For each ``(start, end, where)`` tar of ``url`` in ``spans``: ``((members, problems), None)``, up to the
     first that fails, ``((members, problems), error)`` (:func:`~gpufeed.pipelines.pooled.pieces`' shape, with what
-    was found before the error); ``collect``: a refused member is one of ``problems`` (each with the number of members before it), else an error. The budget
-    spans this call's tars only (the caller counts every tar's members against the archive's)."""
+    was found before the error); ``collect``: a refused member is one of ``problems`` (each with the number of
+    members before it), else an error. The budget spans this call's tars only (the caller counts every tar's
+    members against the archive's)."""
     budget = _Budget(limits, url)
     out = []
     with _open(url, buffering=0) as f:  # no read buffer: a header is one 512-byte read where it lies
