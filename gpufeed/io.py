@@ -144,7 +144,9 @@ _EXISTING = ("rb", "r+b", "rb+")
 
 def open_file(path: str, mode: str = "rb", buffering: int = -1) -> IO[bytes]:
     """Open ``path`` (local path or fsspec URL) in binary ``mode``, throttled when a tier is active. A local file
-    opened to read is opened only where it is a regular file (:func:`open_fd`)."""
+    opened to read is opened only where it is a regular file (:func:`open_fd`). Each open to read is a file of its
+    own, with its own position, so that threads may read one file at once (an archive's members read ahead, its
+    index walked in spans)."""
     if "b" not in mode:
         raise ValueError(f"gpufeed opens data files in binary mode, not {mode!r}")
     if is_local(path):
@@ -152,6 +154,11 @@ def open_file(path: str, mode: str = "rb", buffering: int = -1) -> IO[bytes]:
     else:
         fs, p = url_to_fs(path)
         f = fs.open(p, mode)
+        if mode == "rb" and f is getattr(fs, "store", {}).get(fs._strip_protocol(p)):
+            import io
+
+            # fsspec's memory:// hands every open of a file its one stored object, one position for all.
+            f = io.BytesIO(f.getvalue())  # (the stored bytes, shared: not copied)
     t = throttle()
     return t.wrap(f) if t is not None else f
 

@@ -163,13 +163,14 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     that fails :func:`check_member` goes to ``on_problem`` (which may raise, or record and return); without
     it the error is raised. Limits breaches always raise.
 
-    ``pool`` (a :class:`~gpufeed.pipelines.pooled.Lent` process pool) indexes the inner tars in its processes,
-    :data:`TARS_PER_TASK` a task, once they are up. A tar's index is a chain of reads, each header's place given
-    by the one before it: in one process, ImageNet's train tar is 1.28 million reads one after another, ~110 KB
-    apart (a cold disk at one request in flight), and as much Python. On the 16-core H200 machine, 100,000 members
-    in 1,000 inner tars took 6.3-7.7 s cold and 1.6-1.8 s warm in one process, 1.9-2.1 s and 0.33 s in 16 (threads
-    were slower than one process: each header's parsing holds the GIL; results/tar-index-h200.txt). What the
-    processes find reaches ``on_problem``, and errors are raised, in archive order, as without a pool.
+    ``pool`` (a :class:`~gpufeed.pipelines.pooled.Lent`: a conversion's processes, or threads for a remote file,
+    whose requests wait on the network) indexes the inner tars, :data:`TARS_PER_TASK` a task, once it is up. A
+    tar's index is a chain of reads, each header's place given by the one before it: in one process, ImageNet's
+    train tar is 1.28 million reads one after another, ~110 KB apart (a cold disk at one request in flight), and
+    as much Python. On the 16-core H200 machine, 100,000 members in 1,000 inner tars took 6.3-7.7 s cold and
+    1.6-1.8 s warm in one process, 1.9-2.1 s and 0.33 s in 16 (threads were slower than one process on a local
+    disk: each header's parsing holds the GIL; results/tar-index-h200.txt). What the pool finds reaches
+    ``on_problem``, and errors are raised, in archive order, as without a pool.
 
     A flat tar (``nested`` ``None``) is one chain of reads too: ImageNet's val tar, 50,000 headers ~128 KB apart
     (~3 s cold on the H200 machine). With a pool, each of its spans (:data:`SPAN_BYTES`) is walked in a process of

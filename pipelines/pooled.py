@@ -59,6 +59,23 @@ class Lent:
                 job.submit()
 
 
+#: Threads a remote source lists with (:func:`threads`).
+LISTING_THREADS = 32
+_threads: Lent | None = None
+
+
+def threads() -> Lent:
+    """Threads of this process, lent to the listings of a remote filesystem (one pool for the process). There a
+    folder's listing or a tar header is a request that waits on the network, not on Python, so threads keep many
+    in flight; another process would not see the same filesystem objects (``memory://`` is this process's own)."""
+    global _threads
+    if _threads is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _threads = Lent(ThreadPoolExecutor(LISTING_THREADS, thread_name_prefix="gpufeed-listing"))
+    return _threads
+
+
 class Later:
     """Work lent to a pool ahead of when its result is needed (:meth:`Lent.later`)."""
 

@@ -19,7 +19,7 @@ from gpufeed.errors import ConfigError, InputError, LabelError, SourceNotFound, 
 from gpufeed.pipelines.archive import (ArchiveLimits, has_undecodable, index_ahead, index_tar, printable,
                                        stream_tar)
 from gpufeed.pipelines.base import ClassInfo, FileRef, Item, ListedItems, MemberRun, Skipped, TarMemberRef
-from gpufeed.pipelines.pooled import in_order, pieces
+from gpufeed.pipelines.pooled import in_order, pieces, threads
 from gpufeed.pipelines.sources import BaseSource, Root, read_named
 
 #: What torchvision's ImageFolder accepts; anything else in a class folder is reported, not read.
@@ -67,7 +67,7 @@ class _ImageSource(BaseSource):
         """
         items = ListedItems()
         entries = self.root.listdir(top)
-        walked = in_order(self._local_pool(), pieces, [self.root.join(top, cls) for cls, is_dir in entries
+        walked = in_order(self._listing_pool(), pieces, [self.root.join(top, cls) for cls, is_dir in entries
                                               if is_dir and cls in label_of], FOLDERS_PER_TASK, _walk_class, self.root)
         try:
             for cls, is_dir in entries:
@@ -107,10 +107,10 @@ class _ImageSource(BaseSource):
             walked.close()
         return items
 
-    def _local_pool(self):
-        """The pool the source lists with, for a local root: a remote filesystem's objects are not always the same
-        in another process (``memory://`` is this process's own)."""
-        return self.pool if self.root.local else None
+    def _listing_pool(self):
+        """The pool the source lists with: a conversion's processes for a local root (its lent :attr:`pool`, if
+        any); for a remote one, threads of this process (:func:`~gpufeed.pipelines.pooled.threads`)."""
+        return self.pool if self.root.local else threads()
 
     def _unlabelled(self, path: str) -> None:
         self.problem(LabelError(printable(self.root.url(path)), "is a file outside any class folder, so it has no "
@@ -193,9 +193,10 @@ class ImageNetSource(_ImageSource):
         return [s for s in ("train", "val") if getattr(self, f"{s}_dir") or getattr(self, f"{s}_tar")]
 
     def expect(self, splits: list[str]) -> None:
-        """The val tar, listed after another split, is indexed in a process of the pool meanwhile (where the source
-        has one): one chain of 50,000 reads that otherwise begins only when the train split is listed."""
-        pool = self._local_pool()
+        """The val tar, listed after another split, is indexed in the listing's pool meanwhile (where the source has
+        one), its spans side by side: 50,000 headers ~128 KB apart that otherwise are read only once the train
+        split is listed, one after another."""
+        pool = self._listing_pool()
         if pool is not None and self.val_tar and not self.val_dir and "val" in splits[1:]:
             self._val_ahead = index_ahead(self.root.url(self.val_tar), pool, limits=self.limits)
 
@@ -384,7 +385,7 @@ class ImageNetSource(_ImageSource):
         label_of = self.labels()
         runs = []
         for outer, inner in index_tar(url, limits=self.limits, on_problem=self.problem,
-                                      nested=lambda e: e.name.endswith(".tar"), pool=self._local_pool()):
+                                      nested=lambda e: e.name.endswith(".tar"), pool=self._listing_pool()):
             if inner is None:
                 self.problem(InputError(f"{url}::{outer.name}", "is not a per-class tar; "
                                         f"{TRAIN_TAR} holds only <wnid>.tar members", "remove it from the archive"))

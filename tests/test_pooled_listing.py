@@ -190,23 +190,60 @@ def test_chunks_are_done_here_until_the_pool_is_up(pool):
     assert {pid for _, pid in got[:4]} == {os.getpid()} and os.getpid() not in {pid for _, pid in got[4:]}
 
 
-def test_a_remote_source_lists_here_whatever_pool_it_is_lent(tmp_path, pool):
-    """memory:// is this process's own filesystem: another process would find nothing there."""
+def test_a_remote_source_lists_in_threads_of_this_process_whatever_pool_it_is_lent(tmp_path, pool):
+    """memory:// is this process's own filesystem: another process would find nothing there. A remote source
+    lists in threads here (its requests wait on the network): the same items, problems and identities as the
+    same files on a local disk listed in one process."""
     import fsspec
+
+    from gpufeed.pipelines.pooled import threads
 
     (tmp_path / "tar").mkdir()
     train_tar(tmp_path / "tar" / "ILSVRC2012_img_train.tar")
-    fs = fsspec.filesystem("memory")
-    for path in (tmp_path / "tar").iterdir():
-        fs.pipe(f"/pooled-tar/{path.name}", path.read_bytes())
+    val_tar(tmp_path / "tar")
     for c in range(12):
-        fs.pipe(f"/pooled-tree/train/n{c:02d}/n{c:02d}_0.JPEG", JPEG)
-    fs.pipe("/pooled-tree/LOC_synset_mapping.txt", "".join(f"n{c:02d} c\n" for c in range(12)).encode())
-    for root, n in (("memory://pooled-tar", 27), ("memory://pooled-tree", 12)):
-        source = open_source("imagenet", root, on_error="skip")
-        source.pool = pool
-        items = list(source.items("train"))
-        assert len(items) == n and items[0].ref.url.startswith("memory://")
+        (tmp_path / "tree" / "train" / f"n{c:02d}").mkdir(parents=True)
+        (tmp_path / "tree" / "train" / f"n{c:02d}" / f"n{c:02d}_0.JPEG").write_bytes(JPEG)
+    (tmp_path / "tree" / "train" / "n03" / "notes.txt").write_text("x")
+    (tmp_path / "tree" / "LOC_synset_mapping.txt").write_text("".join(f"n{c:02d} c\n" for c in range(12)))
+    fs = fsspec.filesystem("memory")
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            fs.pipe(f"/pooled/{path.relative_to(tmp_path)}", path.read_bytes())
+    try:
+        for layout, splits, n in (("tar", ["train", "val"], 27 + 30), ("tree", ["train"], 12)):
+            remote = open_source("imagenet", f"memory://pooled/{layout}", on_error="skip")
+            remote.pool = pool
+            assert remote._listing_pool() is threads()
+            remote.expect(splits)
+            local = open_source("imagenet", str(tmp_path / layout), on_error="skip")
+            got = [[(it.key, it.label) for it in s.items(split)] for s in (remote, local) for split in splits]
+            assert got[:len(splits)] == got[len(splits):] and sum(map(len, got[:len(splits)])) == n
+            assert [(s.origin.split(layout, 1)[1], s.reason) for s in remote.skipped()] == \
+                [(s.origin.split(layout, 1)[1], s.reason) for s in local.skipped()]
+            for split in splits:
+                items = remote.items(split)
+                assert items[0].ref.url.startswith("memory://")
+                assert identities(items, cache={}) == [item_identity(it, {}) for it in items]
+    finally:
+        fs.rm("/pooled", recursive=True)
+
+
+def test_each_open_of_a_memory_file_reads_from_its_own_position():
+    """fsspec's memory:// hands every open its one stored file object: threads reading one archive at once (its
+    members read ahead, its index walked in spans) would move each other's position."""
+    import fsspec
+
+    from gpufeed.io import open_file
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/own-position/a.tar", bytes(range(256)) * 8)
+    try:
+        a, b = open_file("memory://own-position/a.tar"), open_file("memory://own-position/a.tar")
+        a.seek(1000)
+        assert b.read(3) == bytes([0, 1, 2]) and a.read(3) == bytes([1000 % 256, 1001 % 256, 1002 % 256])
+    finally:
+        fs.rm("/own-position", recursive=True)
 
 
 def val_tar(folder, damaged: bool = False):
