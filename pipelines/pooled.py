@@ -43,9 +43,9 @@ class Lent:
         self._waiting: list[Later] = []
 
     def later(self, fn: Callable, *args) -> Later:
-        """``fn(*args)`` (picklable, run for its result) for one of the processes: handed to the pool now if its
-        processes are up, else by the next listing work that finds them up (:func:`in_order`); where that never
-        comes before its result is asked for, done here then (:meth:`Later.result`)."""
+        """``fn(*args)`` (picklable, run for its result) for the pool: handed to it now if its processes are up,
+        else by the next listing work that finds them up (:func:`in_order`); where that never comes before its
+        result is asked for, done here then (:meth:`Later.result`)."""
         job = Later(self, fn, args)
         self._waiting.append(job)
         self.hand_over()
@@ -103,8 +103,7 @@ class Later:
         from concurrent.futures import BrokenExecutor
 
         if self.future is None:
-            if self in self.pool._waiting:
-                self.pool._waiting.remove(self)
+            self.withdraw()
             return self.fn(*self.args)
         try:
             return self.future.result()

@@ -417,7 +417,7 @@ class ImageNetSource(_ImageSource):
         labels, where = self._val_labels()
         items = []
         ahead, self._val_ahead = self._val_ahead, None
-        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem, ahead=ahead):
+        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem, pool=self._listing_pool(), ahead=ahead):
             origin = f"{url}::{e.name}"
             if not _is_image(e.name):
                 self.problem(InputError(origin, "is not an image file", "remove it from the archive"))

@@ -408,3 +408,15 @@ def test_a_flat_tar_begun_ahead_is_walked_here_where_the_processes_never_came(tm
         out = index_tar(url, on_problem=seen.append, ahead=ahead)
         assert ([(type(e).__name__, str(e)) for e in seen], out) == here
         assert not lent._waiting  # nothing left for the pool to take later
+
+
+def test_the_val_tar_listed_alone_is_walked_in_spans_by_the_pool(tmp_path, pool, monkeypatch):
+    train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    val_tar(tmp_path)
+    monkeypatch.setattr(archive, "SPAN_BYTES", 2048)
+    listed = []
+    for p in (None, pool):
+        source = open_source("imagenet", str(tmp_path), on_error="skip")
+        source.pool = p
+        listed.append(([(it.key, it.label, it.ref) for it in source.items("val")], source.skipped()))
+    assert listed[0] == listed[1] and len(listed[0][0]) == 30 and len(listed[0][1]) == 4
