@@ -192,6 +192,8 @@ def _convert(options: ConvertOptions, progress, t0: _Clock, ray_start) -> Summar
     local = ray_start.local if ray_start is not None else None
     if local is not None:  # its processes start while the driver lists: they take part once they are up
         source.pool = Lent(local.pool, lambda: local.started_at() is not None)
+    if progress is not None:
+        source.tell = progress.listing
     available = source.splits()
     splits = list(options.splits or available)
     for s in splits:

@@ -12,6 +12,9 @@ import time
 LOG_INTERVAL_S = 30.0
 #: Seconds of converting before a time left is estimated (the first shards finish in a burst).
 ETA_AFTER_S = 5.0
+#: Seconds between lines saying how far a listing is, on a terminal (elsewhere :data:`LOG_INTERVAL_S`); a
+#: listing done sooner says nothing more than its phase's line.
+LISTING_INTERVAL_S = 5.0
 
 
 #: Held while a line is written (by any :class:`Progress`, from any thread).
@@ -37,6 +40,7 @@ class Progress:
         self._desc = "converting"
         self._unit = "img"
         self._logged = 0.0
+        self._said_at = time.perf_counter()  # when the last phase or listing line was said
 
     def _line(self, text: str) -> None:
         """One whole line, written at once: the split outputs' committing threads each say their phase, and
@@ -50,12 +54,25 @@ class Progress:
         while the bar is up, else a line of its own, so the first seconds are never silent."""
         if not self.enabled:
             return
+        self._said_at = time.perf_counter()
         if self._bar is not None:
             self._bar.set_description_str(text)
         elif self._t0 is not None and not self.tty:
             self._line(f"{text} ({self._counts()})")
         else:
             self._line(f"{text} ...")
+
+    def listing(self, text: str) -> None:
+        """How far a long listing is (``... 412 of 1,000 class tars indexed``): a line once
+        :data:`LISTING_INTERVAL_S` (:data:`LOG_INTERVAL_S` where the output is not a terminal) have passed since
+        the last one or the phase's, so a listing of ImageNet's tars on a few cores, or of a remote store, is not a
+        silent minute."""
+        if not self.enabled or self._bar is not None:
+            return
+        now = time.perf_counter()
+        if now - self._said_at >= (LISTING_INTERVAL_S if self.tty else self.log_interval):
+            self._said_at = now
+            self._line(text)
 
     def converting(self) -> None:
         """Back to the bar's own label, once a phase shown on it (starting Ray) is over."""

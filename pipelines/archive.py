@@ -155,7 +155,8 @@ def index_ahead(url: str, pool, *, limits: ArchiveLimits = ArchiveLimits(), coll
 def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
               on_problem: Callable[[Exception], None] | None = None,
               nested: Callable[[TarEntry], bool] | None = None,
-              pool=None, ahead=None) -> list[tuple[TarEntry, list[TarEntry] | None]]:
+              pool=None, ahead=None, told: Callable[[int, int], None] | None = None
+              ) -> list[tuple[TarEntry, list[TarEntry] | None]]:
     """Index ``url`` (an uncompressed tar) by reading only its headers.
 
     Returns ``(entry, inner)`` per regular file in archive order; ``inner`` is the index of the tar inside
@@ -177,19 +178,20 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     its own from the first header found in it, and the walks are joined where each arrives at the next
     (:func:`_merge_spans`): the same index as one walk finds. ``ahead``: those walks, begun by
     :func:`index_ahead` while something else was listed, taken back here (walked here where the pool never took
-    them).
+    them). ``told(done, total)``: how many of the inner tars (of a flat tar's spans) are indexed, as they are.
     """
     budget = _Budget(limits, url)
     walked = None
     if ahead is not None:
         spans, laters = ahead
         if not all(later.withdraw() for later in laters):  # (none handed to the processes: walked here in one)
-            walked = (later.result()[0][0] for later in laters)
+            walked = (_told(later.result()[0][0], told, i + 1, len(laters)) for i, later in enumerate(laters))
     elif pool is not None and nested is None:
         with _open(url) as f:
             spans = _spans(f.seek(0, io.SEEK_END))
         if len(spans) > 1:
-            walked = (r for r, _ in in_order(pool, _span_task, spans, 1, url, limits, on_problem is not None))
+            walked = (r for r, _ in in_order(pool, _span_task, spans, 1, url, limits, on_problem is not None,
+                                             told=told))
     if walked is not None:
         (members, problems), error = _merge_spans(url, spans, walked, limits, on_problem is not None)
         _replay(budget, members, problems, on_problem)
@@ -199,12 +201,15 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
     if pool is None or nested is None:
         with _open(url) as f:
             size = f.seek(0, io.SEEK_END)  # every read below seeks to an absolute offset first
-            out = []
+            out, tars = [], 0
             for entry in _index(f, 0, size, url, budget, on_problem):
                 inner = None
                 if nested is not None and nested(entry):
                     inner = list(_index(f, entry.offset, entry.offset + entry.size, f"{url}::{entry.name}", budget,
                                         on_problem))
+                    tars += 1
+                    if told is not None:
+                        told(tars, 0)  # (how many there are is known only at the end)
                 out.append((entry, inner))
             return out
     # The outer tar first (a header per inner tar), bounded by a budget of its own; what it finds is kept at its
@@ -221,7 +226,7 @@ def index_tar(url: str, *, limits: ArchiveLimits = ArchiveLimits(),
         except PIECE_ERRORS as e:
             stopped = e
     spans = [(e.offset, e.offset + e.size, f"{url}::{e.name}") for e in outer if nested(e)]
-    indexes = in_order(pool, _index_tars, spans, TARS_PER_TASK, url, limits, on_problem is not None)
+    indexes = in_order(pool, _index_tars, spans, TARS_PER_TASK, url, limits, on_problem is not None, told=told)
 
     def say(e: Exception) -> None:
         if on_problem is None:
@@ -365,6 +370,13 @@ def _index_span(url: str, lo: int, hi: int, limits: ArchiveLimits, collect: bool
 def _span_task(spans: list, url: str, limits: ArchiveLimits, collect: bool) -> list[tuple]:
     """:func:`_index_span` of each span, in :func:`~gpufeed.pipelines.pooled.pieces`' shape (a pool's task)."""
     return [(_index_span(url, lo, hi, limits, collect), None) for lo, hi in spans]
+
+
+def _told(result, told, done: int, total: int):
+    """``result``, once ``told(done, total)``."""
+    if told is not None:
+        told(done, total)
+    return result
 
 
 def _merge_spans(url: str, spans: list, walked: Iterator[tuple], limits: ArchiveLimits,

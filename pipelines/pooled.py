@@ -111,13 +111,14 @@ class Later:
             return self.fn(*self.args)
 
 
-def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args) -> Iterator[tuple]:
+def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args,
+             told: Callable[[int, int], None] | None = None) -> Iterator[tuple]:
     """``task(chunk, *args)`` (:func:`pieces`' shape: ``(result, error)`` per item) over ``items``, ``per_task``
     a chunk; yields each item's ``(result, error)`` in order. The chunks are done here, one after another, until
     ``pool`` is ready; then every chunk left is handed to it at once and taken back in order. (A task may end its
     chunk at an error the caller always raises, as a tar's index does.) Where the pool cannot take the work (shut
     down, or broken: a process died), the chunks not back are done here. Closing the iterator cancels the tasks
-    not begun."""
+    not begun. ``told(done, len(items))`` after each chunk: how far it is (a listing's progress)."""
     from concurrent.futures import BrokenExecutor
 
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
@@ -140,7 +141,10 @@ def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, p
                     done = futures.pop(i).result()
                 except BrokenExecutor:
                     pass
-            yield from done if done is not None else task(chunk, *args)
+            done = done if done is not None else task(chunk, *args)
+            if told is not None:
+                told(min((i + 1) * per_task, len(items)), len(items))
+            yield from done
     finally:
         for future in futures.values():
             future.cancel()

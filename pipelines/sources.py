@@ -394,6 +394,8 @@ class BaseSource:
     #: conversion lends its local processes (ImageNet's class folders are walked, and its train tar's inner tars
     #: indexed, in them).
     pool = None
+    #: Where a long listing says how far it is (a line of text; a conversion's progress), if anywhere.
+    tell = None
 
     def __init__(self, root: Root, on_error: str = "fail"):
         self.root = root
@@ -417,6 +419,14 @@ class BaseSource:
     def expect(self, splits: list[str]) -> None:
         """The splits a conversion is about to list, in this order: a source may begin, in its :attr:`pool`, what a
         later one needs while the first are listed (ImageNet's val tar)."""
+
+    def _telling(self, where: str, unit: str):
+        """``told(done, total)`` for a listing's work on ``where``, said through :attr:`tell` (``None`` where
+        nothing listens): ``<where>: 412 of 1,000 <unit>`` (``total`` 0: not known yet)."""
+        tell = self.tell
+        if tell is None:
+            return None
+        return lambda done, total: tell(f"listing {where}: {done:,}{f' of {total:,}' if total else ''} {unit}")
 
     def _list(self, split: str) -> list[Item]:
         raise NotImplementedError

@@ -68,7 +68,8 @@ class _ImageSource(BaseSource):
         items = ListedItems()
         entries = self.root.listdir(top)
         walked = in_order(self._listing_pool(), pieces, [self.root.join(top, cls) for cls, is_dir in entries
-                                              if is_dir and cls in label_of], FOLDERS_PER_TASK, _walk_class, self.root)
+                                              if is_dir and cls in label_of], FOLDERS_PER_TASK, _walk_class, self.root,
+                          told=self._telling(self.root.url(top), "class folders listed"))
         try:
             for cls, is_dir in entries:
                 path = self.root.join(top, cls)
@@ -385,7 +386,8 @@ class ImageNetSource(_ImageSource):
         label_of = self.labels()
         runs = []
         for outer, inner in index_tar(url, limits=self.limits, on_problem=self.problem,
-                                      nested=lambda e: e.name.endswith(".tar"), pool=self._listing_pool()):
+                                      nested=lambda e: e.name.endswith(".tar"), pool=self._listing_pool(),
+                                      told=self._telling(url, "class tars indexed")):
             if inner is None:
                 self.problem(InputError(f"{url}::{outer.name}", "is not a per-class tar; "
                                         f"{TRAIN_TAR} holds only <wnid>.tar members", "remove it from the archive"))
@@ -417,7 +419,8 @@ class ImageNetSource(_ImageSource):
         labels, where = self._val_labels()
         items = []
         ahead, self._val_ahead = self._val_ahead, None
-        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem, pool=self._listing_pool(), ahead=ahead):
+        for e, _ in index_tar(url, limits=self.limits, on_problem=self.problem, pool=self._listing_pool(), ahead=ahead,
+                              told=self._telling(url, "parts indexed")):
             origin = f"{url}::{e.name}"
             if not _is_image(e.name):
                 self.problem(InputError(origin, "is not an image file", "remove it from the archive"))

@@ -420,3 +420,47 @@ def test_the_val_tar_listed_alone_is_walked_in_spans_by_the_pool(tmp_path, pool,
         source.pool = p
         listed.append(([(it.key, it.label, it.ref) for it in source.items("val")], source.skipped()))
     assert listed[0] == listed[1] and len(listed[0][0]) == 30 and len(listed[0][1]) == 4
+
+
+@pytest.mark.parametrize("where", ["pool", "here"])
+def test_a_listing_says_how_far_it_is(tmp_path, pool, monkeypatch, where):
+    """Where something listens (a conversion's progress), a long listing says how many class tars, class folders
+    or parts of the val tar are done: as many lines as pieces here, the progress keeping one every few seconds."""
+    train_tar(tmp_path / "ILSVRC2012_img_train.tar")
+    val_tar(tmp_path)
+    monkeypatch.setattr(archive, "SPAN_BYTES", 4096)
+    source = open_source("imagenet", str(tmp_path), on_error="skip")
+    source.pool = pool if where == "pool" else None
+    said = []
+    source.tell = said.append
+    source.expect(["train", "val"])
+    source.items("train"), source.items("val")
+    url = str(tmp_path)
+    train = [s for s in said if "_train.tar" in s]
+    assert train[-1] == f"listing {url}/ILSVRC2012_img_train.tar: 9{' of 9' if where == 'pool' else ''} class tars indexed"
+    val = [s for s in said if "_val.tar" in s]
+    if where == "pool":  # (listed here, a flat tar is one walk: nothing to count)
+        n = len(archive._spans(os.path.getsize(tmp_path / "ILSVRC2012_img_val.tar")))
+        assert len(val) == n > 1 and val[-1] == f"listing {url}/ILSVRC2012_img_val.tar: {n} of {n} parts indexed"
+    tree = tmp_path / "tree"
+    for c in range(3):
+        (tree / "train" / f"n{c:02d}").mkdir(parents=True)
+        (tree / "train" / f"n{c:02d}" / "a.JPEG").write_bytes(JPEG)
+    said.clear()
+    source = open_source("folder", str(tree), on_error="skip")
+    source.pool, source.tell = (pool if where == "pool" else None), said.append
+    source.items("train")
+    assert said[-1] == f"listing {tree}/train: 3 of 3 class folders listed"
+
+
+def test_the_progress_says_a_listing_every_few_seconds_and_never_over_the_bar():
+    from gpufeed.convert.progress import Progress
+
+    out = io.StringIO()
+    quiet = Progress(file=out, log_interval=3600)
+    quiet.phase("listing SRC")
+    quiet.listing("listing SRC: 1 of 9 class tars indexed")  # sooner than the interval: nothing more
+    loud = Progress(file=out, log_interval=0)
+    loud.phase("listing SRC")
+    loud.listing("listing SRC: 2 of 9 class tars indexed")
+    assert out.getvalue() == "listing SRC ...\nlisting SRC ...\nlisting SRC: 2 of 9 class tars indexed\n"
