@@ -154,4 +154,28 @@ def run(args) -> int:
 
     summary = convert(options, Progress(options.progress))
     print(format_summary(summary))
+    empty = nothing_converted(summary)
+    if empty:
+        import sys
+
+        print(f"gpufeed: error: {empty}", file=sys.stderr)
+        return 1
     return 0
+
+
+def nothing_converted(summary) -> str | None:
+    """What to say where a split came out empty because its every input was skipped or left out while listing
+    (``--on-error skip``): its outputs are complete and hold nothing, which no training wants, so the command says
+    so and ends with status 1; ``None`` otherwise."""
+    if getattr(summary, "dry_run", False) or not summary.complete or not summary.skipped:
+        return None
+    listing = len(summary.skipped) - sum(s.get("skipped", 0) for s in summary.samples.values())
+    empty = [split for split, s in summary.samples.items()
+             if not s.get("written") and (s.get("skipped") or (not s.get("planned") and listing > 0))]
+    if not empty:
+        return None
+    unit = getattr(summary, "unit", "images")
+    origin, reason = summary.skipped[listing if listing < len(summary.skipped) else 0]  # a conversion's skip first
+    return (f"no {unit} of {' or '.join(empty)} were written: every input was skipped or left out while listing "
+            f"(the reasons are listed above; the first: {origin}: {reason}). Fix or replace those inputs, or check "
+            "that SRC is the dataset you meant")

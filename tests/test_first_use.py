@@ -466,3 +466,33 @@ def test_a_run_that_writes_no_mean_image_says_why_in_its_summary(src, tmp_path, 
     text = format_summary(convert(o, Progress(False)))
     assert "no mean.binaryproto: images differ in size; Caffe needs a mean image" in text
     assert not os.path.exists(tmp_path / "o" / "mean.binaryproto")
+
+
+def test_a_split_whose_every_input_was_skipped_ends_the_command_with_an_error(src, tmp_path, ray_local, capsys):
+    """--on-error skip over inputs none of which converts (here: a folder of text files, then of truncated JPEGs
+    beside good ones in another split) writes complete, empty outputs; the command says which splits hold nothing,
+    the first reason, and ends with status 1, so a script does not train on nothing."""
+    text = tmp_path / "text"
+    for cls in ("a", "b"):
+        (text / "train" / cls).mkdir(parents=True)
+        (text / "train" / cls / "notes.txt").write_text("not an image")
+    assert main(["convert", "folder", str(text), "--to", "recordio", "--out", str(tmp_path / "o1"), "--workers", "1",
+                 "--on-error", "skip", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "gpufeed: error: no images of train were written: every input was skipped or left out while listing" in err
+    assert f"the first: {text / 'train' / 'a' / 'notes.txt'}: is not an image file" in err
+    mixed = tmp_path / "mixed"
+    good = cv2.imencode(".jpg", np.full((8, 8, 3), 90, np.uint8))[1].tobytes()
+    for split, data in (("train", good), ("val", good[:40])):
+        for cls in ("a", "b"):
+            (mixed / split / cls).mkdir(parents=True)
+            (mixed / split / cls / "x.jpg").write_bytes(data)
+    assert main(["convert", "folder", str(mixed), "--to", "recordio", "--out", str(tmp_path / "o2"), "--workers", "1",
+                 "--on-error", "skip", "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "train: 2 of 2 images written" in out and "val: 0 of 2 images written" in out
+    assert "gpufeed: error: no images of val were written" in err and "val/a/x.jpg: " in err
+    assert verify(str(tmp_path / "o2")).records[("val", "recordio")] == 0  # complete, and empty
+    # Good inputs: status 0, as ever.
+    assert main(["convert", "folder", str(mixed / "train"), "--to", "recordio", "--out", str(tmp_path / "o3"),
+                 "--workers", "1", "--no-progress"]) == 0
