@@ -3,12 +3,7 @@
 # in threads (scripts/tar_depth.py): whether more reads in flight list ImageNet's tars sooner.
 #
 #   device run, carry .whl:  PER=100 OUT=$OUT bash scripts/tar_depth.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-R=$PWD
-WHEELS=${WHEELS:-.whl}
-source scripts/device_out.sh tar-index-KIND.jsonl
-DATA=${DATA:-/tmp/gpufeed-tar}
-(cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" --repeats 0)
-(cd /tmp && python3 "$R/scripts/tar_depth.py" "$DATA" --processes "${WORKERS:-$(nproc)}" --threads "${THREADS:-1,2,4}" \
+source "$(dirname "$0")/tar_data.sh" tar-index-KIND.jsonl
+make_tars --repeats 0
+(cd /tmp && python3 "$R/scripts/tar_depth.py" "$DATA" --processes "$WORKERS" --threads "${THREADS:-1,2,4}" \
   --per-task "${PER_TASK:-4,8}" --repeats "${REPEATS:-2}" --results "$RESULTS")

@@ -7,20 +7,10 @@
 #   device run, carry .whl and compare-build:  PER=100 COMPARE=compare-build OUT=$OUT bash scripts/tar_listing.sh
 #   CACHES="cold warm": the conversions also with the page cache as the runs before left it
 #   VAL=50000: a flat val tar beside it (the conversions list both splits)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-R=$PWD
-WHEELS=${WHEELS:-.whl}
-source scripts/device_out.sh tar-index-KIND.jsonl
-DATA=${DATA:-/tmp/gpufeed-tar}
-WORKERS=${WORKERS:-$(nproc)}
-(cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" \
-  --processes "0,$WORKERS" --repeats "${REPEATS:-2}" --layout "${LAYOUT:-tar}" --member-bytes "${MEMBER_BYTES:-110000}" \
-  --val "${VAL:-0}" --results "$RESULTS")
-if [ -n "${COMPARE:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
-fi
+source "$(dirname "$0")/tar_data.sh" tar-index-KIND.jsonl
+make_tars --processes "0,$WORKERS" --repeats "${REPEATS:-2}" --layout "${LAYOUT:-tar}" \
+  --member-bytes "${MEMBER_BYTES:-110000}" --results "$RESULTS"
+if [ -n "${COMPARE:-}" ]; then install_compare; fi
 for cache in ${CACHES:-cold}; do
 for round in 1 2; do
   for build in current ${COMPARE:+compare}; do

@@ -5,17 +5,9 @@
 #
 #   device run, carry .whl and compare-build:  PER=100 COMPARE=compare-build OUT=$OUT bash scripts/tar_same_bytes.sh
 #   VAL=50000: with a flat val tar beside it (both splits converted)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-R=$PWD
-WHEELS=${WHEELS:-.whl}
-source scripts/device_out.sh tar-same-bytes-KIND.jsonl
-DATA=${DATA:-/tmp/gpufeed-tar}
-WORKERS=${WORKERS:-$(nproc)}
-(cd /tmp && python3 "$R/scripts/tar_index.py" "$DATA" --classes "${CLASSES:-1000}" --per-class "${PER:-100}" --repeats 0 \
-  --val "${VAL:-0}")
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site-compare "$(realpath "$COMPARE")" >/dev/null
+source "$(dirname "$0")/tar_data.sh" tar-same-bytes-KIND.jsonl
+make_tars --repeats 0
+install_compare
 for build in current compare; do
   path=/tmp/site; [ "$build" = compare ] && path=/tmp/site-compare:/tmp/site
   rm -rf "$DATA-$build"
