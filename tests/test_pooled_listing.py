@@ -464,3 +464,51 @@ def test_the_progress_says_a_listing_every_few_seconds_and_never_over_the_bar():
     loud.phase("listing SRC")
     loud.listing("listing SRC: 2 of 9 class tars indexed")
     assert out.getvalue() == "listing SRC ...\nlisting SRC ...\nlisting SRC: 2 of 9 class tars indexed\n"
+
+
+def _random_tar(rng) -> bytes:
+    """A tar of 1-40 members in GNU, pax or ustar headers: random bytes, tars (headers inside a member's data),
+    long names, a link now and then, a pax global header at times; a byte flipped in one of five."""
+    blocks = [tarfile.TarInfo.create_pax_global_header({"c": "x"})] if rng.random() < 0.1 else []
+    for i in range(rng.randint(1, 40)):
+        if rng.random() < 0.1:
+            data = inner(*[member(f"in{j}" * rng.randint(1, 40), rng.randbytes(rng.randint(0, 3000)))
+                           for j in range(rng.randint(1, 4))])
+        else:
+            data = rng.randbytes(rng.choice([0, 10, 511, 512, 513, rng.randint(0, 20000)]))
+        info = tarfile.TarInfo("d/" * rng.randint(0, 70) + f"m{i}.JPEG")
+        info.size = len(data)
+        if rng.random() < 0.05:
+            info.type, info.linkname, info.size, data = tarfile.SYMTYPE, "x", 0, b""
+        try:
+            head = info.tobuf(rng.choice([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT, tarfile.USTAR_FORMAT]))
+        except ValueError:  # a name ustar cannot hold
+            head = info.tobuf(tarfile.GNU_FORMAT)
+        blocks.append(head + data + bytes(-len(data) % 512))
+    raw = bytearray(b"".join(blocks) + bytes(1024))
+    if rng.random() < 0.2:
+        raw[rng.randrange(len(raw))] ^= 0xFF
+    return bytes(raw)
+
+
+def test_random_tars_walked_in_spans_index_as_one_walk(tmp_path, monkeypatch):
+    """Whatever the bytes, spans walked apart and joined give one walk's index: its entries, problems and error."""
+    import random
+
+    rng = random.Random(3)
+    for n in range(120):
+        url = str(tmp_path / f"{n}.tar")
+        with open(url, "wb") as f:
+            f.write(_random_tar(rng))
+        collect = rng.random() < 0.7
+        one = flat_indexed(url, collect=collect)
+        for span in (512, 1536, 8192):
+            monkeypatch.setattr(archive, "SPAN_BYTES", span)
+            spans = archive._spans(os.path.getsize(url))
+            walked = [archive._index_span(url, lo, hi, ArchiveLimits(), collect) for lo, hi in spans]
+            (members, problems), error = archive._merge_spans(url, spans, iter(walked), ArchiveLimits(), collect)
+            seen = [(type(e).__name__, str(e)) for _, e in problems]
+            got = (type(error).__name__, str(error)) if error is not None else [(m, None) for m in members]
+            if not collect and problems:  # (without on_problem the first refusal is the error: none collected)
+                raise AssertionError(problems)
+            assert (seen, got) == one, (n, span)
