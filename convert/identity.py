@@ -89,8 +89,9 @@ def _remote_listings(items, cache: dict) -> None:
     first: dict[str, str] = {}  # a file's URL per remote folder URL, in order
     runs = items.runs() if isinstance(items, ListedItems) else [(None, items)]
     for folder, names in runs:
-        if folder is None:
-            found = [it.ref.url for it in names if isinstance(it.ref, (FileRef, TarMemberRef))]
+        if folder is None:  # (each URL once: a tar's members name it each; data in memory has none)
+            found = dict.fromkeys(getattr(it.ref, "url", None) for it in names)
+            found.pop(None, None)
         elif isinstance(folder, MemberRun):
             found = [folder.url]
         elif io.is_local(folder[1]):

@@ -60,16 +60,12 @@ class _Budget:
 
     def add(self, name: str, size: int) -> None:
         lim = self.limits
-        self.members += 1
-        self.total += size
-        if self.members > lim.max_members:
-            raise UnsafeArchiveError(self.url, f"more than {lim.max_members} members (a tar bomb?)",
-                                     "if the archive is genuine, extract it and convert the extracted folder")
+        self.merge(1, 0)  # the member counted first, then its own size, then the bytes in all
         if size > lim.max_member_size:
             raise UnsafeArchiveError(self.url, f"member {name!r} declares {size} bytes, over the limit of "
                                      f"{lim.max_member_size}", "no dataset ships a file this large: check that the archive is the "
                                      "one you meant (a damaged download?)")
-        self._check_totals()
+        self.merge(0, size)
 
     def merge(self, members: int, total: int) -> None:
         """Count ``members`` members of ``total`` bytes another budget has checked one by one."""

@@ -33,9 +33,10 @@ def pieces(items: list, fn: Callable, *args) -> list[tuple]:
 
 
 class Lent:
-    """A process pool (:class:`concurrent.futures.ProcessPoolExecutor`) lent to a listing, and ``ready()``: whether
-    its processes are up. Work goes to it only once they are: until then the listing goes on here, as fast as it
-    would without the pool (a conversion's processes start while its driver lists)."""
+    """A pool (a conversion's :class:`concurrent.futures.ProcessPoolExecutor`, or :func:`threads`) lent to a
+    listing, and ``ready()``: whether its processes are up. Work goes to it only once they are: until then the
+    listing goes on here, as fast as it would without the pool (a conversion's processes start while its driver
+    lists)."""
 
     def __init__(self, executor, ready: Callable[[], bool] | None = None):
         self.executor = executor
@@ -56,7 +57,29 @@ class Lent:
         if self._waiting and self.ready():
             waiting, self._waiting = self._waiting, []
             for job in waiting:
-                job.submit()
+                job.future = self.submit(job.fn, *job.args)
+
+    def submit(self, fn: Callable, *args):
+        """The pool's future of ``fn(*args)``; ``None`` where the pool cannot take work (shut down, or broken: a
+        process died; BrokenProcessPool is a RuntimeError)."""
+        from concurrent.futures import BrokenExecutor
+
+        try:
+            return self.executor.submit(fn, *args)
+        except (RuntimeError, BrokenExecutor):
+            return None
+
+
+def _back(future, fn: Callable, *args):
+    """What ``future`` holds, or ``fn(*args)`` done here where there is none or its pool broke."""
+    from concurrent.futures import BrokenExecutor
+
+    if future is not None:
+        try:
+            return future.result()
+        except BrokenExecutor:
+            pass
+    return fn(*args)
 
 
 #: Threads a remote source lists with (:func:`threads`).
@@ -80,15 +103,7 @@ class Later:
     """Work lent to a pool ahead of when its result is needed (:meth:`Lent.later`)."""
 
     def __init__(self, pool: Lent, fn: Callable, args: tuple):
-        self.pool, self.fn, self.args, self.future = pool, fn, args, None
-
-    def submit(self) -> None:
-        from concurrent.futures import BrokenExecutor
-
-        try:
-            self.future = self.pool.executor.submit(self.fn, *self.args)
-        except (RuntimeError, BrokenExecutor):  # shut down or broken: done here when asked for
-            self.future = None
+        self.pool, self.fn, self.args, self.future = pool, fn, args, None  # (future: None until handed over)
 
     def withdraw(self) -> bool:
         """Take the work back if the pool has not been given it yet (it is then not done at all): whether it was."""
@@ -100,15 +115,8 @@ class Later:
     def result(self):
         """What ``fn(*args)`` returned (or raised), from the pool, or done here where the pool never took it (its
         processes not up yet, shut down, or broken)."""
-        from concurrent.futures import BrokenExecutor
-
-        if self.future is None:
-            self.withdraw()
-            return self.fn(*self.args)
-        try:
-            return self.future.result()
-        except BrokenExecutor:
-            return self.fn(*self.args)
+        self.withdraw()
+        return _back(self.future, self.fn, *self.args)
 
 
 def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, per_task: int, *args,
@@ -119,8 +127,6 @@ def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, p
     chunk at an error the caller always raises, as a tar's index does.) Where the pool cannot take the work (shut
     down, or broken: a process died), the chunks not back are done here. Closing the iterator cancels the tasks
     not begun. ``told(done, len(items))`` after each chunk: how far it is (a listing's progress)."""
-    from concurrent.futures import BrokenExecutor
-
     chunks = [items[i:i + per_task] for i in range(0, len(items), per_task)]
     futures: dict = {}
     handed = pool is None or len(chunks) <= 1  # (one chunk would only wait for a process to take it)
@@ -130,18 +136,12 @@ def in_order(pool: Lent | None, task: Callable[..., list[tuple]], items: list, p
                 pool.hand_over()  # work lent ahead goes first: it was asked for before these chunks
             if not handed and pool.ready():
                 handed = True
-                try:
-                    for j in range(i, len(chunks)):
-                        futures[j] = pool.executor.submit(task, chunks[j], *args)
-                except (RuntimeError, BrokenExecutor):  # shut down or broken (BrokenProcessPool is a RuntimeError)
-                    pass
-            done = None
-            if i in futures:
-                try:
-                    done = futures.pop(i).result()
-                except BrokenExecutor:
-                    pass
-            done = done if done is not None else task(chunk, *args)
+                for j in range(i, len(chunks)):
+                    future = pool.submit(task, chunks[j], *args)
+                    if future is None:  # (the chunks not handed over are done here)
+                        break
+                    futures[j] = future
+            done = _back(futures.pop(i, None), task, chunk, *args)
             if told is not None:
                 told(min((i + 1) * per_task, len(items)), len(items))
             yield from done

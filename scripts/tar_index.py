@@ -15,6 +15,14 @@ import tarfile
 import time
 
 
+def _member(name: str, data: bytes) -> bytes:
+    """A tar member: its GNU header, ``data``, padded to the block."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    member = info.tobuf(tarfile.GNU_FORMAT) + data
+    return member + bytes(-len(member) % tarfile.BLOCKSIZE)
+
+
 def build(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
     """The train tar (and a class list) in ``folder``, made once; its path."""
     path = os.path.join(folder, "ILSVRC2012_img_train.tar")
@@ -32,10 +40,7 @@ def build(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
             f.write(info.tobuf(tarfile.GNU_FORMAT))
             written = 0
             for i in range(per_class):
-                m = tarfile.TarInfo(f"{wnid}_{i}.JPEG")
-                m.size = len(pool[i % len(pool)])
-                data = m.tobuf(tarfile.GNU_FORMAT) + pool[i % len(pool)]
-                data += bytes(-len(data) % block)
+                data = _member(f"{wnid}_{i}.JPEG", pool[i % len(pool)])
                 f.write(data)
                 written += len(data)
             f.write(bytes(info.size - written))
@@ -55,10 +60,7 @@ def build_val(folder: str, n: int, classes: int, member_bytes: int) -> str:
     pool = jpegs(member_bytes)
     with open(path + ".part", "wb") as f:
         for i in range(1, n + 1):
-            m = tarfile.TarInfo(f"ILSVRC2012_val_{i:08d}.JPEG")
-            m.size = len(pool[i % len(pool)])
-            data = m.tobuf(tarfile.GNU_FORMAT) + pool[i % len(pool)]
-            f.write(data + bytes(-len(data) % tarfile.BLOCKSIZE))
+            f.write(_member(f"ILSVRC2012_val_{i:08d}.JPEG", pool[i % len(pool)]))
         f.write(bytes(2 * tarfile.BLOCKSIZE))
     os.rename(path + ".part", path)
     with open(os.path.join(folder, "val_labels.txt"), "w") as f:
@@ -66,35 +68,21 @@ def build_val(folder: str, n: int, classes: int, member_bytes: int) -> str:
     return path
 
 
-def index(path: str, processes: int) -> list:
-    """The train tar's index as ``convert imagenet`` lists it: in ``processes`` processes of a fork server's
-    pool (a conversion's local processes), or here (0)."""
+def index(path: str, processes: int, nested: bool = True) -> list:
+    """A tar's index as ``convert imagenet`` lists it: the train tar's inner tars (``nested``), or a flat tar's
+    spans (the val tar), in ``processes`` processes of a fork server's pool (a conversion's local processes), or
+    here (0)."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     from gpufeed.pipelines.archive import index_tar
     from gpufeed.pipelines.pooled import Lent
 
-    nested = lambda e: e.name.endswith(".tar")  # noqa: E731
+    inner = (lambda e: e.name.endswith(".tar")) if nested else None
     if not processes:
-        return index_tar(path, nested=nested)
+        return index_tar(path, nested=inner)
     with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
-        return index_tar(path, nested=nested, pool=Lent(pool))
-
-
-def index_flat(path: str, processes: int) -> list:
-    """The val tar's index as ``convert imagenet --split val`` lists it: its spans walked in ``processes``
-    processes of a fork server's pool, or here (0)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    from gpufeed.pipelines.archive import index_tar
-    from gpufeed.pipelines.pooled import Lent
-
-    if not processes:
-        return index_tar(path)
-    with ProcessPoolExecutor(processes, mp_context=get_context("forkserver")) as pool:
-        return index_tar(path, pool=Lent(pool))
+        return index_tar(path, nested=inner, pool=Lent(pool))
 
 
 def build_tree(folder: str, classes: int, per_class: int, member_bytes: int) -> str:
@@ -182,7 +170,7 @@ def main() -> None:
                 if cache == "cold":
                     drop_caches()
                 t = time.perf_counter()
-                members = len(index_flat(val, processes))
+                members = len(index(val, processes, nested=False))
                 s = time.perf_counter() - t
                 emit({"bench": "val-index", "cache": cache, "processes": processes, "members": members,
                       "seconds": round(s, 3), "members_per_s": round(members / s), "cores": os.cpu_count()}, a.results)
